@@ -1,0 +1,1 @@
+"""hvdflow: flows."""

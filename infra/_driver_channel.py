@@ -1,0 +1,126 @@
+"""Driver side of a HorovodRunner run: the Gloo rendezvous server and the tasks' channel.
+
+Both listen only on the address executors use to reach the driver. Tasks must present the run's
+random token before anything they send is believed; the token is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+
+from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+from infra import _wire
+from infra._placement import host_alloc_plan
+
+logger = logging.getLogger(__name__)
+
+
+class _RendezvousHTTPServer(RendezvousHTTPServer):
+    # Horovod's own RendezvousServer binds every interface on a random port; this one binds the
+    # executor-facing address only, on a port the OS picks.
+    daemon_threads = True
+
+
+class DriverChannel:
+    """Accepts task connections, collects rank output and failures, and can abort every task."""
+
+    def __init__(self, bind_host: str, on_line: Callable[[_wire.LogLine], None]):
+        self.bind_host = bind_host
+        self.token = secrets.token_hex(16)
+        self._on_line = on_line
+        self._lock = threading.Lock()
+        self._connections: list[_wire.Connection] = []
+        self.failure: dict | None = None
+        self.failed = threading.Event()
+        self.ranks_initialized: set[int] = set()
+        self._closed = False
+
+        self._rendezvous = _RendezvousHTTPServer((bind_host, 0), RendezvousHandler, 0)
+        self.rendezvous_port = self._rendezvous.server_address[1]
+        self._server = socketserver.ThreadingTCPServer((bind_host, 0), self._handler_class())
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._threads = [
+            threading.Thread(target=s.serve_forever, daemon=True, name=f"hvdflow-{name}")
+            for s, name in ((self._rendezvous, "rendezvous"), (self._server, "driver-channel"))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _handler_class(self):
+        channel = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                channel._serve(self.request)
+
+        return Handler
+
+    def _serve(self, sock: socket.socket) -> None:
+        conn = _wire.Connection(sock)
+        hello = conn.receive()
+        if not hello or hello.get("type") != _wire.HELLO:
+            conn.close()
+            return
+        if not secrets.compare_digest(str(hello.get("token", "")), self.token):
+            logger.warning("rejected a connection to the driver channel with a wrong token")
+            conn.close()
+            return
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._connections.append(conn)
+        while (message := conn.receive()) is not None:
+            self._dispatch(conn, message)
+
+    def _dispatch(self, conn: _wire.Connection, message: dict) -> None:
+        kind = message.get("type")
+        if kind == _wire.LINE:
+            line = _wire.LogLine(
+                message["time"], message["rank"], message["stream"], message["text"]
+            )
+            try:
+                self._on_line(line)
+            except Exception:  # a consumer's bug must not stop the stream
+                logger.exception("a rank output consumer failed on %s", line.formatted())
+        elif kind == _wire.PLAN:
+            self._rendezvous.init(host_alloc_plan(message["hosts"]))
+            logger.debug("rendezvous initialised for hosts %s", message["hosts"])
+            conn.send({"type": _wire.PLAN_OK})
+        elif kind == _wire.EVENT and message.get("event") == "init":
+            with self._lock:
+                self.ranks_initialized.add(message["rank"])
+        elif kind == _wire.FAILED:
+            with self._lock:
+                if self.failure is None:
+                    self.failure = message
+            self.failed.set()
+
+    def abort(self) -> None:
+        """Close every task connection: each task then kills its rank process."""
+        with self._lock:
+            self._closed = True
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+
+    def close(self) -> None:
+        self.abort()
+        for server in (self._server, self._rendezvous):
+            server.shutdown()
+            server.server_close()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def __enter__(self) -> DriverChannel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

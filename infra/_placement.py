@@ -1,0 +1,129 @@
+"""Where each rank runs and what it is told: pure functions over plain values, no cluster needed.
+
+Every barrier task computes the same plan from the same task list (``getTaskInfos()`` is
+ordered by partition id), so the tasks agree on ranks without talking to each other, and the
+driver initialises the rendezvous server with that same plan.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
+from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
+
+from infra import constants as c
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    """One rank's place in the job, as Horovod's Gloo controller reads it from the environment."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+
+
+def host_of(task_address: str) -> str:
+    """The host part of a Spark task address such as ``127.0.0.1:40123`` or ``[::1]:40123``."""
+    host, _, _port = task_address.rpartition(":")
+    return host.strip("[]") if host else task_address
+
+
+def host_alloc_plan(task_hosts: Sequence[str]) -> list[SlotInfo]:
+    """Horovod's own allocation for these hosts (one slot per task), for the rendezvous server."""
+    counts: dict[str, int] = {}
+    for host in task_hosts:  # dicts keep first-appearance order: the hosts' order is stable
+        counts[host] = counts.get(host, 0) + 1
+    hosts = [HostInfo(host, slots) for host, slots in counts.items()]
+    return get_host_assignments(hosts, len(task_hosts), len(task_hosts))
+
+
+def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
+    """The slot of each task, indexed like ``task_hosts`` (by partition id)."""
+    by_host_and_local_rank = {(s.hostname, s.local_rank): s for s in host_alloc_plan(task_hosts)}
+    seen: dict[str, int] = {}
+    slots = []
+    for host in task_hosts:
+        local_index = seen.get(host, 0)
+        seen[host] = local_index + 1
+        s = by_host_and_local_rank[(host, local_index)]
+        slots.append(
+            RankSlot(
+                rank=s.rank,
+                size=s.size,
+                local_rank=s.local_rank,
+                local_size=s.local_size,
+                cross_rank=s.cross_rank,
+                cross_size=s.cross_size,
+                hostname=s.hostname,
+            )
+        )
+    return slots
+
+
+def rank_env(
+    slot: RankSlot,
+    *,
+    rendezvous_addr: str,
+    rendezvous_port: int,
+    gloo_iface: str,
+    options_env: Mapping[str, str],
+    run_id: str,
+    gpu: str | None = None,
+) -> dict[str, str]:
+    """The variables one rank process gets on top of its parent's environment."""
+    env = dict(options_env)
+    env.update(
+        {
+            c.HOROVOD_RANK: str(slot.rank),
+            c.HOROVOD_SIZE: str(slot.size),
+            c.HOROVOD_LOCAL_RANK: str(slot.local_rank),
+            c.HOROVOD_LOCAL_SIZE: str(slot.local_size),
+            c.HOROVOD_CROSS_RANK: str(slot.cross_rank),
+            c.HOROVOD_CROSS_SIZE: str(slot.cross_size),
+            c.HOROVOD_HOSTNAME: slot.hostname,
+            c.HOROVOD_GLOO_RENDEZVOUS_ADDR: rendezvous_addr,
+            c.HOROVOD_GLOO_RENDEZVOUS_PORT: str(rendezvous_port),
+            c.HOROVOD_CONTROLLER: "gloo",
+            c.HOROVOD_CPU_OPERATIONS: "gloo",
+            c.HOROVOD_GLOO_IFACE: gloo_iface,
+            c.HVDFLOW_RUN_ID: run_id,
+        }
+    )
+    if gpu is not None:
+        env[c.CUDA_VISIBLE_DEVICES] = gpu
+    return env
+
+
+def gpu_for_rank(local_rank: int, gpu_addresses: Sequence[str]) -> str | None:
+    """The one GPU a rank may see: its local rank's among those the task (or host) has."""
+    if not gpu_addresses:
+        return None
+    return gpu_addresses[local_rank % len(gpu_addresses)]
+
+
+def gloo_iface_for(host: str) -> str:
+    """The network interface that carries ``host``'s address on this machine.
+
+    Gloo binds its pairs to one interface; it must be the one whose address the other ranks
+    reach, or the full-mesh connection hangs until HOROVOD_GLOO_TIMEOUT_SECONDS.
+    """
+    ip = socket.gethostbyname(host)
+    for iface, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return iface
+    if ipaddress.ip_address(ip).is_loopback:
+        return "lo"
+    raise RuntimeError(
+        f"no network interface on {socket.gethostname()} carries {ip} (the executor address "
+        f"{host!r}), so Gloo cannot open its connections: set SPARK_LOCAL_IP on the workers to an "
+        "address of this machine"
+    )

@@ -1,0 +1,254 @@
+"""Task side of HorovodRunner: start one rank process, stream its output, stop it when told.
+
+Runs inside a Spark barrier task (or a driver thread for ``np < 0``). The rank is a separate
+Python process so that Horovod, TensorFlow and the user's imports get a clean interpreter, and
+so that it can be killed as a whole: it runs in its own process group and dies with its parent
+(PR_SET_PDEATHSIG), so a killed Spark worker cannot leave a rank behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from infra import _wire
+from infra._placement import gloo_iface_for, gpu_for_rank, plan_ranks, rank_env
+from infra.constants import HVDFLOW_EVENT_FD
+
+# Lines of output kept per rank for the error message of a failed rank.
+TAIL_LINES = 40
+# How long a task waits for the driver to accept the plan before giving up.
+PLAN_TIMEOUT_S = 60.0
+_POLL_S = 0.1
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs, as plain values: it travels to executors in the closure."""
+
+    payload: bytes
+    driver_host: str
+    driver_port: int
+    token: str
+    rendezvous_addr: str
+    rendezvous_port: int
+    options_env: Mapping[str, str]
+    run_id: str
+    start_timeout_s: float
+
+
+class RankFailed(RuntimeError):
+    """A rank exited non-zero, timed out at start, or was stopped."""
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class DriverLink:
+    """This task's connection to the driver; a close from the driver means abort."""
+
+    def __init__(self, spec: TaskSpec, partition: int):
+        sock = socket.create_connection((spec.driver_host, spec.driver_port), timeout=30)
+        sock.settimeout(None)
+        self.conn = _wire.Connection(sock)
+        self.aborted = threading.Event()
+        self.conn.send({"type": _wire.HELLO, "token": spec.token, "partition": partition})
+        self._replies: collections.deque = collections.deque()
+        self._reply_ready = threading.Condition()
+        threading.Thread(target=self._read, daemon=True, name="hvdflow-driver-link").start()
+
+    def _read(self) -> None:
+        while True:
+            message = self.conn.receive()
+            if message is None:
+                self.aborted.set()
+                with self._reply_ready:
+                    self._reply_ready.notify_all()
+                return
+            with self._reply_ready:
+                self._replies.append(message)
+                self._reply_ready.notify_all()
+
+    def send(self, message: dict) -> None:
+        """Best effort: shipping output must never fail training."""
+        try:
+            self.conn.send(message)
+        except OSError:
+            pass
+
+    def request_plan(self, hosts: Sequence[str]) -> None:
+        self.conn.send({"type": _wire.PLAN, "hosts": list(hosts)})
+        deadline = time.monotonic() + PLAN_TIMEOUT_S
+        with self._reply_ready:
+            while not any(m.get("type") == _wire.PLAN_OK for m in self._replies):
+                left = deadline - time.monotonic()
+                if self.aborted.is_set() or left <= 0:
+                    raise RankFailed(
+                        f"the driver did not accept the rank plan within {PLAN_TIMEOUT_S:.0f} s "
+                        "(infra._rank_supervisor.PLAN_TIMEOUT_S); is the driver still running?"
+                    )
+                self._reply_ready.wait(left)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def run_task(
+    spec: TaskSpec,
+    partition: int,
+    task_hosts: Sequence[str],
+    barrier: Callable[[], None],
+    gpu_addresses: Sequence[str] = (),
+) -> bytes | None:
+    """Run the rank of this partition to its end; rank 0's pickled result, else None."""
+    link = DriverLink(spec, partition)
+    try:
+        if partition == 0:
+            link.request_plan(task_hosts)
+        barrier()  # no rank starts before the rendezvous server knows the plan
+        slot = plan_ranks(task_hosts)[partition]
+        env = rank_env(
+            slot,
+            rendezvous_addr=spec.rendezvous_addr,
+            rendezvous_port=spec.rendezvous_port,
+            gloo_iface=gloo_iface_for(slot.hostname),
+            options_env=spec.options_env,
+            run_id=spec.run_id,
+            gpu=gpu_for_rank(slot.local_rank, gpu_addresses),
+        )
+        return _supervise(slot.rank, env, spec, link)
+    finally:
+        link.close()
+
+
+def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link: DriverLink):
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    init_reached = threading.Event()
+
+    def ship(stream: str, text: str, at: float | None = None) -> None:
+        line = _wire.LogLine(at or time.time(), rank, stream, text)
+        tail.append(line.formatted())
+        link.send({"type": _wire.LINE, **line.__dict__})
+
+    with tempfile.TemporaryDirectory(prefix=f"hvdflow-rank{rank}-") as workdir:
+        payload_path = os.path.join(workdir, "payload.pkl")
+        result_path = os.path.join(workdir, "result.pkl")
+        with open(payload_path, "wb") as f:
+            f.write(spec.payload)
+        events_read, events_write = os.pipe()
+        env = {**os.environ, **rank_env_vars, HVDFLOW_EVENT_FD: str(events_write)}
+        env["PYTHONUNBUFFERED"] = "1"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infra._rank_bootstrap", payload_path, result_path],
+            env=env,
+            cwd=os.getcwd(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(events_write,),
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
+        )
+        os.close(events_write)
+        started = time.monotonic()
+        readers = [
+            threading.Thread(
+                target=_pump_lines, args=(proc.stdout, _wire.STDOUT, ship), daemon=True
+            ),
+            threading.Thread(
+                target=_pump_lines, args=(proc.stderr, _wire.STDERR, ship), daemon=True
+            ),
+            threading.Thread(
+                target=_pump_events, args=(events_read, rank, ship, init_reached, link), daemon=True
+            ),
+        ]
+        for t in readers:
+            t.start()
+
+        reason = None
+        try:
+            while proc.poll() is None:
+                if link.aborted.is_set():
+                    reason = "stopped: the driver cancelled the run"
+                    break
+                waited = time.monotonic() - started
+                if not init_reached.is_set() and waited > spec.start_timeout_s:
+                    reason = (
+                        f"did not reach hvd.init() within {spec.start_timeout_s:g} s "
+                        "(HorovodRunner start_timeout_s): raise it if main does slow work before "
+                        "hvd.init(), or look for a rank stuck at start in its output"
+                    )
+                    break
+                time.sleep(_POLL_S)
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+            for t in readers:
+                t.join(timeout=5)
+
+        if reason is None and proc.returncode != 0:
+            reason = f"exited with code {proc.returncode}"
+        if reason is not None:
+            message = f"rank {rank} {reason}"
+            link.send({"type": _wire.FAILED, "rank": rank, "reason": message, "tail": list(tail)})
+            raise RankFailed(message + _format_tail(tail))
+        if os.path.exists(result_path):
+            with open(result_path, "rb") as f:
+                return f.read()
+        return None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the rank's process group, then SIGKILL what is left after a short grace."""
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _pump_lines(pipe, stream: str, ship) -> None:
+    for raw in iter(pipe.readline, b""):
+        ship(stream, raw.decode("utf-8", "replace").rstrip("\n"))
+    pipe.close()
+
+
+def _pump_events(fd: int, rank: int, ship, init_reached: threading.Event, link: DriverLink) -> None:
+    with os.fdopen(fd, "r") as events:
+        for raw in events:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if event.get("event") == "init":
+                init_reached.set()
+                link.send(
+                    {"type": _wire.EVENT, "event": "init", "rank": rank, "time": event["time"]}
+                )
+            elif event.get("event") == "log":
+                ship(_wire.CALLBACK, event.get("text", ""), event.get("time"))
+
+
+def _format_tail(tail: Sequence[str]) -> str:
+    if not tail:
+        return " (it wrote no output)"
+    return ". Last lines of its output:\n" + "\n".join(tail)

@@ -1,0 +1,61 @@
+"""Environment variable names and Spark conf keys, in one place.
+
+Horovod reads its settings from the environment at ``hvd.init()``; the names below are the ones
+its C++ core and Python layer look up. hvdflow's own variables carry the ``HVDFLOW_`` prefix.
+"""
+
+# --- Horovod: the rank's place in the job (read by horovod/common/gloo/gloo_context.cc) ---
+HOROVOD_RANK = "HOROVOD_RANK"
+HOROVOD_SIZE = "HOROVOD_SIZE"
+HOROVOD_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
+HOROVOD_LOCAL_SIZE = "HOROVOD_LOCAL_SIZE"
+HOROVOD_CROSS_RANK = "HOROVOD_CROSS_RANK"
+HOROVOD_CROSS_SIZE = "HOROVOD_CROSS_SIZE"
+HOROVOD_HOSTNAME = "HOROVOD_HOSTNAME"
+
+# --- Horovod: Gloo rendezvous over HTTP, no MPI and no ssh ---
+HOROVOD_GLOO_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+HOROVOD_GLOO_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+HOROVOD_CONTROLLER = "HOROVOD_CONTROLLER"
+HOROVOD_CPU_OPERATIONS = "HOROVOD_CPU_OPERATIONS"
+# The network interface Gloo opens its pairs on; must carry the address the peers reach.
+HOROVOD_GLOO_IFACE = "HOROVOD_GLOO_IFACE"
+
+# --- Horovod: performance knobs, exposed through HorovodOptions ---
+HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
+HOROVOD_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
+HOROVOD_AUTOTUNE = "HOROVOD_AUTOTUNE"
+HOROVOD_AUTOTUNE_LOG = "HOROVOD_AUTOTUNE_LOG"
+HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
+HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
+HOROVOD_GLOO_TIMEOUT_SECONDS = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+
+# --- GPUs: each rank sees only the GPU of its local rank ---
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+# --- hvdflow: set by the launcher in every rank process ---
+# File descriptor of the pipe on which a rank reports events (init reached, log_to_driver).
+HVDFLOW_EVENT_FD = "HVDFLOW_EVENT_FD"
+# Marks rank processes, so that tests and clean-up can find any that outlive their run.
+HVDFLOW_RUN_ID = "HVDFLOW_RUN_ID"
+
+# --- hvdflow: user configuration ---
+# Spark master for the default session (local[N] when unset), like spark-submit's --master.
+HVDFLOW_SPARK_MASTER = "HVDFLOW_SPARK_MASTER"
+
+# --- Spark conf keys ---
+# Python used by executors: without it workers start the system Python and cannot import
+# petastorm, horovod or hvdflow itself.
+SPARK_PYSPARK_PYTHON = "spark.pyspark.python"
+SPARK_PYSPARK_DRIVER_PYTHON = "spark.pyspark.driver.python"
+# The address executors use to reach the driver; the rendezvous and log servers bind to it.
+SPARK_DRIVER_HOST = "spark.driver.host"
+SPARK_DRIVER_BIND_ADDRESS = "spark.driver.bindAddress"
+SPARK_UI_ENABLED = "spark.ui.enabled"
+SPARK_LOCAL_DIR = "spark.local.dir"
+# Cores one task takes: slot counting divides executor cores by it.
+SPARK_TASK_CPUS = "spark.task.cpus"
+# Spark re-checks a barrier stage that lacks slots for minutes instead of failing; hvdflow
+# counts slots itself first, and keeps Spark's own check short as a second line.
+SPARK_BARRIER_CHECK_INTERVAL = "spark.scheduler.barrier.maxConcurrentTasksCheck.interval"
+SPARK_BARRIER_CHECK_MAX_FAILURES = "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"

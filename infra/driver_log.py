@@ -1,0 +1,50 @@
+"""``log_to_driver``: a rank's message to the driver, shown even when rank output is not.
+
+Databricks' HorovodRunner shows only these messages in ``driver_log_verbosity="log_callback_only"``
+mode. Outside a HorovodRunner rank the message goes to this module's logger instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+from infra.constants import HVDFLOW_EVENT_FD
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_pipe = None
+
+
+def _event_pipe():
+    global _pipe
+    if _pipe is None:
+        fd = os.environ.get(HVDFLOW_EVENT_FD)
+        if fd is None:
+            return None
+        _pipe = os.fdopen(int(fd), "w", buffering=1, closefd=False)
+    return _pipe
+
+
+def emit_event(event: str, **fields) -> bool:
+    """Send one event to the supervising task; False outside a rank. Never raises."""
+    with _lock:
+        try:
+            pipe = _event_pipe()
+            if pipe is None:
+                return False
+            pipe.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+            return True
+        except (OSError, ValueError):
+            # Shipping logs is best effort: a closed pipe must never fail training.
+            return False
+
+
+def log_to_driver(message: str) -> None:
+    """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity."""
+    if not emit_event("log", text=str(message)):
+        logger.info("%s", message)

@@ -1,0 +1,384 @@
+"""HorovodRunner: run a training function as Horovod ranks in one Spark barrier stage.
+
+An open counterpart of Databricks' ``sparkdl.HorovodRunner`` with the same call shape::
+
+    from infra import HorovodRunner
+
+    def train(learning_rate):
+        import horovod.tensorflow.keras as hvd
+        hvd.init()
+        ...
+        return model.get_weights()
+
+    weights = HorovodRunner(np=2).run(train, learning_rate=0.1)
+
+``np > 0`` runs one barrier task per rank on the cluster; ``np < 0`` runs ``-np`` rank processes
+on the driver, with no Spark tasks, for local debugging. Ranks meet over Gloo through a
+rendezvous server on the driver: no MPI, no ssh.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Literal
+
+import cloudpickle
+
+from infra import _wire
+from infra._driver_channel import DriverChannel
+from infra._placement import host_of
+from infra._rank_supervisor import RankFailed, TaskSpec, run_task
+from infra.horovod_options import HorovodOptions
+
+logger = logging.getLogger(__name__)
+rank_logger = logging.getLogger(__name__ + ".ranks")
+
+Verbosity = Literal["log_callback_only", "all"]
+_VERBOSITIES = ("log_callback_only", "all")
+# How long the driver waits for tasks to stop after it cancelled the run.
+_STOP_GRACE_S = 30.0
+_POLL_S = 0.2
+
+
+class HorovodRunner:
+    """Runs ``main`` as ``np`` Horovod ranks and returns rank 0's return value.
+
+    Args:
+        np: number of ranks. ``np > 0``: one Spark barrier task each, on the active (or default)
+            Spark session. ``np < 0``: ``-np`` processes on the driver, without Spark.
+        driver_log_verbosity: ``"log_callback_only"`` shows only ``log_to_driver`` messages in
+            the driver's log; ``"all"`` shows every line the ranks write. Every line always
+            goes to the run's log file (``log_path`` after ``run``) and to ``on_log_line``.
+        horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
+        spark: the session to run on; default: the active one, else ``infra.spark.get_spark()``.
+        start_timeout_s: a rank that has not reached ``hvd.init()`` by then is stopped and the
+            run fails.
+        slot_wait_s: how long to wait for executors to offer ``np`` task slots before failing.
+        timeout_s: optional limit for the whole run.
+        log_dir: where the run's log file goes; default: a new temporary directory.
+        on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
+    """
+
+    def __init__(
+        self,
+        *,
+        np: int,
+        driver_log_verbosity: Verbosity = "log_callback_only",
+        horovod: HorovodOptions | None = None,
+        spark=None,
+        start_timeout_s: float = 300.0,
+        slot_wait_s: float = 15.0,
+        timeout_s: float | None = None,
+        log_dir: str | None = None,
+        on_log_line: Callable[[_wire.LogLine], None] | None = None,
+    ):
+        if isinstance(np, bool) or not isinstance(np, int) or np == 0:
+            raise ValueError(
+                f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
+                "Spark cluster, np < 0 for that many processes on the driver)"
+            )
+        if driver_log_verbosity not in _VERBOSITIES:
+            raise ValueError(
+                f"driver_log_verbosity={driver_log_verbosity!r}: expected one of {_VERBOSITIES}"
+            )
+        for name, value in (("start_timeout_s", start_timeout_s), ("slot_wait_s", slot_wait_s)):
+            if value <= 0:
+                raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number or None")
+        self.np = np
+        self.driver_log_verbosity = driver_log_verbosity
+        self.horovod = horovod or HorovodOptions()
+        self.start_timeout_s = float(start_timeout_s)
+        self.slot_wait_s = float(slot_wait_s)
+        self.timeout_s = timeout_s
+        self.log_dir = log_dir
+        self.on_log_line = on_log_line
+        self._spark = spark
+        self.log_path: str | None = None
+        self.run_id: str | None = None
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
+        payload = _pickle_payload(main, kwargs)
+        self.horovod.warn_about_costs()
+        self.run_id = uuid.uuid4().hex[:12]
+        log_dir = self.log_dir or tempfile.mkdtemp(prefix=f"hvdflow-{self.run_id}-")
+        os.makedirs(log_dir, exist_ok=True)
+        self.log_path = os.path.join(log_dir, "driver.log")
+        with _DriverLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:
+            started = time.monotonic()
+            if self.np < 0:
+                result = self._run_on_driver(payload, sink)
+            else:
+                result = self._run_on_spark(payload, sink)
+            logger.info(
+                "HorovodRunner np=%d finished in %.1f s (log: %s)",
+                self.np,
+                time.monotonic() - started,
+                self.log_path,
+            )
+        return cloudpickle.loads(result) if result is not None else None
+
+    def _spec(self, payload: bytes, channel: DriverChannel) -> TaskSpec:
+        return TaskSpec(
+            payload=payload,
+            driver_host=channel.bind_host,
+            driver_port=channel.port,
+            token=channel.token,
+            rendezvous_addr=channel.bind_host,
+            rendezvous_port=channel.rendezvous_port,
+            options_env=self.horovod.to_env(),
+            run_id=self.run_id,
+            start_timeout_s=self.start_timeout_s,
+        )
+
+    def _run_on_spark(self, payload: bytes, sink: _DriverLog) -> bytes | None:
+        from infra.spark import get_spark
+
+        spark = self._spark or get_spark()
+        sc = spark.sparkContext
+        _wait_for_slots(sc, self.np, self.slot_wait_s)
+        bind_host = socket.gethostbyname(sc.getConf().get("spark.driver.host"))
+        with DriverChannel(bind_host, sink) as channel:
+            spec = self._spec(payload, channel)
+            job_group = f"hvdflow-{self.run_id}"
+            outcome: dict[str, Any] = {}
+            done = threading.Event()
+
+            def job() -> None:
+                try:
+                    sc.setJobGroup(job_group, f"HorovodRunner np={self.np}", interruptOnCancel=True)
+                    rdd = sc.parallelize(range(self.np), self.np)
+                    outcome["rows"] = (
+                        rdd.barrier().mapPartitions(partial(_barrier_task, spec)).collect()
+                    )
+                except BaseException as e:  # reported by the waiting thread
+                    outcome["error"] = e
+                finally:
+                    done.set()
+
+            threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
+            logger.info("HorovodRunner: %d ranks in Spark job group %s", self.np, job_group)
+            self._wait(done, channel, cancel=lambda: sc.cancelJobGroup(job_group))
+            if "error" in outcome:
+                raise RuntimeError(
+                    f"the Spark job that ran the {self.np} ranks failed: "
+                    f"{_first_line(outcome['error'])}"
+                ) from None
+            rows = outcome["rows"]
+            return rows[0] if rows else None
+
+    def _run_on_driver(self, payload: bytes, sink: _DriverLog) -> bytes | None:
+        n = -self.np
+        hosts = ["127.0.0.1"] * n
+        gpus = _driver_gpu_addresses()
+        with DriverChannel("127.0.0.1", sink) as channel:
+            spec = self._spec(payload, channel)
+            barrier = threading.Barrier(n)
+            results: dict[int, bytes | None] = {}
+            errors: dict[int, BaseException] = {}
+
+            def rank_thread(partition: int) -> None:
+                try:
+                    results[partition] = run_task(spec, partition, hosts, barrier.wait, gpus)
+                except BaseException as e:
+                    errors[partition] = e
+                    barrier.abort()
+
+            threads = [
+                threading.Thread(
+                    target=rank_thread, args=(i,), daemon=True, name=f"hvdflow-rank{i}"
+                )
+                for i in range(n)
+            ]
+            for t in threads:
+                t.start()
+            done = threading.Event()
+            threading.Thread(
+                target=lambda: ([t.join() for t in threads], done.set()), daemon=True
+            ).start()
+            self._wait(done, channel, cancel=lambda: None)
+            if errors:
+                error = next(iter(errors.values()))
+                raise RuntimeError(f"HorovodRunner np={self.np}: {error}") from None
+            return next((r for r in results.values() if r is not None), None)
+
+    def _wait(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):
+        """Wait for the ranks; on a rank failure, timeout or Ctrl-C stop them all, then raise."""
+        started = time.monotonic()
+        try:
+            while not done.wait(_POLL_S):
+                if channel.failed.is_set():
+                    break
+                if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                    self._stop(done, channel, cancel)
+                    raise TimeoutError(
+                        f"HorovodRunner np={self.np} did not finish within {self.timeout_s:g} s "
+                        "(timeout_s): raise timeout_s or shorten the run"
+                    )
+        except KeyboardInterrupt:
+            logger.warning("interrupted: stopping the %d ranks", abs(self.np))
+            self._stop(done, channel, cancel)
+            raise
+        if not channel.failed.is_set() and not done.is_set():
+            return
+        # A task reports its rank's failure before it raises; give the report a moment to land.
+        channel.failed.wait(1.0 if done.is_set() else 0)
+        if channel.failed.is_set():
+            self._stop(done, channel, cancel)
+            failure = channel.failure
+            tail = "\n".join(failure.get("tail") or []) or "(it wrote no output)"
+            raise RankFailed(
+                f"HorovodRunner np={self.np}: {failure['reason']}. "
+                f"Last lines of its output:\n{tail}"
+            )
+
+    def _stop(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):
+        channel.abort()
+        try:
+            cancel()
+        except Exception:  # the Spark job may already be gone
+            logger.debug("cancelling the Spark job failed", exc_info=True)
+        if not done.wait(_STOP_GRACE_S):
+            logger.warning("ranks still stopping after %.0f s", _STOP_GRACE_S)
+
+
+def _barrier_task(spec: TaskSpec, _rows):
+    """One barrier task: runs its rank; rank 0's task yields the pickled result."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    hosts = [host_of(info.address) for info in ctx.getTaskInfos()]
+    gpu = ctx.resources().get("gpu")
+    result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpu.addresses if gpu else ())
+    if result is not None:
+        yield result
+
+
+def task_slots(sc) -> int:
+    """Tasks the cluster can run at once now (executor cores / spark.task.cpus, summed)."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def _wait_for_slots(sc, np: int, wait_s: float) -> None:
+    """Fail fast where Spark would re-check a barrier stage without slots for minutes."""
+    deadline = time.monotonic() + wait_s
+    while (slots := task_slots(sc)) < np:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"np={np} needs {np} task slots but the cluster ({sc.master}) has {slots} after "
+                f"waiting {wait_s:g} s (slot_wait_s): lower np, or add executors or cores "
+                "(barrier mode starts every rank at once)"
+            )
+        time.sleep(0.5)
+
+
+def _driver_gpu_addresses() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        names = os.listdir("/proc/driver/nvidia/gpus")
+    except OSError:
+        return []
+    return [str(i) for i in range(len(names))]
+
+
+def _pickle_payload(main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
+    if not callable(main):
+        raise ValueError(f"main={main!r}: expected a function to run on every rank")
+    try:
+        return cloudpickle.dumps((main, kwargs))
+    except Exception as e:
+        raise ValueError(
+            f"main cannot be sent to the ranks: {_unpicklable_part(main, kwargs)} cannot be "
+            f"pickled ({type(e).__name__}: {e}). Create it inside main, or pass something "
+            "picklable instead (a path, a config)."
+        ) from e
+
+
+def _unpicklable_part(main: Callable[..., Any], kwargs: dict[str, Any]) -> str:
+    """Name the argument, captured variable or global that cloudpickle chokes on."""
+
+    def fails(value: Any) -> bool:
+        try:
+            cloudpickle.dumps(value)
+            return False
+        except Exception:
+            return True
+
+    for key, value in kwargs.items():
+        if fails(value):
+            return f"keyword argument {key!r} ({type(value).__name__})"
+    code = getattr(main, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, main.__closure__ or (), strict=False):
+            value = cell.cell_contents
+            if fails(value):
+                return f"variable {name!r} ({type(value).__name__}) that main captures"
+        module_globals = getattr(main, "__globals__", {})
+        for name in code.co_names:
+            if name in module_globals and fails(module_globals[name]):
+                return f"global {name!r} ({type(module_globals[name]).__name__}) that main uses"
+    return f"main ({main!r})"
+
+
+def _first_line(error: BaseException) -> str:
+    """The part of a (usually py4j-wrapped) Spark error that says what went wrong."""
+    text = str(error).strip()
+    if "cancelled" in text.lower():
+        return "it was cancelled"
+    lines = text.splitlines()
+    # A Python error inside a task: its last traceback line names it.
+    for i, line in enumerate(lines):
+        if "PythonException: Traceback" in line:
+            for follow in lines[i + 1 :]:
+                if follow and not follow[0].isspace() and ":" in follow:
+                    return follow.strip()[:500] + _hint(follow)
+    useful = [ln for ln in lines if ln.strip() and "An error occurred while calling" not in ln]
+    return useful[0].strip()[:500] if useful else type(error).__name__
+
+
+def _hint(error_line: str) -> str:
+    if error_line.startswith("ModuleNotFoundError"):
+        return (
+            " (executors must run a Python with hvdflow and horovod installed: set "
+            "PYSPARK_PYTHON, or create the session with infra.spark.get_spark)"
+        )
+    return ""
+
+
+class _DriverLog:
+    """Every rank line into the run's log file, the chosen ones into the driver's logger."""
+
+    def __init__(self, path: str, verbosity: str, consumer):
+        self._file = open(path, "a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()
+        self._verbosity = verbosity
+        self._consumer = consumer
+
+    def __call__(self, line: _wire.LogLine) -> None:
+        with self._lock:
+            self._file.write(line.to_log_file_line() + "\n")
+        if self._verbosity == "all" or line.stream == _wire.CALLBACK:
+            rank_logger.info("%s", line.formatted())
+        if self._consumer is not None:
+            self._consumer(line)
+
+    def __enter__(self) -> _DriverLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._file.close()

@@ -1,0 +1,66 @@
+"""The Spark session hvdflow runs on: ``local[N]`` by default, any master when configured."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from infra import constants as c
+
+logger = logging.getLogger(__name__)
+
+
+def default_master() -> str:
+    """``$HVDFLOW_SPARK_MASTER``, else ``local[N]`` with one slot per core."""
+    return os.environ.get(c.HVDFLOW_SPARK_MASTER) or f"local[{os.cpu_count() or 1}]"
+
+
+def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The conf hvdflow sets on a new session; ``extra`` wins over every default."""
+    conf = {
+        # Executors must run this interpreter, which has horovod, petastorm and hvdflow.
+        c.SPARK_PYSPARK_PYTHON: sys.executable,
+        c.SPARK_PYSPARK_DRIVER_PYTHON: sys.executable,
+        # Fail a barrier stage that cannot get its slots in seconds, not minutes.
+        c.SPARK_BARRIER_CHECK_INTERVAL: "1s",
+        c.SPARK_BARRIER_CHECK_MAX_FAILURES: "3",
+    }
+    if master.startswith("local"):
+        # The machine's hostname may resolve to an address other processes cannot reach.
+        host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        conf[c.SPARK_DRIVER_HOST] = host
+        conf[c.SPARK_DRIVER_BIND_ADDRESS] = host
+    conf.update(extra or {})
+    return conf
+
+
+def get_spark(
+    master: str | None = None,
+    app_name: str = "hvdflow",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """The active session if there is one, else a new one on ``master`` (see default_master)."""
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    master = master or default_master()
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in spark_conf(master, conf).items():
+        builder = builder.config(key, value)
+    logger.info("starting Spark session on %s", master)
+    # PySpark takes the executors' interpreter from PYSPARK_PYTHON when the context starts (the
+    # conf key above only reaches spark-submit); it then travels with every Python function.
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    try:
+        return builder.getOrCreate()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Sets up .venv for hvdflow from the project's own files, on a fresh machine or again.
+#
+# The slow part is horovod: it has no wheel on PyPI and must be compiled against the installed
+# TensorFlow (about 9 minutes on 2 cores). The wheel is built once into a cache outside the clone,
+# keyed by horovod, TensorFlow and Python versions, so a second set-up installs it in seconds.
+# A wheel built against another TensorFlow fails at import (HorovodVersionMismatchError), which
+# is why TensorFlow's version is part of the key.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+HOROVOD_VERSION=0.28.1
+TF_VERSION=2.15.1
+PY_TAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL_CACHE=${HVDFLOW_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/wheels}
+WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
+VENV=.venv
+STAMP="$VENV/.hvdflow-setup"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Everything that decides the environment's content; a change to any of it reinstalls.
+want=$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  log "environment up to date ($VENV)"
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade pip wheel "setuptools<81"
+log "installing pinned dependencies (requirements/constraints.txt)"
+"${PIP[@]}" install -q -c requirements/constraints.txt -e '.[dev]'
+
+if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+  log "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (once; about 9 minutes)"
+  build_dir=$(mktemp -d)
+  trap 'rm -rf "$build_dir"' EXIT
+  # System cmake: PyPI's cmake 4.x rejects gloo's cmake_minimum_required.
+  PATH="/usr/bin:$PATH" \
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir \
+      "horovod==$HOROVOD_VERSION" -w "$build_dir" >"$build_dir/build.log" 2>&1 \
+    || { tail -40 "$build_dir/build.log" >&2; log "horovod build failed (full log above)"; exit 1; }
+  # Publish atomically: a build that dies half way must not look like a cached wheel.
+  mkdir -p "$WHEEL_CACHE"
+  tmp_dir=$(mktemp -d "$WHEEL_CACHE/.partial.XXXXXX")
+  cp "$build_dir"/horovod-*.whl "$tmp_dir"/
+  mv -T "$tmp_dir" "$WHEEL_DIR" 2>/dev/null || rm -rf "$tmp_dir"
+else
+  log "using cached horovod wheel from $WHEEL_DIR"
+fi
+"${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+
+log "checking horovod (TensorFlow + Gloo)"
+"$VENV/bin/python" - <<'PY'
+import horovod.tensorflow as hvd
+hvd.init()
+assert hvd.gloo_built(), "horovod was built without Gloo"
+import horovod
+print(f"[setup] horovod {horovod.__version__}: gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} size={hvd.size()}")
+PY
+"${PIP[@]}" check
+echo "$want" > "$STAMP"
+log "ready: $VENV"

@@ -1,0 +1,1 @@
+"""Code that runs inside each training rank: models, readers, callbacks, optimizers."""

@@ -1,0 +1,45 @@
+"""Keras callbacks for ranks launched by HorovodRunner."""
+
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from infra.driver_log import log_to_driver
+
+
+class LogCallback(tf.keras.callbacks.Callback):
+    """Reports each epoch's progress to the driver through ``log_to_driver`` (rank 0 only).
+
+    The lines start with ``Epoch y/z`` like Keras' own progress output, so the epoch-time
+    method that parses the driver log works on them too.
+    """
+
+    def __init__(self, rank: int = 0, per_batch: bool = False):
+        super().__init__()
+        self.rank = rank
+        self.per_batch = per_batch
+        self._epoch_started = 0.0
+        self._epochs = None
+
+    def on_train_begin(self, logs=None):
+        self._epochs = self.params.get("epochs")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_started = time.perf_counter()
+        if self.rank == 0:
+            log_to_driver(f"Epoch {epoch + 1}/{self._epochs}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.per_batch and self.rank == 0:
+            log_to_driver(f"batch {batch}: {_metrics(logs)}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.rank == 0:
+            took = time.perf_counter() - self._epoch_started
+            log_to_driver(f"Epoch {epoch + 1}/{self._epochs} done in {took:.2f}s: {_metrics(logs)}")
+
+
+def _metrics(logs) -> str:
+    return ", ".join(f"{k}={v:.4f}" for k, v in sorted((logs or {}).items()))
