@@ -47,7 +47,10 @@ class DriverChannel:
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._threads = [
-            threading.Thread(target=s.serve_forever, daemon=True, name=f"hvdflow-{name}")
+            # A short poll interval: shutdown() waits up to one interval, at the end of every run.
+            threading.Thread(
+                target=s.serve_forever, args=(0.05,), daemon=True, name=f"hvdflow-{name}"
+            )
             for s, name in ((self._rendezvous, "rendezvous"), (self._server, "driver-channel"))
         ]
         for t in self._threads:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from infra import _wire
-from infra._placement import gloo_iface_for, gpu_for_rank, plan_ranks, rank_env
+from infra._placement import gloo_iface_for, gpu_for_rank, host_of, plan_ranks, rank_env
 from infra.constants import HVDFLOW_EVENT_FD
 
 # Lines of output kept per rank for the error message of a failed rank.
@@ -133,6 +133,22 @@ def run_task(
         return _supervise(slot.rank, env, spec, link)
     finally:
         link.close()
+
+
+def barrier_task(spec: TaskSpec, _rows):
+    """One Spark barrier task: runs its rank; rank 0's task yields the pickled result.
+
+    Lives here, not with the driver code, so executors import neither pydantic nor the
+    driver's servers.
+    """
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    hosts = [host_of(info.address) for info in ctx.getTaskInfos()]
+    gpu = ctx.resources().get("gpu")
+    result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpu.addresses if gpu else ())
+    if result is not None:
+        yield result
 
 
 def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link: DriverLink):

@@ -34,8 +34,7 @@ import cloudpickle
 
 from infra import _wire
 from infra._driver_channel import DriverChannel
-from infra._placement import host_of
-from infra._rank_supervisor import RankFailed, TaskSpec, run_task
+from infra._rank_supervisor import RankFailed, TaskSpec, barrier_task, run_task
 from infra.horovod_options import HorovodOptions
 
 logger = logging.getLogger(__name__)
@@ -159,7 +158,7 @@ class HorovodRunner:
                     sc.setJobGroup(job_group, f"HorovodRunner np={self.np}", interruptOnCancel=True)
                     rdd = sc.parallelize(range(self.np), self.np)
                     outcome["rows"] = (
-                        rdd.barrier().mapPartitions(partial(_barrier_task, spec)).collect()
+                        rdd.barrier().mapPartitions(partial(barrier_task, spec)).collect()
                     )
                 except BaseException as e:  # reported by the waiting thread
                     outcome["error"] = e
@@ -168,7 +167,12 @@ class HorovodRunner:
 
             threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
             logger.info("HorovodRunner: %d ranks in Spark job group %s", self.np, job_group)
-            self._wait(done, channel, cancel=lambda: sc.cancelJobGroup(job_group))
+            self._wait(
+                done,
+                channel,
+                cancel=lambda: sc.cancelJobGroup(job_group),
+                ended_badly=lambda: "error" in outcome,
+            )
             if "error" in outcome:
                 raise RuntimeError(
                     f"the Spark job that ran the {self.np} ranks failed: "
@@ -206,13 +210,19 @@ class HorovodRunner:
             threading.Thread(
                 target=lambda: ([t.join() for t in threads], done.set()), daemon=True
             ).start()
-            self._wait(done, channel, cancel=lambda: None)
+            self._wait(done, channel, cancel=lambda: None, ended_badly=lambda: bool(errors))
             if errors:
                 error = next(iter(errors.values()))
                 raise RuntimeError(f"HorovodRunner np={self.np}: {error}") from None
             return next((r for r in results.values() if r is not None), None)
 
-    def _wait(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):
+    def _wait(
+        self,
+        done: threading.Event,
+        channel: DriverChannel,
+        cancel: Callable[[], None],
+        ended_badly: Callable[[], bool],
+    ) -> None:
         """Wait for the ranks; on a rank failure, timeout or Ctrl-C stop them all, then raise."""
         started = time.monotonic()
         try:
@@ -229,10 +239,10 @@ class HorovodRunner:
             logger.warning("interrupted: stopping the %d ranks", abs(self.np))
             self._stop(done, channel, cancel)
             raise
-        if not channel.failed.is_set() and not done.is_set():
-            return
-        # A task reports its rank's failure before it raises; give the report a moment to land.
-        channel.failed.wait(1.0 if done.is_set() else 0)
+        if ended_badly() and not channel.failed.is_set():
+            # A task reports its rank's failure before it raises: give the report a moment to
+            # land, so the error names the rank instead of Spark's generic task failure.
+            channel.failed.wait(1.0)
         if channel.failed.is_set():
             self._stop(done, channel, cancel)
             failure = channel.failure
@@ -250,18 +260,6 @@ class HorovodRunner:
             logger.debug("cancelling the Spark job failed", exc_info=True)
         if not done.wait(_STOP_GRACE_S):
             logger.warning("ranks still stopping after %.0f s", _STOP_GRACE_S)
-
-
-def _barrier_task(spec: TaskSpec, _rows):
-    """One barrier task: runs its rank; rank 0's task yields the pickled result."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    hosts = [host_of(info.address) for info in ctx.getTaskInfos()]
-    gpu = ctx.resources().get("gpu")
-    result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpu.addresses if gpu else ())
-    if result is not None:
-        yield result
 
 
 def task_slots(sc) -> int:
