@@ -59,3 +59,40 @@ SPARK_TASK_CPUS = "spark.task.cpus"
 # counts slots itself first, and keeps Spark's own check short as a second line.
 SPARK_BARRIER_CHECK_INTERVAL = "spark.scheduler.barrier.maxConcurrentTasksCheck.interval"
 SPARK_BARRIER_CHECK_MAX_FAILURES = "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"
+
+# --- Object storage: the standard AWS variables, read by boto3 and by hvdflow ---
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+AWS_ENDPOINT_URL_S3 = "AWS_ENDPOINT_URL_S3"
+AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
+AWS_REGION = "AWS_REGION"
+# hvdflow's bucket and key prefix within it.
+HVDFLOW_BUCKET = "HVDFLOW_BUCKET"
+HVDFLOW_PREFIX = "HVDFLOW_PREFIX"
+# Where executors keep downloaded weights, verified by checksum (default ~/.cache/hvdflow).
+HVDFLOW_CACHE_DIR = "HVDFLOW_CACHE_DIR"
+# Where `hvdflow up` keeps the embedded services' data and state.
+HVDFLOW_HOME = "HVDFLOW_HOME"
+
+# Variables HorovodRunner copies from the driver's environment into every rank at run(): what a
+# rank needs to reach the object store and the tracking server. Executors started before the
+# driver set them (a long-lived Spark session, a cluster) would not have them otherwise.
+FORWARDED_TO_RANKS = (
+    AWS_ENDPOINT_URL,
+    AWS_ENDPOINT_URL_S3,
+    AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY,
+    "AWS_SESSION_TOKEN",
+    AWS_DEFAULT_REGION,
+    AWS_REGION,
+    "AWS_PROFILE",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    HVDFLOW_BUCKET,
+    HVDFLOW_PREFIX,
+    HVDFLOW_CACHE_DIR,
+)

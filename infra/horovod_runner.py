@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ import cloudpickle
 from infra import _wire
 from infra._driver_channel import DriverChannel
 from infra._rank_supervisor import RankFailed, TaskSpec, barrier_task, run_task
+from infra.constants import FORWARDED_TO_RANKS
 from infra.horovod_options import HorovodOptions
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class HorovodRunner:
         timeout_s: optional limit for the whole run.
         log_dir: where the run's log file goes; default: a new temporary directory.
         on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
+        forward_env: variables copied from the driver's environment into every rank at ``run``
+            (default: the standard AWS and MLflow variables and hvdflow's own).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class HorovodRunner:
         timeout_s: float | None = None,
         log_dir: str | None = None,
         on_log_line: Callable[[_wire.LogLine], None] | None = None,
+        forward_env: Sequence[str] = FORWARDED_TO_RANKS,
     ):
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
@@ -101,6 +105,7 @@ class HorovodRunner:
         self.timeout_s = timeout_s
         self.log_dir = log_dir
         self.on_log_line = on_log_line
+        self.forward_env = tuple(forward_env)
         self._spark = spark
         self.log_path: str | None = None
         self.run_id: str | None = None
@@ -135,7 +140,11 @@ class HorovodRunner:
             token=channel.token,
             rendezvous_addr=channel.bind_host,
             rendezvous_port=channel.rendezvous_port,
-            options_env=self.horovod.to_env(),
+            # Forwarded values may be secrets: they travel in the task closure, never in logs.
+            options_env={
+                **{k: os.environ[k] for k in self.forward_env if k in os.environ},
+                **self.horovod.to_env(),
+            },
             run_id=self.run_id,
             start_timeout_s=self.start_timeout_s,
         )

@@ -26,3 +26,37 @@ def spark(tmp_path_factory):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """The embedded SeaweedFS S3 server, started once; its AWS variables set for the session."""
+    from infra.seaweed import SeaweedServer
+
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture
+def store(seaweed, tmp_path, monkeypatch):
+    """A bucket of the test's own (fresh prefix) on the session's SeaweedFS server."""
+    from infra.object_store import ObjectStore, ObjectStoreConfig
+
+    monkeypatch.setenv("HVDFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    object_store = ObjectStore(
+        ObjectStoreConfig(
+            bucket="hvdflow-tests", prefix=tmp_path.name, endpoint_url=seaweed.endpoint_url
+        )
+    )
+    object_store.ensure_bucket()
+    return object_store

@@ -1,0 +1,214 @@
+"""S3-compatible object storage over boto3: real S3, or the embedded SeaweedFS server.
+
+Configuration follows the AWS conventions users already have: the endpoint comes from
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (unset: real S3), credentials from boto3's usual
+chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles, instance roles). Bucket and
+prefix come from ``HVDFLOW_BUCKET`` and ``HVDFLOW_PREFIX``. Credentials are never part of the
+config object, so they cannot end up in logs, MLflow params or Prefect parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from urllib.parse import urlparse
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from infra import constants as c
+
+logger = logging.getLogger(__name__)
+
+# Attempts (with botocore's exponential backoff) before an unreachable store is an error.
+DEFAULT_ATTEMPTS = 4
+_CHUNK = 1 << 20
+
+
+class ObjectStoreError(RuntimeError):
+    """The object store could not be reached, or an object is missing or corrupt."""
+
+
+class ObjectStoreConfig(BaseModel):
+    """Where objects go. Holds no secrets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bucket: str = Field(default="hvdflow", min_length=3)
+    prefix: str = "hvdflow"
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    attempts: int = Field(default=DEFAULT_ATTEMPTS, ge=1)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+
+    @field_validator("prefix")
+    @classmethod
+    def _strip_slashes(cls, value: str) -> str:
+        return value.strip("/")
+
+    @classmethod
+    def from_env(cls, **overrides) -> ObjectStoreConfig:
+        """Bucket, prefix and endpoint from the environment; ``overrides`` win."""
+        values = {
+            "bucket": os.environ.get(c.HVDFLOW_BUCKET),
+            "prefix": os.environ.get(c.HVDFLOW_PREFIX),
+            "endpoint_url": os.environ.get(c.AWS_ENDPOINT_URL_S3)
+            or os.environ.get(c.AWS_ENDPOINT_URL),
+            "region": os.environ.get(c.AWS_DEFAULT_REGION) or os.environ.get(c.AWS_REGION),
+        }
+        values = {k: v for k, v in values.items() if v}
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoint_url or "AWS S3 (no AWS_ENDPOINT_URL set)"
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p)
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> ``(bucket, key)``."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
+        raise ValueError(f"{uri!r} is not an object URI: expected s3://BUCKET/KEY")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def file_suffix(name: str) -> str:
+    """The extension to keep when renaming ``name`` by content: Keras reads ``x.weights.h5``
+    (its new weights format) differently from ``x.h5``, so the compound suffix must survive."""
+    base = os.path.basename(urlparse(name).path or name)
+    for compound in (".weights.h5", ".tar.gz"):
+        if base.endswith(compound):
+            return compound
+    return os.path.splitext(base)[1]
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ObjectStore:
+    """A bucket, with errors that name the endpoint or the object and say what to do."""
+
+    def __init__(self, config: ObjectStoreConfig | None = None):
+        self.config = config or ObjectStoreConfig.from_env()
+        self._client = boto3.client(
+            "s3",
+            endpoint_url=self.config.endpoint_url,
+            region_name=self.config.region,
+            config=Config(
+                connect_timeout=self.config.connect_timeout_s,
+                read_timeout=60,
+                retries={"max_attempts": self.config.attempts, "mode": "standard"},
+                s3={"addressing_style": "path"},
+            ),
+        )
+
+    # --- errors ---------------------------------------------------------------------------
+    def _unreachable(self, error: Exception) -> ObjectStoreError:
+        return ObjectStoreError(
+            f"object store at {self.config.endpoint} is unreachable after "
+            f"{self.config.attempts} attempts ({type(error).__name__}): start it with "
+            "`hvdflow up`, or set AWS_ENDPOINT_URL to a running S3-compatible server"
+        )
+
+    def _call(self, what: str, uri: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EndpointConnectionError as e:
+            raise self._unreachable(e) from None
+        except NoCredentialsError:
+            raise ObjectStoreError(
+                f"no credentials to {what} {uri} at {self.config.endpoint}: set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
+            ) from None
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                raise ObjectStoreError(
+                    f"{uri} does not exist at {self.config.endpoint}: stage it first, or check "
+                    "the bucket and prefix (HVDFLOW_BUCKET, HVDFLOW_PREFIX)"
+                ) from None
+            if code == "NoSuchBucket":
+                raise ObjectStoreError(
+                    f"bucket {self.config.bucket!r} does not exist at {self.config.endpoint} "
+                    f"(needed to {what} {uri}): create it or set HVDFLOW_BUCKET"
+                ) from None
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise ObjectStoreError(
+                    f"access denied to {what} {uri} at {self.config.endpoint} ({code}): check "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                ) from None
+            raise ObjectStoreError(
+                f"could not {what} {uri} at {self.config.endpoint}: {code or e}"
+            ) from None
+
+    # --- operations -----------------------------------------------------------------------
+    def ensure_bucket(self) -> None:
+        uri = f"s3://{self.config.bucket}"
+        try:
+            self._call("check", uri, self._client.head_bucket, Bucket=self.config.bucket)
+        except ObjectStoreError as e:
+            if "does not exist" not in str(e) and "(404" not in str(e):
+                raise
+            logger.info("creating bucket %s at %s", self.config.bucket, self.config.endpoint)
+            self._call("create", uri, self._client.create_bucket, Bucket=self.config.bucket)
+
+    def head(self, uri: str) -> dict | None:
+        """The object's size and metadata, or None when it does not exist."""
+        bucket, key = parse_uri(uri)
+        try:
+            response = self._call("read", uri, self._client.head_object, Bucket=bucket, Key=key)
+        except ObjectStoreError as e:
+            if "does not exist" in str(e):
+                return None
+            raise
+        return {"size": response["ContentLength"], "metadata": response.get("Metadata", {})}
+
+    def upload_file(self, path: str, uri: str, metadata: dict[str, str] | None = None) -> None:
+        bucket, key = parse_uri(uri)
+        extra = {"Metadata": {k: str(v) for k, v in (metadata or {}).items()}}
+        self._call("upload", uri, self._client.upload_file, path, bucket, key, ExtraArgs=extra)
+
+    def put_bytes(self, data: bytes, uri: str, content_type: str = "application/json") -> None:
+        bucket, key = parse_uri(uri)
+        self._call(
+            "write",
+            uri,
+            self._client.put_object,
+            Bucket=bucket,
+            Key=key,
+            Body=data,
+            ContentType=content_type,
+        )
+
+    def get_bytes(self, uri: str) -> bytes:
+        bucket, key = parse_uri(uri)
+        response = self._call("read", uri, self._client.get_object, Bucket=bucket, Key=key)
+        return response["Body"].read()
+
+    def download_file(self, uri: str, path: str) -> None:
+        bucket, key = parse_uri(uri)
+        self._call("download", uri, self._client.download_file, bucket, key, path)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        uri = self.config.uri(prefix)
+        paginator = self._client.get_paginator("list_objects_v2")
+        keys: list[str] = []
+        pages = paginator.paginate(Bucket=self.config.bucket, Prefix=prefix)
+        for page in self._call("list", uri, list, pages):
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+        return keys

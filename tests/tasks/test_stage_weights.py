@@ -1,0 +1,173 @@
+"""Weights staged once to the real object store; ranks load them from the bucket."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import sys
+import threading
+from contextlib import contextmanager
+
+import cloudpickle
+import pytest
+
+from infra import HorovodRunner
+from infra.object_store import ObjectStoreError
+from tasks.stage_weights import OFFLINE_SOURCE, redact, stage_weights
+from tests.helpers import wait_for_no_ranks
+from training.weights import fetch_weights
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@contextmanager
+def counting_http_server(files: dict[str, bytes]):
+    """Serves ``files`` on 127.0.0.1 and counts every request, like a rate-limited public host."""
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            requests.append(self.path)
+            body = files.get(self.path.split("?")[0])
+            if body is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory):
+    from training.models import build_model
+
+    path = tmp_path_factory.mktemp("weights") / "digits_mlp.weights.h5"
+    build_model("digits_mlp", seed=7).save_weights(str(path))
+    return path.read_bytes()
+
+
+def load_staged_weights(uri, sha256):
+    """Rank code: load the staged file into the model and report its checksum."""
+    import horovod.tensorflow as hvd
+
+    from training.models import build_model
+    from training.smoke import weights_sha256
+    from training.weights import fetch_weights
+
+    hvd.init()
+    model = build_model("digits_mlp")
+    model.load_weights(fetch_weights(uri, sha256))
+    return hvd.allgather_object(weights_sha256(model.get_weights()))
+
+
+@pytest.mark.slow
+def test_one_download_for_the_whole_job_and_none_on_the_second_run(
+    spark, store, weights_file, monkeypatch
+):
+    with counting_http_server({"/models/digits_mlp.weights.h5": weights_file}) as (url, requests):
+        source = f"{url}/models/digits_mlp.weights.h5"
+        staged = stage_weights("digits_mlp", source, store)
+        checksums = HorovodRunner(np=2, spark=spark).run(
+            load_staged_weights, uri=staged.uri, sha256=staged.sha256
+        )
+        assert len(requests) == 1
+
+        again = stage_weights("digits_mlp", source, store)
+        checksums_again = HorovodRunner(np=2, spark=spark).run(
+            load_staged_weights, uri=again.uri, sha256=again.sha256
+        )
+        assert len(requests) == 1  # the second run never touched the source
+
+    assert again == staged
+    assert staged.uri.startswith(f"s3://hvdflow-tests/{store.config.prefix}/weights/digits_mlp/")
+    assert staged.uri.endswith(f"{staged.sha256}.weights.h5")
+    head = store.head(staged.uri)
+    assert head["size"] == len(weights_file) == staged.size
+    assert head["metadata"]["sha256"] == staged.sha256
+    assert head["metadata"]["model"] == "digits_mlp"
+    assert len(checksums) == 2 and len(set(checksums)) == 1  # byte-identical on both ranks
+    assert checksums_again == checksums
+    assert wait_for_no_ranks() == []
+
+
+def test_concurrent_calls_download_once(store, weights_file):
+    with counting_http_server({"/w.h5": weights_file}) as (url, requests):
+        results = []
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(stage_weights("m", f"{url}/w.h5", store))
+            )
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(requests) == 1
+    assert len(results) == 2 and results[0] == results[1]
+
+
+def test_offline_source_builds_the_model_and_stages_its_weights(store):
+    staged = stage_weights("digits_mlp", OFFLINE_SOURCE, store)
+    assert staged.source == OFFLINE_SOURCE and staged.size > 1000
+    assert stage_weights("digits_mlp", OFFLINE_SOURCE, store) == staged
+
+
+def test_local_file_source(store, weights_file, tmp_path):
+    path = tmp_path / "mine.h5"
+    path.write_bytes(weights_file)
+    staged = stage_weights("digits_mlp", str(path), store)
+    assert store.get_bytes(staged.uri) == weights_file
+
+
+def test_credentials_and_tokens_in_the_source_are_never_stored(store, weights_file):
+    with counting_http_server({"/w.h5": weights_file}) as (url, _requests):
+        secret_url = url.replace("http://", "http://alice:hunter2@") + "/w.h5?X-Amz-Signature=abc"
+        staged = stage_weights("m2", secret_url, store)
+    assert staged.source == f"{url}/w.h5?<redacted>"
+    assert "hunter2" not in str(store.head(staged.uri)["metadata"])
+    assert redact("/local/path.h5") == "/local/path.h5"
+
+
+def test_a_source_that_does_not_answer_fails_naming_it(store):
+    with counting_http_server({}) as (url, _requests):
+        with pytest.raises(RuntimeError, match=f"could not download m3 weights from {url}/x.h5"):
+            stage_weights("m3", f"{url}/x.h5", store)
+
+
+def test_checksum_mismatch_downloads_again_then_fails_naming_the_uri(store, weights_file, caplog):
+    uri = store.config.uri(store.config.key("weights", "m", "corrupt.h5"))
+    store.put_bytes(b"not the staged bytes", uri)
+    with caplog.at_level(logging.WARNING), pytest.raises(ObjectStoreError) as err:
+        fetch_weights(uri, "0" * 64, store)
+    assert f"{uri} does not match its checksum after two downloads" in str(err.value)
+    assert caplog.text.count("checksum mismatch") == 1  # one retry, then the error
+
+
+def test_a_missing_weights_object_fails_naming_the_uri(store):
+    uri = store.config.uri(store.config.key("weights", "m", "gone.h5"))
+    with pytest.raises(ObjectStoreError, match=f"{uri} does not exist"):
+        fetch_weights(uri, "0" * 64, store)
+
+
+def test_cached_weights_are_verified_and_reused(store, weights_file, tmp_path):
+    path = tmp_path / "w.h5"
+    path.write_bytes(weights_file)
+    staged = stage_weights("m4", str(path), store)
+    first = fetch_weights(staged.uri, staged.sha256, store)
+    store.put_bytes(b"replaced", staged.uri)  # the cache, not the bucket, serves the next call
+    assert fetch_weights(staged.uri, staged.sha256, store) == first

@@ -1,0 +1,109 @@
+"""Models built inside ranks (and on the driver to stage their initial weights).
+
+``mnist_cnn`` is the Databricks HorovodRunner example CNN the paper benchmarked; ``vgg16`` and
+``inceptionv3`` are keras.applications bases (no top, as for transfer learning) with a new
+classifier head; ``digits_mlp`` is a small model for the bundled 8x8 digits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+# name -> (default input shape, builder(input_shape, num_classes))
+_BUILDERS: dict[str, tuple[tuple[int, int, int], Callable]] = {}
+
+
+def _register(name: str, input_shape: tuple[int, int, int]):
+    def wrap(fn):
+        _BUILDERS[name] = (input_shape, fn)
+        return fn
+
+    return wrap
+
+
+def model_names() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def default_input_shape(name: str) -> tuple[int, int, int]:
+    return _lookup(name)[0]
+
+
+def _lookup(name: str):
+    key = name.lower()
+    if key not in _BUILDERS:
+        raise ValueError(f"model {name!r} is unknown: expected one of {model_names()}")
+    return _BUILDERS[key]
+
+
+def build_model(
+    name: str,
+    input_shape: tuple[int, int, int] | None = None,
+    num_classes: int = 10,
+    seed: int | None = None,
+):
+    """An uncompiled Keras model. ``seed`` makes the initial weights reproducible."""
+    import tensorflow as tf
+
+    default_shape, builder = _lookup(name)
+    if seed is not None:
+        tf.keras.utils.set_random_seed(seed)
+    return builder(tuple(input_shape or default_shape), num_classes)
+
+
+@_register("digits_mlp", (8, 8, 1))
+def _digits_mlp(input_shape, num_classes):
+    import tensorflow as tf
+
+    return tf.keras.Sequential(
+        [
+            tf.keras.layers.Input(shape=input_shape),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(num_classes, activation="softmax"),
+        ],
+        name="digits_mlp",
+    )
+
+
+@_register("mnist_cnn", (28, 28, 1))
+def _mnist_cnn(input_shape, num_classes):
+    import tensorflow as tf
+
+    layers = tf.keras.layers
+    return tf.keras.Sequential(
+        [
+            layers.Input(shape=input_shape),
+            layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+            layers.Conv2D(64, (3, 3), activation="relu"),
+            layers.MaxPooling2D(pool_size=(2, 2)),
+            layers.Dropout(0.25),
+            layers.Flatten(),
+            layers.Dense(128, activation="relu"),
+            layers.Dropout(0.5),
+            layers.Dense(num_classes, activation="softmax"),
+        ],
+        name="mnist_cnn",
+    )
+
+
+def _application(base_fn, input_shape, num_classes, name):
+    import tensorflow as tf
+
+    base = base_fn(include_top=False, weights=None, input_shape=input_shape, pooling="avg")
+    outputs = tf.keras.layers.Dense(num_classes, activation="softmax")(base.output)
+    return tf.keras.Model(base.input, outputs, name=name)
+
+
+@_register("vgg16", (224, 224, 3))
+def _vgg16(input_shape, num_classes):
+    import tensorflow as tf
+
+    return _application(tf.keras.applications.VGG16, input_shape, num_classes, "vgg16")
+
+
+@_register("inceptionv3", (299, 299, 3))
+def _inceptionv3(input_shape, num_classes):
+    import tensorflow as tf
+
+    return _application(tf.keras.applications.InceptionV3, input_shape, num_classes, "inceptionv3")
