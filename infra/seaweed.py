@@ -15,13 +15,14 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from infra._service import start_process, stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +138,7 @@ class SeaweedServer:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> SeaweedServer:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
-        log = (self.data_dir / "weed.log").open("ab")
-        self.process = subprocess.Popen(
-            self._command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self.process = start_process(self._command(), self.data_dir / "weed.log")
         logger.info("starting SeaweedFS S3 at %s (data: %s)", self.endpoint_url, self.data_dir)
         try:
             self.wait_ready(timeout_s)
@@ -190,16 +184,7 @@ class SeaweedServer:
         )
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
-        except ProcessLookupError:
-            pass
+        stop_process(self.process, STOP_TIMEOUT_S)
 
     def __enter__(self) -> SeaweedServer:
         return self.start()

@@ -60,3 +60,38 @@ def store(seaweed, tmp_path, monkeypatch):
     )
     object_store.ensure_bucket()
     return object_store
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(seaweed, tmp_path_factory):
+    """A real `mlflow server` (sqlite, artifacts in the session's SeaweedFS) over HTTP."""
+    from infra.mlflow_server import MlflowServer
+    from infra.object_store import ObjectStore, ObjectStoreConfig
+
+    ObjectStore(
+        ObjectStoreConfig(bucket="hvdflow-mlflow", endpoint_url=seaweed.endpoint_url)
+    ).ensure_bucket()
+    server = MlflowServer(
+        tmp_path_factory.mktemp("mlflow"), "s3://hvdflow-mlflow/artifacts", seaweed.env()
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def digits_dataset(spark, tmp_path_factory):
+    """The bundled digits, preprocessed once for the session (8x8 grayscale)."""
+    from tasks.preprocess import PreprocessConfig, preprocess_images
+
+    root = tmp_path_factory.mktemp("digits")
+    return preprocess_images(
+        spark,
+        PreprocessConfig(
+            input=str(root / "images"),
+            input_format="digits",
+            output=str(root / "out"),
+            image_size=(8, 8),
+        ),
+    )

@@ -43,3 +43,41 @@ class LogCallback(tf.keras.callbacks.Callback):
 
 def _metrics(logs) -> str:
     return ", ".join(f"{k}={v:.4f}" for k, v in sorted((logs or {}).items()))
+
+
+class EpochTimer(tf.keras.callbacks.Callback):
+    """Wall-clock seconds of every epoch, measured in the rank (the callback method)."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_times: list[float] = []
+        self._started = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_times.append(time.perf_counter() - self._started)
+        if logs is not None:
+            logs["epoch_time_s"] = self.epoch_times[-1]
+
+
+class MlflowEpochMetrics(tf.keras.callbacks.Callback):
+    """Logs every epoch's metrics to an MLflow run with ``step=epoch`` (use on rank 0 only).
+
+    MLflow's TensorFlow autolog supports TF 2.16+ only, hence this callback. Put it after
+    EpochTimer so that ``epoch_time_s`` is among the logs.
+    """
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self.run_id = run_id
+
+    def on_epoch_end(self, epoch, logs=None):
+        from mlflow import MlflowClient
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, epoch) for k, v in sorted((logs or {}).items())]
+        if metrics:
+            MlflowClient().log_batch(self.run_id, metrics=metrics)

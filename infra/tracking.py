@@ -1,0 +1,31 @@
+"""Where runs are tracked: the user's MLFLOW_TRACKING_URI, checked before any training starts."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+
+CHECK_TIMEOUT_S = 5.0
+
+
+def tracking_uri(default: str | None = None) -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else ``default``, else MLflow's local ./mlruns."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or default or "file:./mlruns"
+
+
+def check_reachable(uri: str) -> None:
+    """Fail fast, naming the URI, when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=CHECK_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered: a server without /health (or behind auth) is still up
+    except OSError as e:
+        reason = getattr(e, "reason", e)
+        raise RuntimeError(
+            f"MLflow tracking server at {uri} is unreachable ({reason}): start it with "
+            "`hvdflow up`, or set MLFLOW_TRACKING_URI to a running server. Nothing was trained."
+        ) from None

@@ -1,0 +1,26 @@
+from infra._wire import LogLine
+from infra.epoch_log import epoch_times_from_log
+
+
+def line(t, text, rank=0):
+    return LogLine(t, rank, "stdout", text)
+
+
+def test_epoch_time_is_the_gap_between_first_epoch_lines_of_any_rank():
+    lines = [
+        line(10.0, "Epoch 1/3"),
+        line(10.5, "Epoch 1/3", rank=1),  # later duplicates do not move the start
+        line(14.0, "Epoch 1/3 done in 4.0s"),
+        line(14.2, "Epoch 2/3", rank=1),
+        line(14.3, "Epoch 2/3"),
+        line(17.2, "Epoch 3/3"),
+        line(20.0, "Epoch 3/3 done in 2.8s"),
+    ]
+    times = epoch_times_from_log(reversed(lines))  # order of arrival does not matter
+    assert [round(t, 3) for t in times] == [4.2, 3.0, 2.8]
+
+
+def test_a_log_without_an_end_for_the_last_epoch_gives_the_complete_ones():
+    lines = [line(0.0, "Epoch 1/2"), line(5.0, "Epoch 2/2")]
+    assert epoch_times_from_log(lines) == [5.0]
+    assert epoch_times_from_log([line(0.0, "no epochs here")]) == []

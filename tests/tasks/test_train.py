@@ -1,0 +1,111 @@
+"""Training tracked in a real MLflow server over HTTP, with the registry's aliases."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow import MlflowClient
+
+from infra.seaweed import free_port
+from tasks.train import TrainConfig, train_and_track
+from tests.helpers import wait_for_no_ranks
+
+
+@pytest.mark.slow
+def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
+    spark, mlflow_server, digits_dataset, tmp_path
+):
+    config = TrainConfig(
+        np=2,
+        epochs=3,
+        learning_rate=0.01,
+        experiment="tests-train",
+        registered_model_name="tests-digits",
+    )
+    result = train_and_track(
+        spark, config, digits_dataset, mlflow_server.tracking_uri, log_dir=str(tmp_path)
+    )
+    client = MlflowClient(mlflow_server.tracking_uri)
+    run = client.get_run(result.run_id)
+    params = run.data.params
+    assert params["np"] == "2" and params["model"] == "digits_mlp"
+    assert params["dataset_fingerprint"] == digits_dataset.fingerprint
+    assert params["base_learning_rate"] == "0.01" and params["scaled_learning_rate"] == "0.02"
+    assert params["optimizer"] == "adam" and params["horovod_autotune"] == "False"
+
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
+        history = client.get_metric_history(result.run_id, key)
+        assert sorted(m.step for m in history) == [0, 1, 2], key  # one point per epoch
+    assert len(client.get_metric_history(result.run_id, "epoch_time_log_s")) == 3
+    assert run.data.metrics["images_per_s"] > 0 and run.data.metrics["wall_clock_s"] > 0
+    assert run.data.metrics["val_accuracy"] > 0.5  # it learned the digits
+    assert any(k.startswith("system/") for k in run.data.metrics)  # system metrics on
+
+    artifacts = {a.path for a in client.list_artifacts(result.run_id, "dataset")}
+    assert artifacts == {"dataset/labels.json", "dataset/quarantine.csv"}
+    assert [a.path for a in client.list_artifacts(result.run_id, "logs")] == ["logs/driver.log"]
+    log = client.download_artifacts(result.run_id, "logs/driver.log", str(tmp_path / "dl"))
+    assert "[1,0]<stdout>:Epoch 1/3" in open(log).read()
+
+    assert result.aliases == ["candidate", "champion"]
+    version = client.get_model_version_by_alias("tests-digits", "champion")
+    assert version.version == result.model_version and version.run_id == result.run_id
+    assert wait_for_no_ranks() == []
+
+    # A worse model becomes the candidate but does not take the champion's place.
+    worse = train_and_track(
+        spark,
+        config.model_copy(update={"epochs": 1, "learning_rate": 1e-7}),
+        digits_dataset,
+        mlflow_server.tracking_uri,
+    )
+    assert worse.aliases == ["candidate"]
+    assert (
+        client.get_model_version_by_alias("tests-digits", "candidate").version
+        == worse.model_version
+    )
+    assert (
+        client.get_model_version_by_alias("tests-digits", "champion").version
+        == result.model_version
+    )
+
+    # A registry consumer in a fresh process predicts classes for a batch of dataset images.
+    consumer = subprocess.run(
+        [sys.executable, "-c", CONSUMER, digits_dataset.val_url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri},
+    )
+    assert consumer.returncode == 0, consumer.stderr[-3000:]
+    out = json.loads(consumer.stdout.strip().splitlines()[-1])
+    assert out["batch"] == 32 and out["shape"] == [32, 10]
+    assert out["accuracy"] > 0.5
+
+
+CONSUMER = """
+import json, sys
+import mlflow.pyfunc, numpy as np
+from training.reader import open_dataset
+model = mlflow.pyfunc.load_model("models:/tests-digits@champion")
+with open_dataset(sys.argv[1], batch_size=32, num_epochs=1, shuffle=False) as ds:
+    images, labels = next(iter(ds))
+probabilities = np.asarray(model.predict(images.numpy()))
+classes = probabilities.argmax(axis=1)
+print(json.dumps({"batch": len(classes), "shape": list(probabilities.shape),
+                  "accuracy": float((classes == labels.numpy()).mean())}))
+"""
+
+
+def test_an_unreachable_tracking_server_fails_before_training(spark, digits_dataset):
+    uri = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RuntimeError) as err:
+        train_and_track(spark, TrainConfig(np=2), digits_dataset, uri)
+    assert f"MLflow tracking server at {uri} is unreachable" in str(err.value)
+    assert "Nothing was trained" in str(err.value)
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) is not None
+    assert wait_for_no_ranks(0.1) == []

@@ -1,0 +1,123 @@
+"""The training function HorovodRunner runs on every rank: an image classifier on Petastorm data.
+
+Every argument is a plain value (URLs, counts, names), so the call pickles small and the same
+function runs on the driver (np < 0), on local[N] and on a cluster.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def train_classifier(
+    *,
+    train_url: str,
+    val_url: str,
+    train_rows: int,
+    val_rows: int,
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    model_name: str,
+    epochs: int = 2,
+    batch_size: int = 32,
+    learning_rate: float = 0.05,
+    optimizer: str = "adam",
+    weights_uri: str | None = None,
+    weights_sha256: str | None = None,
+    run_id: str | None = None,
+    registered_model_name: str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model."""
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from training.callbacks import EpochTimer, LogCallback, MlflowEpochMetrics
+    from training.models import build_model
+    from training.optimizers import make_optimizer
+    from training.reader import open_dataset, steps_per_epoch
+    from training.smoke import share_cores
+
+    hvd.init()
+    threads = share_cores(hvd.local_size())
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    rank, size = hvd.rank(), hvd.size()
+
+    shape = tuple(input_shape) if len(input_shape) == 3 else (*input_shape, 1)
+    model = build_model(model_name, shape, num_classes, seed=seed)
+    if weights_uri:
+        from training.weights import fetch_weights
+
+        model.load_weights(fetch_weights(weights_uri, weights_sha256))
+    # Scale the learning rate by the number of ranks, as Horovod recommends.
+    scaled_lr = learning_rate * size
+    model.compile(
+        hvd.DistributedOptimizer(make_optimizer(optimizer, scaled_lr)),
+        "sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    timer = EpochTimer()
+    callbacks = [
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        hvd.callbacks.MetricAverageCallback(),  # validation metrics averaged over ranks
+        timer,
+        LogCallback(rank),
+    ]
+    if rank == 0 and run_id:
+        callbacks.append(MlflowEpochMetrics(run_id))
+    steps = steps_per_epoch(train_rows, size, batch_size)
+    val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
+    with (
+        open_dataset(train_url, rank=rank, size=size, batch_size=batch_size, seed=seed) as train,
+        open_dataset(val_url, rank=rank, size=size, batch_size=batch_size, shuffle=False) as val,
+    ):
+        started = time.perf_counter()
+        history = model.fit(
+            train,
+            steps_per_epoch=steps,
+            epochs=epochs,
+            validation_data=val if val_steps else None,
+            validation_steps=val_steps,
+            callbacks=callbacks,
+            verbose=2 if rank == 0 else 0,
+        )
+        train_s = time.perf_counter() - started
+        example = next(iter(val if val_steps else train))[0][:4].numpy()
+
+    result = {
+        "size": size,
+        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        "epoch_times": timer.epoch_times,
+        "train_seconds": train_s,
+        "steps_per_epoch": steps,
+        "images_per_epoch": steps * batch_size * size,
+        "scaled_learning_rate": scaled_lr,
+        "model_version": None,
+    }
+    if rank == 0 and run_id:
+        result["model_version"] = _log_model(model, example, run_id, registered_model_name)
+    return result
+
+
+def _log_model(model, example, run_id, registered_model_name):
+    import mlflow
+    import mlflow.tensorflow
+    import tensorflow as tf
+    from mlflow.models import infer_signature
+
+    # Registry consumers get the architecture and weights only: the compiled model carries
+    # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
+    clean = tf.keras.models.clone_model(model)
+    clean.set_weights(model.get_weights())
+    signature = infer_signature(example, clean.predict(example, verbose=0))
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.tensorflow.log_model(
+            clean,
+            name="model",
+            signature=signature,
+            input_example=example,
+            registered_model_name=registered_model_name,
+        )
+    version = getattr(info, "registered_model_version", None)
+    return str(version) if version is not None else None
