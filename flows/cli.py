@@ -15,7 +15,7 @@ def _configure_logging(level: str) -> None:
         stream=sys.stderr,
     )
     # Spark's and TensorFlow's Python loggers are chatty at INFO.
-    for noisy in ("py4j", "pyspark"):
+    for noisy in ("py4j", "pyspark", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -28,6 +28,95 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     same = len(set(result["checksums"])) == 1
     print(json.dumps({**result, "identical_weights": same, "log": runner.log_path}, indent=2))
     return 0 if same and result["size"] == abs(args.np) else 1
+
+
+def _use_services(prefect: bool = True) -> dict[str, str]:
+    """Start the embedded services that the environment does not already point elsewhere."""
+    import os
+
+    from infra.services import LocalServices
+
+    env = LocalServices().up(prefect=prefect)
+    os.environ.update(env)
+    return env
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from infra.services import LocalServices
+
+    _use_services(prefect=not args.no_prefect)
+    services = LocalServices()
+    urls = services.urls()
+    print("hvdflow services are up:")
+    labels = {"s3": "object store (S3)", "mlflow": "MLflow UI", "prefect_ui": "Prefect UI"}
+    for key, label in labels.items():
+        if key in urls:
+            print(f"  {label:<18} {urls[key]}")
+    print("\nTo use them from another shell:")
+    for key, value in services.env().items():
+        shown = (
+            "<in " + str(services.home / "seaweed" / "credentials.json") + ">"
+            if ("SECRET" in key)
+            else value
+        )
+        print(f"  export {key}={shown}")
+    print("\nStop them with: hvdflow down")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from infra.services import LocalServices
+
+    stopped = LocalServices().down()
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+def _pipeline_params(args: argparse.Namespace):
+    from flows.pipeline import PipelineParams
+
+    values = json.loads(args.params) if args.params else {}
+    for name in ("np", "epochs", "input", "input_format", "output", "model", "spark_master"):
+        value = getattr(args, name)
+        if value is not None:
+            values[name] = value
+    return PipelineParams(**values)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _use_services()
+    from flows.pipeline import pipeline
+    from infra.services import LocalServices
+
+    summary = pipeline(_pipeline_params(args))
+    urls = LocalServices().urls()
+    print("\nhvdflow pipeline finished. Where to look:")
+    print(f"  MLflow run       {summary['mlflow_run_url']}")
+    print(f"  model version    {summary['model']}  {summary['model_url'] or ''}")
+    print(f"                   aliases: {', '.join(summary['aliases']) or 'none'}")
+    if "prefect_ui" in urls and summary["flow_run_id"]:
+        print(f"  Prefect UI       {urls['prefect_ui']}/runs/flow-run/{summary['flow_run_id']}")
+    print(f"  dataset          {summary['dataset']} ({summary['quarantined']} quarantined)")
+    print(f"  throughput       {summary['images_per_s']} images/s")
+    print("Stop the services with: hvdflow down")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    _use_services()
+    from prefect import serve
+
+    from flows.pipeline import pipeline
+
+    deployments = [
+        pipeline.to_deployment(
+            name="hvdflow-pipeline",
+            cron=args.cron,
+            parameters={"params": _pipeline_params(args).model_dump(mode="json")},
+        )
+    ]
+    serve(*deployments, limit=1)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +144,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--driver-log-verbosity", default="all", choices=["all", "log_callback_only"]
     )
     smoke.set_defaults(func=_cmd_smoke)
+
+    up = commands.add_parser(
+        "up",
+        help="start the embedded object store, MLflow server and Prefect server (UI)",
+        description="Start SeaweedFS (S3), the MLflow tracking server and the Prefect server on "
+        "127.0.0.1, keeping data in $HVDFLOW_HOME (default ~/.hvdflow). Services the "
+        "environment already points elsewhere (AWS_ENDPOINT_URL, MLFLOW_TRACKING_URI, "
+        "PREFECT_API_URL) are not started.",
+    )
+    up.add_argument("--no-prefect", action="store_true", help="skip the Prefect server")
+    up.set_defaults(func=_cmd_up)
+
+    down = commands.add_parser("down", help="stop the services `hvdflow up` started")
+    down.set_defaults(func=_cmd_down)
+
+    for name, help_text, func in (
+        ("run", "run the pipeline once (starts the services if needed)", _cmd_run),
+        ("serve", "serve the pipeline as a scheduled Prefect deployment", _cmd_serve),
+    ):
+        command = commands.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("--np", type=int, help="ranks (default 2; negative: on the driver)")
+        command.add_argument("--epochs", type=int)
+        command.add_argument("--input", help="image folder (class sub-folders) or IDX folder")
+        command.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
+        command.add_argument("--output", help="dataset root: a path or s3://bucket/prefix")
+        command.add_argument("--model", help="digits_mlp, mnist_cnn, vgg16, inceptionv3")
+        command.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
+        command.add_argument("--params", help="all pipeline parameters as JSON")
+        command.set_defaults(func=func)
+        if name == "serve":
+            command.add_argument(
+                "--cron", default="0 3 * * *", help="schedule (default: daily at 03:00)"
+            )
     return parser
 
 

@@ -47,6 +47,11 @@ def get_spark(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    # The JVM's active session is per thread; Prefect runs tasks in worker threads. One Spark
+    # context per process: reuse the one that exists.
+    existing = SparkSession._instantiatedSession
+    if existing is not None and existing.sparkContext._jsc is not None:
+        return existing
     master = master or default_master()
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in spark_conf(master, conf).items():
@@ -64,3 +69,43 @@ def get_spark(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+class SparkProgress:
+    """Logs the progress of running Spark stages every few seconds (for Prefect's run logs).
+
+    Spark's console progress bar goes to the terminal only; this goes to ``log``.
+    """
+
+    def __init__(self, spark, log, every_s: float = 5.0):
+        import threading
+
+        self._tracker = spark.sparkContext.statusTracker()
+        self._log = log
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name="hvdflow-spark-progress"
+        )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            for stage_id in self._tracker.getActiveStageIds():
+                info = self._tracker.getStageInfo(stage_id)
+                if info is not None:
+                    self._log.info(
+                        "Spark stage %d (%s): %d/%d tasks done, %d running",
+                        stage_id,
+                        info.name,
+                        info.numCompletedTasks,
+                        info.numTasks,
+                        info.numActiveTasks,
+                    )
+
+    def __enter__(self) -> SparkProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -52,13 +52,21 @@ def redact(source: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "<redacted>" if parts.query else "", ""))
 
 
-def stage_weights(model: str, source: str, store: ObjectStore) -> StagedWeights:
+def stage_weights(
+    model: str,
+    source: str,
+    store: ObjectStore,
+    input_shape: tuple[int, ...] | None = None,
+    num_classes: int = 10,
+) -> StagedWeights:
     """Fetch ``source`` once, store it under its sha256, and return where it lives.
 
     ``source``: an http(s) URL, a local path (or file:// URL), or ``keras:weights=None`` to build
     ``model`` offline. Concurrent calls for one source on this machine download once.
     """
-    source_id = hashlib.sha256(f"{model}\0{source}".encode()).hexdigest()
+    shape = tuple(input_shape) if input_shape else None
+    built = f"\0{shape}\0{num_classes}" if source == OFFLINE_SOURCE else ""
+    source_id = hashlib.sha256(f"{model}\0{source}{built}".encode()).hexdigest()
     index_uri = store.config.uri(store.config.key("weights", "sources", f"{source_id}.json"))
     lock = cache_root() / "locks" / f"stage-{source_id}.lock"
     with machine_lock(lock, what=f"staging {model} from {redact(source)}"):
@@ -67,7 +75,7 @@ def stage_weights(model: str, source: str, store: ObjectStore) -> StagedWeights:
             logger.info("weights for %s already staged at %s", model, staged.uri)
             return staged
         with tempfile.TemporaryDirectory(prefix="hvdflow-weights-") as tmp:
-            path = _fetch(model, source, tmp)
+            path = _fetch(model, source, tmp, shape, num_classes)
             digest = sha256_file(path)
             size = os.path.getsize(path)
             suffix = file_suffix(path) or ".bin"
@@ -102,12 +110,12 @@ def _from_index(store: ObjectStore, index_uri: str) -> StagedWeights | None:
     return staged
 
 
-def _fetch(model: str, source: str, workdir: str) -> str:
+def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=10) -> str:
     if source == OFFLINE_SOURCE:
         from training.models import build_model
 
         path = os.path.join(workdir, f"{model}.weights.h5")
-        build_model(model, seed=0).save_weights(path)
+        build_model(model, input_shape, num_classes, seed=0).save_weights(path)
         return path
     scheme = urlsplit(source).scheme
     if scheme in ("http", "https"):

@@ -61,6 +61,7 @@ def train_and_track(
     tracking_uri: str,
     weights=None,
     log_dir: str | None = None,
+    on_log_line=None,
 ) -> TrainResult:
     """Train on ``dataset`` (a DatasetManifest) with ``config.np`` ranks and track the run."""
     import mlflow
@@ -82,7 +83,7 @@ def train_and_track(
             horovod=config.horovod,
             start_timeout_s=config.start_timeout_s,
             log_dir=log_dir,
-            on_log_line=lines.append,
+            on_log_line=_tee(lines.append, on_log_line),
         )
         started = time.perf_counter()
         try:
@@ -146,6 +147,16 @@ def train_and_track(
         epoch_times_log=epoch_times_log,
         history=result["history"],
     )
+
+
+def _tee(*consumers):
+    consumers = [c for c in consumers if c is not None]
+
+    def consume(line):
+        for consumer in consumers:
+            consumer(line)
+
+    return consume
 
 
 def _params(config: TrainConfig, dataset, weights) -> dict:

@@ -95,3 +95,12 @@ def digits_dataset(spark, tmp_path_factory):
             image_size=(8, 8),
         ),
     )
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """Prefect's test harness: a temporary API database for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

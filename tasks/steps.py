@@ -1,0 +1,115 @@
+"""The pipeline's steps as Prefect tasks: retries, caching and run logs around the plain functions.
+
+Retries sit only on the flaky edges: the object store (staging) and the tracking server
+(reachability check). Preprocessing is cached by its dataset fingerprint and every result is
+persisted, so a rerun after a failed training skips the finished preprocessing and staging.
+Inputs are configs and paths, never Spark sessions or clients: Prefect hashes them for caching.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from infra.object_store import ObjectStoreConfig
+from tasks.preprocess import DatasetManifest, PreprocessConfig
+from tasks.stage_weights import StagedWeights
+from tasks.train import TrainConfig, TrainResult
+
+EDGE_RETRIES = 3
+EDGE_RETRY_DELAYS_S = [2, 5, 10]
+
+
+def _spark(master: str | None):
+    from infra.spark import get_spark
+
+    return get_spark(master)
+
+
+def dataset_cache_key(context, parameters) -> str:
+    """The dataset fingerprint: same inputs and parameters, same cached result."""
+    from tasks.preprocess import sources
+    from tasks.preprocess.job import list_inputs
+
+    config: PreprocessConfig = parameters["config"]
+    fingerprint = sources.fingerprint(list_inputs(config), config.params())
+    where = hashlib.sha256(config.output.encode()).hexdigest()[:8]
+    return f"hvdflow-preprocess-{fingerprint}-{where}"
+
+
+@task(name="preprocess", cache_key_fn=dataset_cache_key, persist_result=True)
+def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
+    from infra.spark import SparkProgress
+    from tasks.preprocess import preprocess_images
+
+    logger = get_run_logger()
+    spark = _spark(spark_master)
+    logger.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
+    with SparkProgress(spark, logger):
+        manifest = preprocess_images(spark, config)
+    logger.info(
+        "dataset %s: %d train, %d val, %d quarantined%s",
+        manifest.path,
+        manifest.train_rows,
+        manifest.val_rows,
+        manifest.quarantined,
+        " (reused)" if manifest.reused else "",
+    )
+    return manifest
+
+
+@task(
+    name="stage-weights",
+    retries=EDGE_RETRIES,
+    retry_delay_seconds=EDGE_RETRY_DELAYS_S,
+    cache_policy=INPUTS + TASK_SOURCE,
+    persist_result=True,
+)
+def stage_weights_step(
+    model: str,
+    source: str,
+    store: ObjectStoreConfig,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+) -> StagedWeights:
+    from infra.object_store import ObjectStore
+    from tasks.stage_weights import stage_weights
+
+    object_store = ObjectStore(store)
+    object_store.ensure_bucket()
+    staged = stage_weights(model, source, object_store, input_shape, num_classes)
+    get_run_logger().info("weights for %s at %s (sha256 %s)", model, staged.uri, staged.sha256[:12])
+    return staged
+
+
+@task(name="check-tracking-server", retries=EDGE_RETRIES, retry_delay_seconds=EDGE_RETRY_DELAYS_S)
+def check_tracking_step(tracking_uri: str) -> None:
+    from infra.tracking import check_reachable
+
+    check_reachable(tracking_uri)
+
+
+@task(name="train", persist_result=True)
+def train_step(
+    config: TrainConfig,
+    dataset: DatasetManifest,
+    weights: StagedWeights | None,
+    tracking_uri: str,
+    spark_master: str | None = None,
+) -> TrainResult:
+    from tasks.train import train_and_track
+
+    logger = get_run_logger()
+
+    def forward(line) -> None:
+        # Rank output does not reach Prefect's logs by itself. Epoch lines and rank 0's stdout
+        # are what a person follows; the full log is an MLflow artifact.
+        if line.stream == "log" or (line.rank == 0 and line.stream == "stdout"):
+            logger.info("%s", line.formatted())
+
+    logger.info("training %s with np=%d for %d epochs", config.model, config.np, config.epochs)
+    return train_and_track(
+        _spark(spark_master), config, dataset, tracking_uri, weights=weights, on_log_line=forward
+    )

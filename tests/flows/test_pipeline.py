@@ -1,0 +1,144 @@
+"""The whole pipeline flow on the real services: SeaweedFS, MLflow over HTTP, Prefect, Spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from mlflow import MlflowClient
+
+from flows.pipeline import PipelineParams, pipeline
+from infra.object_store import ObjectStore, ObjectStoreConfig
+from tests.helpers import wait_for_no_ranks
+
+
+@pytest.fixture
+def tracking(mlflow_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    return mlflow_server.tracking_uri
+
+
+def params(tmp_path, **overrides) -> PipelineParams:
+    values = {
+        "input": str(tmp_path / "digits"),
+        "output": str(tmp_path / "datasets"),
+        "np": 2,
+        "epochs": 2,
+        "registered_model_name": "tests-flow",
+        "experiment": "tests-flow",
+    }
+    return PipelineParams(**{**values, **overrides})
+
+
+def task_states(flow_run_id) -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {run.name.rsplit("-", 1)[0]: run.state.name for run in runs}
+
+
+@pytest.mark.slow
+def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
+    prefect_harness, spark, seaweed, tracking, tmp_path
+):
+    from prefect.client.orchestration import get_client
+
+    # A run whose training fails (unknown optimizer) after preprocessing and staging finished.
+    failed = pipeline(params(tmp_path, optimizer="nope"), return_state=True)
+    assert failed.is_failed()
+    assert "optimizer 'nope' is unknown" in str(failed.result(raise_on_failure=False))
+    assert wait_for_no_ranks() == []
+
+    state = pipeline(params(tmp_path), return_state=True)
+    assert state.is_completed(), state
+    summary = state.result()
+    states = task_states(summary["flow_run_id"])
+    assert states["preprocess"] == "Cached" and states["stage-weights"] == "Cached"
+    assert states["train"] == "Completed"
+
+    # The Parquet dataset.
+    train = pq.read_table(os.path.join(summary["dataset"], "train"), columns=["label"])
+    val = pq.read_table(os.path.join(summary["dataset"], "val"), columns=["label"])
+    assert (train.num_rows, val.num_rows) == (summary["train_rows"], summary["val_rows"])
+    assert train.num_rows + val.num_rows == 1797
+    # The staged object.
+    store = ObjectStore(ObjectStoreConfig.from_env())
+    assert store.head(summary["weights_uri"])["metadata"]["model"] == "digits_mlp"
+    # The MLflow run and the registered version.
+    client = MlflowClient(tracking)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.params["np"] == "2" and run.data.params["weights_uri"] == summary["weights_uri"]
+    assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) == 2
+    version = client.get_model_version_by_alias("tests-flow", "candidate")
+    assert summary["model"] == f"models:/tests-flow/{version.version}"
+    assert version.run_id == run.info.run_id
+    # Prefect artifacts: the timings table and the summary linking MLflow.
+    with get_client(sync_client=True) as prefect:
+        timings = prefect.read_latest_artifacts()
+    by_key = {a.key: a for a in timings}
+    assert "hvdflow-timings" in by_key and "hvdflow-summary" in by_key
+    assert summary["mlflow_run_url"] in by_key["hvdflow-summary"].data
+    assert "Quarantined inputs: **0**" in by_key["hvdflow-summary"].data
+
+
+@pytest.mark.slow
+def test_a_served_deployment_runs_when_triggered_through_the_api(
+    seaweed, tracking, tmp_path, prefect_harness
+):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from infra.services import LocalServices
+
+    services = LocalServices(tmp_path / "home")
+    api = services._start_prefect()
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": api["url"],
+        "HVDFLOW_HOME": str(tmp_path / "home"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", "--np", "-1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        with temporary_settings({PREFECT_API_URL: api["url"]}):
+            deadline = time.monotonic() + 120
+            flow_run = None
+            while flow_run is None:
+                try:
+                    flow_run = run_deployment(
+                        "hvdflow-pipeline/hvdflow-pipeline",
+                        parameters={"params": params(tmp_path, np=-1, epochs=1).model_dump()},
+                        timeout=600,
+                    )
+                except Exception:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise
+                    time.sleep(2)  # the deployment is not registered yet
+        assert flow_run.state.is_completed(), flow_run.state
+        assert flow_run.parameters["params"]["epochs"] == 1  # the non-default parameter
+        assert flow_run.parameters["params"]["np"] == -1
+    finally:
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        services.down()
+        from infra.services import _stop_pid
+
+        _stop_pid(api["pid"])
+    assert wait_for_no_ranks() == []
