@@ -6,7 +6,7 @@ setup:
 
 # The main job, end to end, on the embedded defaults.
 run: setup
-	.venv/bin/hvdflow smoke --np 2
+	.venv/bin/hvdflow run
 
 # The test suite: lint, then every test (slow ones included). Fails when no test ran.
 test: setup
