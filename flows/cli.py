@@ -119,6 +119,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    _use_services()
+    from flows.benchmark import BenchParams, benchmark
+
+    values = json.loads(args.params) if args.params else {}
+    for name in ("model", "input", "input_format", "repetitions", "epochs", "optimizer"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.conditions:
+        values["conditions"] = args.conditions.split(",")
+    result = benchmark(BenchParams(**values))
+    print(result["table"])
+    print("\nplots: " + ", ".join(result["plots"]))
+    print(f"MLflow run: {result['mlflow_run_id']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvdflow",
@@ -177,6 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--cron", default="0 3 * * *", help="schedule (default: daily at 03:00)"
             )
+    bench = commands.add_parser(
+        "bench",
+        help="benchmark a model like the paper: baseline and np sweep, ANOVA, Tukey, plots",
+        description="Sweep conditions (plain Keras, then np=1,2,...) with repetitions and "
+        "epochs; report epoch times, images/s, scaling efficiency, ANOVA and Tukey HSD.",
+    )
+    bench.add_argument("--model", help="mnist_cnn (default), digits_mlp, vgg16, inceptionv3")
+    bench.add_argument("--conditions", help="comma-separated, e.g. keras,1,2,4")
+    bench.add_argument("--repetitions", type=int)
+    bench.add_argument("--epochs", type=int)
+    bench.add_argument("--optimizer", help="adadelta (default), rmsprop, adam, radam, sgd")
+    bench.add_argument("--input")
+    bench.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
+    bench.add_argument("--params", help="all benchmark parameters as JSON")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

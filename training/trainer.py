@@ -27,9 +27,13 @@ def train_classifier(
     run_id: str | None = None,
     registered_model_name: str | None = None,
     seed: int = 0,
+    use_horovod: bool = True,
 ) -> dict:
-    """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model."""
-    import horovod.tensorflow.keras as hvd
+    """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model.
+
+    ``use_horovod=False`` is the plain single-process Keras baseline of the benchmark: the same
+    data, model and callbacks, no Horovod anywhere, every core to one process.
+    """
     import tensorflow as tf
 
     from training.callbacks import EpochTimer, LogCallback, MlflowEpochMetrics
@@ -38,11 +42,17 @@ def train_classifier(
     from training.reader import open_dataset, steps_per_epoch
     from training.smoke import share_cores
 
-    hvd.init()
-    threads = share_cores(hvd.local_size())
+    if use_horovod:
+        import horovod.tensorflow.keras as hvd
+
+        hvd.init()
+        rank, size, local_size = hvd.rank(), hvd.size(), hvd.local_size()
+    else:
+        rank, size, local_size = 0, 1, 1
+    # Fair use of the CPU: the ranks on a host split its cores; the baseline gets them all.
+    threads = share_cores(local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    rank, size = hvd.rank(), hvd.size()
 
     shape = tuple(input_shape) if len(input_shape) == 3 else (*input_shape, 1)
     model = build_model(model_name, shape, num_classes, seed=seed)
@@ -52,18 +62,18 @@ def train_classifier(
         model.load_weights(fetch_weights(weights_uri, weights_sha256))
     # Scale the learning rate by the number of ranks, as Horovod recommends.
     scaled_lr = learning_rate * size
-    model.compile(
-        hvd.DistributedOptimizer(make_optimizer(optimizer, scaled_lr)),
-        "sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
+    opt = make_optimizer(optimizer, scaled_lr)
+    if use_horovod:
+        opt = hvd.DistributedOptimizer(opt)
+    model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
     timer = EpochTimer()
-    callbacks = [
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        hvd.callbacks.MetricAverageCallback(),  # validation metrics averaged over ranks
-        timer,
-        LogCallback(rank),
-    ]
+    callbacks = [timer, LogCallback(rank)]
+    if use_horovod:
+        callbacks = [
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            hvd.callbacks.MetricAverageCallback(),  # validation metrics averaged over ranks
+            *callbacks,
+        ]
     if rank == 0 and run_id:
         callbacks.append(MlflowEpochMetrics(run_id))
     steps = steps_per_epoch(train_rows, size, batch_size)

@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 
 from flows.pipeline import PipelineParams, pipeline
 from infra.object_store import ObjectStore, ObjectStoreConfig
-from tests.helpers import wait_for_no_ranks
+from tests.helpers import rank_processes, wait_for_no_ranks
 
 
 @pytest.fixture
@@ -90,11 +90,13 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
 
 
 @pytest.mark.slow
-def test_a_served_deployment_runs_when_triggered_through_the_api(
+def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancelled(
     seaweed, tracking, tmp_path, prefect_harness
 ):
+    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
 
     from infra.services import LocalServices
 
@@ -131,6 +133,23 @@ def test_a_served_deployment_runs_when_triggered_through_the_api(
         assert flow_run.state.is_completed(), flow_run.state
         assert flow_run.parameters["params"]["epochs"] == 1  # the non-default parameter
         assert flow_run.parameters["params"]["np"] == -1
+
+        # Cancelling a running flow run from Prefect stops every rank within 10 seconds.
+        with temporary_settings({PREFECT_API_URL: api["url"]}):
+            long_run = run_deployment(
+                "hvdflow-pipeline/hvdflow-pipeline",
+                parameters={"params": params(tmp_path, np=-2, epochs=500).model_dump()},
+                timeout=0,
+            )
+            deadline = time.monotonic() + 180
+            while len(rank_processes()) < 2:
+                assert time.monotonic() < deadline, "the long run never started its ranks"
+                time.sleep(0.5)
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(long_run.id, Cancelling(), force=True)
+            cancelled_at = time.monotonic()
+            left = wait_for_no_ranks(10.0)
+            assert left == [], f"ranks alive {time.monotonic() - cancelled_at:.1f} s after cancel"
     finally:
         server.terminate()
         try:
