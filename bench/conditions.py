@@ -46,18 +46,32 @@ def parse_condition(text: str) -> tuple[str, int]:
     return f"np={int(value)}", int(value)
 
 
-def measure(condition: str, repetition: int, train_kwargs: dict, spark=None) -> Measurement:
+def trainer_for(name: str):
+    """The rank function of a trainer: ``classifier`` (images) or ``gcn`` (graphs)."""
+    if name == "gcn":
+        from training.gcn import train_gcn
+
+        return train_gcn
+    if name == "classifier":
+        from training.trainer import train_classifier
+
+        return train_classifier
+    raise ValueError(f"trainer {name!r} is unknown: expected 'classifier' or 'gcn'")
+
+
+def measure(
+    condition: str, repetition: int, train_kwargs: dict, spark=None, trainer: str = "classifier"
+) -> Measurement:
     name, np = parse_condition(condition)
     lines: list[LogLine] = []
     started = time.perf_counter()
     if np == 0:
-        result = _run_baseline(train_kwargs, lines)
+        result = _run_baseline(trainer, train_kwargs, lines)
     else:
         from infra import HorovodRunner
-        from training.trainer import train_classifier
 
         runner = HorovodRunner(np=np, spark=spark, on_log_line=lines.append)
-        result = runner.run(train_classifier, **train_kwargs)
+        result = runner.run(trainer_for(trainer), **train_kwargs)
     wall = time.perf_counter() - started
     return Measurement(
         condition=name,
@@ -70,9 +84,9 @@ def measure(condition: str, repetition: int, train_kwargs: dict, spark=None) -> 
     )
 
 
-def _run_baseline(train_kwargs: dict, lines: list[LogLine]) -> dict:
+def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dict:
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.baseline", json.dumps(train_kwargs)],
+        [sys.executable, "-m", "training.baseline", trainer, json.dumps(train_kwargs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -59,11 +59,13 @@ DEFAULT_BENCH = BenchParams()
 
 
 @task(name="bench-condition")
-def measure_step(condition: str, repetition: int, train_kwargs: dict, spark_master: str | None):
+def measure_step(
+    condition: str, repetition: int, train_kwargs: dict, spark_master: str | None, trainer: str
+):
     from bench.conditions import measure
     from infra.spark import get_spark
 
-    m = measure(condition, repetition, train_kwargs, spark=get_spark(spark_master))
+    m = measure(condition, repetition, train_kwargs, get_spark(spark_master), trainer)
     get_run_logger().info(
         "%s round %d: %.1f images/s, epochs %s s",
         m.condition,
@@ -76,13 +78,43 @@ def measure_step(condition: str, repetition: int, train_kwargs: dict, spark_mast
 
 @flow(name="hvdflow-benchmark")
 def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
-    import mlflow
-
-    from bench import stats
-
     logger = get_run_logger()
     uri = tracking_uri()
     check_tracking_step(uri)
+    if params.model == "gcn":
+        trainer, train_kwargs, dataset_info = "gcn", *_graph_inputs(params)
+    else:
+        trainer = "classifier"
+        train_kwargs, dataset_info = _image_inputs(params)
+    measurements = []
+    for repetition in range(params.repetitions):
+        for condition in params.conditions:
+            measurements.append(
+                measure_step(condition, repetition, train_kwargs, params.spark_master, trainer)
+            )
+    return _report(params, measurements, dataset_info, uri, logger)
+
+
+def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
+    """Cora-format files: ``input`` is their common prefix (``.../cora`` for cora.content);
+    empty: Zachary's karate club from networkx."""
+    from training.gcn import write_karate_cora
+
+    if params.input:
+        content, cites = f"{params.input}.content", f"{params.input}.cites"
+    else:
+        content, cites = write_karate_cora(str(hvdflow_home() / "data" / "karate"))
+    kwargs = {
+        "content_path": content,
+        "cites_path": cites,
+        "epochs": params.epochs,
+        "learning_rate": params.learning_rate,
+        "seed": params.seed,
+    }
+    return kwargs, {"dataset": content, "train_rows": None}
+
+
+def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     dataset = preprocess_step(params.preprocess_config(), params.spark_master)
     train_kwargs = {
         "train_url": dataset.train_url,
@@ -98,12 +130,13 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
         "optimizer": params.optimizer,
         "seed": params.seed,
     }
-    measurements = []
-    for repetition in range(params.repetitions):
-        for condition in params.conditions:
-            measurements.append(
-                measure_step(condition, repetition, train_kwargs, params.spark_master)
-            )
+    return train_kwargs, {"dataset": dataset.fingerprint, "train_rows": dataset.train_rows}
+
+
+def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, logger) -> dict:
+    import mlflow
+
+    from bench import stats
 
     rows = stats.summary_table(measurements)
     anova = stats.anova(measurements)
@@ -120,7 +153,7 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
     with mlflow.start_run(run_name=f"bench-{params.model}") as run:
         mlflow.log_params(
             {k: v for k, v in params.model_dump().items() if k not in ("input", "output")}
-            | {"dataset_fingerprint": dataset.fingerprint, "train_rows": dataset.train_rows}
+            | {"dataset": dataset_info["dataset"], "train_rows": dataset_info["train_rows"]}
         )
         for row in rows:
             tag = row["condition"].replace("=", "")

@@ -103,6 +103,7 @@ def train_and_track(
                 weights_uri=weights.uri if weights else None,
                 weights_sha256=weights.sha256 if weights else None,
                 run_id=run_id,
+                tracking_uri=tracking_uri,
                 registered_model_name=config.registered_model_name,
                 seed=config.seed,
             )

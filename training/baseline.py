@@ -1,4 +1,4 @@
-"""The benchmark's plain Keras baseline as its own process: ``python -m training.baseline JSON``.
+"""The benchmark's baseline as its own process: ``python -m training.baseline TRAINER JSON``.
 
 A separate process, like a rank, so that both pay for starting Python and importing
 TensorFlow; it prints the result as one JSON line. Output lines are tagged like rank 0's, so
@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import sys
 
-from training.trainer import train_classifier
+from bench.conditions import trainer_for
 
 
 def main(argv: list[str]) -> int:
-    kwargs = json.loads(argv[1])
-    result = train_classifier(**kwargs, use_horovod=False)
+    train = trainer_for(argv[1])
+    kwargs = json.loads(argv[2])
+    result = train(**kwargs, use_horovod=False)
     print("HVDFLOW_RESULT " + json.dumps(result), flush=True)
     return 0
 

@@ -25,6 +25,7 @@ def train_classifier(
     weights_uri: str | None = None,
     weights_sha256: str | None = None,
     run_id: str | None = None,
+    tracking_uri: str | None = None,
     registered_model_name: str | None = None,
     seed: int = 0,
     use_horovod: bool = True,
@@ -75,6 +76,11 @@ def train_classifier(
             *callbacks,
         ]
     if rank == 0 and run_id:
+        import mlflow
+
+        # Explicit: the driver's mlflow.set_tracking_uri() does not reach this process.
+        if tracking_uri:
+            mlflow.set_tracking_uri(tracking_uri)
         callbacks.append(MlflowEpochMetrics(run_id))
     steps = steps_per_epoch(train_rows, size, batch_size)
     val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
