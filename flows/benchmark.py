@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.pipeline import preprocess_config_for
 from infra.services import hvdflow_home
 from infra.tracking import tracking_uri
 from tasks.preprocess import PreprocessConfig
@@ -40,19 +41,16 @@ class BenchParams(BaseModel):
     learning_rate: float = 1.0  # Adadelta's customary rate, as in the Databricks MNIST example
     optimizer: str = "adadelta"
     seed: int = 0
+    weights_source: str = Field(
+        default="",
+        description="weights staged once to the object store and loaded by every rank "
+        "(URL, file, or keras:weights=None); '' = train from scratch",
+    )
     experiment: str = "hvdflow-benchmark"
     spark_master: str | None = None
 
     def preprocess_config(self) -> PreprocessConfig:
-        home = hvdflow_home()
-        return PreprocessConfig(
-            input=self.input or str(home / "data" / "digits"),
-            input_format=self.input_format,
-            output=self.output or str(home / "datasets"),
-            image_size=self.image_size,
-            color_mode=self.color_mode,
-            seed=self.seed,
-        )
+        return preprocess_config_for(self)
 
 
 DEFAULT_BENCH = BenchParams()
@@ -130,6 +128,12 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
         "optimizer": params.optimizer,
         "seed": params.seed,
     }
+    if params.weights_source:
+        # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
+        from tasks.steps import stage_weights_for
+
+        staged = stage_weights_for(params.model, params.weights_source, dataset)
+        train_kwargs |= {"weights_uri": staged.uri, "weights_sha256": staged.sha256}
     return train_kwargs, {"dataset": dataset.fingerprint, "train_rows": dataset.train_rows}
 
 

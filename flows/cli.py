@@ -106,6 +106,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _use_services()
     from prefect import serve
 
+    from flows.benchmark import benchmark
     from flows.pipeline import pipeline
 
     deployments = [
@@ -113,8 +114,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             name="hvdflow-pipeline",
             cron=args.cron,
             parameters={"params": _pipeline_params(args).model_dump(mode="json")},
-        )
+        ),
+        benchmark.to_deployment(name="hvdflow-benchmark", cron=args.bench_cron),
     ]
+    # One run at a time: they share this machine's cores and its Spark task slots.
     serve(*deployments, limit=1)
     return 0
 
@@ -192,7 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
         if name == "serve":
             command.add_argument(
-                "--cron", default="0 3 * * *", help="schedule (default: daily at 03:00)"
+                "--cron", default="0 3 * * *", help="pipeline schedule (default: daily, 03:00)"
+            )
+            command.add_argument(
+                "--bench-cron",
+                default="0 4 * * 0",
+                help="benchmark schedule (default: Sundays, 04:00)",
             )
     bench = commands.add_parser(
         "bench",

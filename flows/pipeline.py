@@ -14,13 +14,26 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.horovod_options import HorovodOptions
-from infra.object_store import ObjectStoreConfig
 from infra.services import hvdflow_home
 from infra.tracking import tracking_uri
 from tasks.preprocess import PreprocessConfig
 from tasks.stage_weights import OFFLINE_SOURCE
-from tasks.steps import check_tracking_step, preprocess_step, stage_weights_step, train_step
+from tasks.steps import check_tracking_step, preprocess_step, stage_weights_for, train_step
 from tasks.train import TrainConfig
+
+
+def preprocess_config_for(params, **extra) -> PreprocessConfig:
+    """The preprocessing config of a flow's parameters; empty paths mean HVDFLOW_HOME's."""
+    home = hvdflow_home()
+    return PreprocessConfig(
+        input=params.input or str(home / "data" / "digits"),
+        input_format=params.input_format,
+        output=params.output or str(home / "datasets"),
+        image_size=params.image_size,
+        color_mode=params.color_mode,
+        seed=params.seed,
+        **extra,
+    )
 
 
 class PipelineParams(BaseModel):
@@ -51,16 +64,8 @@ class PipelineParams(BaseModel):
     spark_master: str | None = None
 
     def preprocess_config(self) -> PreprocessConfig:
-        home = hvdflow_home()
-        return PreprocessConfig(
-            input=self.input or str(home / "data" / "digits"),
-            input_format=self.input_format,
-            output=self.output or str(home / "datasets"),
-            image_size=self.image_size,
-            color_mode=self.color_mode,
-            val_fraction=self.val_fraction,
-            seed=self.seed,
-            max_bad_fraction=self.max_bad_fraction,
+        return preprocess_config_for(
+            self, val_fraction=self.val_fraction, max_bad_fraction=self.max_bad_fraction
         )
 
     def train_config(self) -> TrainConfig:
@@ -90,14 +95,7 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
     dataset = preprocess_step(params.preprocess_config(), params.spark_master)
     weights = None
     if params.weights_source:
-        shape = dataset.image_shape if len(dataset.image_shape) == 3 else (*dataset.image_shape, 1)
-        weights = stage_weights_step(
-            params.model,
-            params.weights_source,
-            ObjectStoreConfig.from_env(),
-            shape,
-            dataset.num_classes,
-        )
+        weights = stage_weights_for(params.model, params.weights_source, dataset)
     result = train_step(params.train_config(), dataset, weights, uri, params.spark_master)
     summary = _summary(params, dataset, weights, result)
     _publish_artifacts(summary, result)

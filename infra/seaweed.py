@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra._env import temporary_env
 from infra._service import start_process, stop_process
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class SeaweedServer:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Until a signed S3 call succeeds: the port alone opens before the filer is ready."""
-        from infra.object_store import ObjectStore, ObjectStoreConfig, ObjectStoreError
+        from infra.object_store import ObjectStore, ObjectStoreConfig
 
         deadline = time.monotonic() + timeout_s
         last_error = "no answer yet"
@@ -160,22 +161,15 @@ class SeaweedServer:
                     f"{self.data_dir / 'weed.log'}"
                 )
             if not _is_free(self.s3_port):
-                saved = {k: os.environ.get(k) for k in self.env()}
                 try:
-                    os.environ.update(self.env())
-                    store = ObjectStore(
-                        ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1)
-                    )
-                    store._client.list_buckets()
+                    with temporary_env(self.env()):
+                        store = ObjectStore(
+                            ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1)
+                        )
+                        store._client.list_buckets()
                     return
-                except (ObjectStoreError, Exception) as e:  # not ready yet: keep polling
+                except Exception as e:  # not ready yet: keep polling
                     last_error = f"{type(e).__name__}: {e}"
-                finally:
-                    for k, v in saved.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
             time.sleep(0.3)
         raise RuntimeError(
             f"SeaweedFS at {self.endpoint_url} was not ready within {timeout_s:g} s "

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from infra import constants as c
+from infra._env import temporary_env
 from infra._service import start_process
 from infra.seaweed import SeaweedServer
 
@@ -118,13 +119,8 @@ class LocalServices:
         from infra.mlflow_server import MlflowServer
         from infra.object_store import ObjectStore, ObjectStoreConfig
 
-        saved = dict(os.environ)
-        os.environ.update(store_env)
-        try:
+        with temporary_env(store_env):
             ObjectStore(ObjectStoreConfig.from_env(bucket=ARTIFACT_BUCKET)).ensure_bucket()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
         server = MlflowServer(
             self.home / "mlflow",
             f"s3://{ARTIFACT_BUCKET}/mlflow-artifacts",

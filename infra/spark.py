@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 
 from infra import constants as c
+from infra._env import temporary_env
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +60,8 @@ def get_spark(
     logger.info("starting Spark session on %s", master)
     # PySpark takes the executors' interpreter from PYSPARK_PYTHON when the context starts (the
     # conf key above only reaches spark-submit); it then travels with every Python function.
-    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    try:
+    with temporary_env({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}):
         return builder.getOrCreate()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class SparkProgress:

@@ -113,3 +113,13 @@ def train_step(
     return train_and_track(
         _spark(spark_master), config, dataset, tracking_uri, weights=weights, on_log_line=forward
     )
+
+
+def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> StagedWeights:
+    """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task)."""
+    shape = dataset.image_shape
+    if len(shape) == 2:  # grayscale: the models take a channel axis
+        shape = (*shape, 1)
+    return stage_weights_step(
+        model, source, ObjectStoreConfig.from_env(), tuple(shape), dataset.num_classes
+    )

@@ -31,19 +31,14 @@ def spark(tmp_path_factory):
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory):
     """The embedded SeaweedFS S3 server, started once; its AWS variables set for the session."""
+    from infra._env import temporary_env
     from infra.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
     try:
-        yield server
+        with temporary_env(server.env()):
+            yield server
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         server.stop()
 
 

@@ -6,6 +6,7 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.benchmark import BenchParams, benchmark
+from infra.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import wait_for_no_ranks
 
 
@@ -27,6 +28,7 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
         optimizer="adam",
         learning_rate=0.01,
         experiment="tests-bench",
+        weights_source="keras:weights=None",  # staged once, loaded by every condition
     )
     result = benchmark(params)
 
@@ -37,6 +39,9 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     assert 0.0 <= result["anova"][1] <= 1.0
     assert all(r["images_per_s"] > 0 and r["epoch_time_log_mean_s"] for r in result["rows"])
     assert "| keras |" in result["table"] and "| np=1 |" in result["table"]
+
+    store = ObjectStore(ObjectStoreConfig.from_env())
+    assert store.list_keys(store.config.key("weights", "digits_mlp"))  # staged once
 
     client = MlflowClient(mlflow_server.tracking_uri)
     logged = {a.path for a in client.list_artifacts(result["mlflow_run_id"], "benchmark")}
