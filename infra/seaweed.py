@@ -139,7 +139,11 @@ class SeaweedServer:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> SeaweedServer:
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
-        self.process = start_process(self._command(), self.data_dir / "weed.log")
+        # SeaweedFS turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its own environment into
+        # its S3 identity: inheriting another server's keys from this process would lock out
+        # this server's own. Start it without any.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
+        self.process = start_process(self._command(), self.data_dir / "weed.log", env)
         logger.info("starting SeaweedFS S3 at %s (data: %s)", self.endpoint_url, self.data_dir)
         try:
             self.wait_ready(timeout_s)

@@ -85,3 +85,21 @@ def test_the_embedded_server_is_stopped_and_leaves_no_process(tmp_path):
         assert server.credentials.secret_access_key not in repr(server.credentials)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_aws_keys_in_the_users_environment_do_not_lock_out_the_embedded_server(
+    tmp_path, monkeypatch
+):
+    # SeaweedFS makes AWS_* keys in its environment its only identity; a user's own keys
+    # must not leak into it.
+    from infra._env import temporary_env
+    from infra.seaweed import SeaweedServer
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "someone-elses-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "someone-elses-secret")
+    with SeaweedServer(tmp_path) as server, temporary_env(server.env()):
+        store = ObjectStore(ObjectStoreConfig(endpoint_url=server.endpoint_url))
+        store.ensure_bucket()
+        uri = store.config.uri("x.json")
+        store.put_bytes(b"{}", uri)
+        assert store.get_bytes(uri) == b"{}"
