@@ -73,9 +73,14 @@ def write_karate_cora(root: str) -> tuple[str, str]:
 
 
 def train_split(labels: np.ndarray, per_class: int, seed: int) -> np.ndarray:
-    """Indices of ``per_class`` labelled training nodes per class (Kipf and Welling use 20)."""
+    """Indices of ``per_class`` labelled training nodes per class (Kipf and Welling use 20),
+    at most half of a class, so that every class keeps nodes to validate on."""
     rng = np.random.default_rng(seed)
-    chosen = [rng.permutation(np.flatnonzero(labels == c))[:per_class] for c in np.unique(labels)]
+    chosen = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        take = min(per_class, max(1, len(members) // 2))
+        chosen.append(rng.permutation(members)[:take])
     return np.sort(np.concatenate(chosen))
 
 

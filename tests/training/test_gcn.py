@@ -39,6 +39,8 @@ def test_karate_club_in_cora_format(tmp_path):
     assert features.shape == (34, 34) and adjacency.sum() == 2 * 78
     assert names == ["Mr._Hi", "Officer"]
     assert len(train_split(labels, 4, seed=0)) == 8
+    # 20 per class would take all 17 members of each club: half of each is the cap.
+    assert len(train_split(labels, 20, seed=0)) == 16
 
 
 def test_gcn_learns_the_karate_clubs_alone_and_with_two_ranks(tmp_path):
