@@ -20,6 +20,9 @@ from infra._placement import host_alloc_plan
 
 logger = logging.getLogger(__name__)
 
+# What Horovod prints in the ranks that fail only because another rank died first.
+HOROVOD_SHUTDOWN = "Horovod has been shut down"
+
 
 class _RendezvousHTTPServer(RendezvousHTTPServer):
     # Horovod's own RendezvousServer binds every interface on a random port; this one binds the
@@ -36,7 +39,7 @@ class DriverChannel:
         self._on_line = on_line
         self._lock = threading.Lock()
         self._connections: list[_wire.Connection] = []
-        self.failure: dict | None = None
+        self.failures: list[dict] = []
         self.failed = threading.Event()
         self.ranks_initialized: set[int] = set()
         self._closed = False
@@ -102,9 +105,27 @@ class DriverChannel:
                 self.ranks_initialized.add(message["rank"])
         elif kind == _wire.FAILED:
             with self._lock:
-                if self.failure is None:
-                    self.failure = message
+                self.failures.append(message)
             self.failed.set()
+
+    def root_failure(self) -> tuple[dict | None, list[int]]:
+        """The failure that caused the others, and the ranks of the others.
+
+        When one rank dies, its peers fail in their next collective with Horovod's "has been
+        shut down" message, sometimes before the first report arrives: prefer a failure that is
+        not such a consequence, then the earliest exit.
+        """
+        with self._lock:
+            failures = list(self.failures)
+        if not failures:
+            return None, []
+
+        def consequence(failure: dict) -> bool:
+            return any(HOROVOD_SHUTDOWN in line for line in failure.get("tail") or [])
+
+        ordered = sorted(failures, key=lambda f: (consequence(f), f.get("exited_at", 0.0)))
+        root = ordered[0]
+        return root, sorted({f["rank"] for f in ordered[1:]} - {root["rank"]})
 
     def abort(self) -> None:
         """Close every task connection: each task then kills its rank process."""

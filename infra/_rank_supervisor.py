@@ -211,6 +211,7 @@ def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link
                     break
                 time.sleep(_POLL_S)
         finally:
+            exited_at = time.time()
             if proc.poll() is None:
                 _kill_group(proc)
             for t in readers:
@@ -220,7 +221,15 @@ def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link
             reason = f"exited with code {proc.returncode}"
         if reason is not None:
             message = f"rank {rank} {reason}"
-            link.send({"type": _wire.FAILED, "rank": rank, "reason": message, "tail": list(tail)})
+            link.send(
+                {
+                    "type": _wire.FAILED,
+                    "rank": rank,
+                    "reason": message,
+                    "tail": list(tail),
+                    "exited_at": exited_at,
+                }
+            )
             raise RankFailed(message + _format_tail(tail))
         if os.path.exists(result_path):
             with open(result_path, "rb") as f:

@@ -45,6 +45,8 @@ Verbosity = Literal["log_callback_only", "all"]
 _VERBOSITIES = ("log_callback_only", "all")
 # How long the driver waits for tasks to stop after it cancelled the run.
 _STOP_GRACE_S = 30.0
+# How long to gather the ranks' failure reports before naming the one that caused the others.
+_SETTLE_S = 2.0
 _POLL_S = 0.2
 
 
@@ -253,11 +255,18 @@ class HorovodRunner:
             # land, so the error names the rank instead of Spark's generic task failure.
             channel.failed.wait(1.0)
         if channel.failed.is_set():
+            # The other ranks usually fail within moments of the first: collect their reports
+            # so that the error names the rank that caused it, not the first to notice.
+            settle_until = time.monotonic() + _SETTLE_S
+            while len(channel.failures) < abs(self.np) and time.monotonic() < settle_until:
+                if done.wait(0.05):
+                    break
             self._stop(done, channel, cancel)
-            failure = channel.failure
+            failure, others = channel.root_failure()
             tail = "\n".join(failure.get("tail") or []) or "(it wrote no output)"
+            also = f" (then rank(s) {', '.join(map(str, others))} failed too)" if others else ""
             raise RankFailed(
-                f"HorovodRunner np={self.np}: {failure['reason']}. "
+                f"HorovodRunner np={self.np}: {failure['reason']}{also}. "
                 f"Last lines of its output:\n{tail}"
             )
 

@@ -255,3 +255,17 @@ def test_driver_servers_listen_only_on_the_executor_facing_address():
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         assert channel._server.server_address[0] == "127.0.0.1"
         assert channel._rendezvous.server_address[0] == "127.0.0.1"
+
+
+def test_the_error_names_the_rank_that_failed_first_not_the_one_that_noticed():
+    shutdown = "[1,0]<stderr>:... Horovod has been shut down. This was caused by an exception"
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        # Rank 0's report (a consequence) arrives before rank 1's (the cause).
+        channel.failures.append(
+            {"rank": 0, "reason": "rank 0 exited", "tail": [shutdown], "exited_at": 10.2}
+        )
+        channel.failures.append(
+            {"rank": 1, "reason": "rank 1 exited", "tail": ["boom"], "exited_at": 10.0}
+        )
+        root, others = channel.root_failure()
+    assert root["rank"] == 1 and others == [0]
