@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -34,3 +35,37 @@ def stop_process(process: subprocess.Popen | None, timeout_s: float) -> None:
         process.wait(5)
     except ProcessLookupError:
         pass
+
+
+def wait_until_ready(
+    process: subprocess.Popen | None,
+    probe,
+    *,
+    what: str,
+    timeout_s: float,
+    setting: str,
+    log_path: Path,
+    interval_s: float = 0.3,
+) -> None:
+    """Poll ``probe()`` (True when ready; may raise while not) until it passes.
+
+    Fails at once if the process exits, and after ``timeout_s`` naming ``setting``, the constant
+    that sets it, and the last error the probe saw.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"{what} exited with code {process.returncode} at start; see {log_path}"
+            )
+        try:
+            if probe():
+                return
+        except Exception as e:  # not ready yet: keep polling
+            last_error = f"{type(e).__name__}: {e}"
+        time.sleep(interval_s)
+    raise RuntimeError(
+        f"{what} was not ready within {timeout_s:g} s ({setting}; last error: {last_error}); "
+        f"see {log_path}"
+    )

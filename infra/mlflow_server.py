@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-from infra._service import start_process, stop_process
+from infra._service import start_process, stop_process, wait_until_ready
 from infra.seaweed import free_port
 
 logger = logging.getLogger(__name__)
@@ -67,25 +66,25 @@ class MlflowServer:
         env.pop("MLFLOW_TRACKING_URI", None)
         self.process = start_process(self._command(), self.home / "mlflow-server.log", env)
         logger.info("starting MLflow tracking server at %s", self.tracking_uri)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited with code {self.process.returncode} at start; see "
-                    f"{self.home / 'mlflow-server.log'}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.tracking_uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(
-            f"MLflow server at {self.tracking_uri} was not healthy within {timeout_s:g} s "
-            f"(infra.mlflow_server.START_TIMEOUT_S); see {self.home / 'mlflow-server.log'}"
-        )
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{self.tracking_uri}/health", timeout=2) as r:
+                return r.status == 200
+
+        try:
+            wait_until_ready(
+                self.process,
+                healthy,
+                what=f"MLflow server at {self.tracking_uri}",
+                timeout_s=timeout_s,
+                setting="infra.mlflow_server.START_TIMEOUT_S",
+                log_path=self.home / "mlflow-server.log",
+                interval_s=0.5,
+            )
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         stop_process(self.process, STOP_TIMEOUT_S)

@@ -18,12 +18,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra._env import temporary_env
-from infra._service import start_process, stop_process
+from infra._service import start_process, stop_process, wait_until_ready
 
 logger = logging.getLogger(__name__)
 
@@ -156,29 +155,21 @@ class SeaweedServer:
         """Until a signed S3 call succeeds: the port alone opens before the filer is ready."""
         from infra.object_store import ObjectStore, ObjectStoreConfig
 
-        deadline = time.monotonic() + timeout_s
-        last_error = "no answer yet"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"SeaweedFS exited with code {self.process.returncode} at start; see "
-                    f"{self.data_dir / 'weed.log'}"
-                )
-            if not _is_free(self.s3_port):
-                try:
-                    with temporary_env(self.env()):
-                        store = ObjectStore(
-                            ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1)
-                        )
-                        store._client.list_buckets()
-                    return
-                except Exception as e:  # not ready yet: keep polling
-                    last_error = f"{type(e).__name__}: {e}"
-            time.sleep(0.3)
-        raise RuntimeError(
-            f"SeaweedFS at {self.endpoint_url} was not ready within {timeout_s:g} s "
-            f"(infra.seaweed.START_TIMEOUT_S; last error: {last_error}); see "
-            f"{self.data_dir / 'weed.log'}"
+        def signed_call_succeeds() -> bool:
+            if _is_free(self.s3_port):
+                return False
+            with temporary_env(self.env()):
+                store = ObjectStore(ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1))
+                store._client.list_buckets()
+            return True
+
+        wait_until_ready(
+            self.process,
+            signed_call_succeeds,
+            what=f"SeaweedFS at {self.endpoint_url}",
+            timeout_s=timeout_s,
+            setting="infra.seaweed.START_TIMEOUT_S",
+            log_path=self.data_dir / "weed.log",
         )
 
     def stop(self) -> None:
