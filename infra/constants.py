@@ -96,3 +96,8 @@ FORWARDED_TO_RANKS = (
     HVDFLOW_PREFIX,
     HVDFLOW_CACHE_DIR,
 )
+
+# --- hvdflow: set by the launcher's task in the rank process it starts ---
+# Pid of the supervising task: the rank exits at once if its parent is no longer that process
+# (the task died before the rank could ask for PR_SET_PDEATHSIG).
+HVDFLOW_PARENT_PID = "HVDFLOW_PARENT_PID"

@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-RANK_ENTRY = "infra._rank_bootstrap"
+RANK_ENTRY = "infra.launcher._rank"
 
 
 def rank_processes() -> list[psutil.Process]:

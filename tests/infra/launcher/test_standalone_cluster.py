@@ -16,8 +16,9 @@ import pytest
 from tests.helpers import wait_for_no_ranks
 from tests.standalone_cluster import standalone_cluster
 
+pytestmark = pytest.mark.slow
 
-@pytest.mark.slow
+
 def test_np2_on_two_one_core_workers_ends_with_identical_weights(tmp_path):
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()

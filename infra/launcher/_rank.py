@@ -1,4 +1,4 @@
-"""Entry point of one rank process: ``python -m infra._rank_bootstrap PAYLOAD RESULT``.
+"""Entry point of one rank process: ``python -m infra.launcher._rank PAYLOAD RESULT``.
 
 PAYLOAD holds the cloudpickled ``(main, kwargs)``; rank 0 writes ``main``'s return value to
 RESULT. An exception prints its traceback to stderr (which the supervising task streams to the
@@ -8,15 +8,46 @@ driver) and exits 1.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
+import signal
 import sys
 import threading
 import traceback
 
 import cloudpickle
 
-from infra.constants import HOROVOD_RANK
-from infra.driver_log import emit_event
+from infra.constants import HOROVOD_RANK, HVDFLOW_PARENT_PID
+from infra.launcher import _wire
+from infra.launcher.rank_events import emit_event
+
+# linux/prctl.h: the signal this process gets when the thread that started it exits.
+_PR_SET_PDEATHSIG = 1
+# Exit status of a rank that found its supervising task already gone (as if SIGKILLed).
+_ORPHANED_EXIT = 128 + signal.SIGKILL
+
+
+def _die_with_parent() -> None:
+    """Ask for SIGKILL when the supervising task dies, so a killed Spark worker leaves no rank.
+
+    The task cannot set this between fork and exec (``preexec_fn``): that hook is unsafe in a
+    process with threads, and every task has some. So the rank sets it on itself, before it
+    loads main. The task may have died before that: then this process was already re-parented and
+    will never get the signal, so compare the parent with the pid the task passed down, and
+    exit at once if they differ.
+    """
+    expected = os.environ.get(HVDFLOW_PARENT_PID)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            # Not fatal: the task still kills the rank's process group on every way out it
+            # controls; only a SIGKILLed task would leave this rank behind.
+            print(
+                f"hvdflow: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}",
+                file=sys.stderr,
+            )
+    if expected is not None and os.getppid() != int(expected):
+        os._exit(_ORPHANED_EXIT)
 
 
 def _report_init_reached() -> None:
@@ -29,7 +60,7 @@ def _report_init_reached() -> None:
 
     def init(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        emit_event("init")
+        emit_event(_wire.EVENT_INIT)
         return result
 
     init._hvdflow_wrapped = True
@@ -39,6 +70,7 @@ def _report_init_reached() -> None:
 
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
+    _die_with_parent()
     _report_init_reached()
     with open(payload_path, "rb") as f:
         fn, kwargs = cloudpickle.load(f)

@@ -32,11 +32,11 @@ from typing import Any, Literal
 
 import cloudpickle
 
-from infra import _wire
-from infra._driver_channel import DriverChannel
-from infra._rank_supervisor import RankFailed, TaskSpec, barrier_task, run_task
 from infra.constants import FORWARDED_TO_RANKS
-from infra.horovod_options import HorovodOptions
+from infra.launcher import _wire
+from infra.launcher._channel import DriverChannel
+from infra.launcher._task import RankFailed, TaskSpec, barrier_task, run_task
+from infra.launcher.options import HorovodOptions
 
 logger = logging.getLogger(__name__)
 rank_logger = logging.getLogger(__name__ + ".ranks")
@@ -120,7 +120,7 @@ class HorovodRunner:
         log_dir = self.log_dir or tempfile.mkdtemp(prefix=f"hvdflow-{self.run_id}-")
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, "driver.log")
-        with _DriverLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:
+        with _RunLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:
             started = time.monotonic()
             if self.np < 0:
                 result = self._run_on_driver(payload, sink)
@@ -151,7 +151,7 @@ class HorovodRunner:
             start_timeout_s=self.start_timeout_s,
         )
 
-    def _run_on_spark(self, payload: bytes, sink: _DriverLog) -> bytes | None:
+    def _run_on_spark(self, payload: bytes, sink: _RunLog) -> bytes | None:
         from infra.spark import get_spark
 
         spark = self._spark or get_spark()
@@ -192,7 +192,7 @@ class HorovodRunner:
             rows = outcome["rows"]
             return rows[0] if rows else None
 
-    def _run_on_driver(self, payload: bytes, sink: _DriverLog) -> bytes | None:
+    def _run_on_driver(self, payload: bytes, sink: _RunLog) -> bytes | None:
         n = -self.np
         hosts = ["127.0.0.1"] * n
         gpus = _driver_gpu_addresses()
@@ -224,7 +224,8 @@ class HorovodRunner:
             self._wait(done, channel, cancel=lambda: None, ended_badly=lambda: bool(errors))
             if errors:
                 error = next(iter(errors.values()))
-                raise RuntimeError(f"HorovodRunner np={self.np}: {error}") from None
+                kind = RankFailed if isinstance(error, RankFailed) else RuntimeError
+                raise kind(f"HorovodRunner np={self.np}: {error}") from None
             return next((r for r in results.values() if r is not None), None)
 
     def _wait(
@@ -244,7 +245,7 @@ class HorovodRunner:
                     self._stop(done, channel, cancel)
                     raise TimeoutError(
                         f"HorovodRunner np={self.np} did not finish within {self.timeout_s:g} s "
-                        "(timeout_s): raise timeout_s or shorten the run"
+                        "(HorovodRunner timeout_s): raise timeout_s or shorten the run"
                     )
         except KeyboardInterrupt:
             logger.warning("interrupted: stopping the %d ranks", abs(self.np))
@@ -277,7 +278,11 @@ class HorovodRunner:
         except Exception:  # the Spark job may already be gone
             logger.debug("cancelling the Spark job failed", exc_info=True)
         if not done.wait(_STOP_GRACE_S):
-            logger.warning("ranks still stopping after %.0f s", _STOP_GRACE_S)
+            logger.warning(
+                "ranks still stopping after %.0f s (infra.launcher.runner._STOP_GRACE_S); "
+                "each task kills its rank when it sees the run cancelled",
+                _STOP_GRACE_S,
+            )
 
 
 def task_slots(sc) -> int:
@@ -294,8 +299,8 @@ def _wait_for_slots(sc, np: int, wait_s: float) -> None:
         if time.monotonic() >= deadline:
             raise RuntimeError(
                 f"np={np} needs {np} task slots but the cluster ({sc.master}) has {slots} after "
-                f"waiting {wait_s:g} s (slot_wait_s): lower np, or add executors or cores "
-                "(barrier mode starts every rank at once)"
+                f"waiting {wait_s:g} s (HorovodRunner slot_wait_s): lower np, or add executors "
+                "or cores (barrier mode starts every rank at once)"
             )
         time.sleep(0.5)
 
@@ -375,8 +380,14 @@ def _hint(error_line: str) -> str:
     return ""
 
 
-class _DriverLog:
-    """Every rank line into the run's log file, the chosen ones into the driver's logger."""
+class _RunLog:
+    """Where the driver puts the rank output lines its channel receives during one run.
+
+    Every line goes to the run's log file (``driver.log``) and to the user's ``on_log_line``;
+    the lines ``driver_log_verbosity`` selects also go to the driver's ``...runner.ranks``
+    logger. It receives every stream (stdout, stderr and ``log_to_driver`` messages alike);
+    ``log_to_driver`` is the rank-side call that sends one of them.
+    """
 
     def __init__(self, path: str, verbosity: str, consumer):
         self._file = open(path, "a", buffering=1, encoding="utf-8")
@@ -392,7 +403,7 @@ class _DriverLog:
         if self._consumer is not None:
             self._consumer(line)
 
-    def __enter__(self) -> _DriverLog:
+    def __enter__(self) -> _RunLog:
         return self
 
     def __exit__(self, *exc) -> None:

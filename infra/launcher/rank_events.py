@@ -13,6 +13,7 @@ import threading
 import time
 
 from infra.constants import HVDFLOW_EVENT_FD
+from infra.launcher import _wire
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,10 @@ def _event_pipe():
 
 
 def emit_event(event: str, **fields) -> bool:
-    """Send one event to the supervising task; False outside a rank. Never raises."""
+    """Send one event (``_wire.EVENT_*``) to the supervising task; False outside a rank.
+
+    Never raises.
+    """
     with _lock:
         try:
             pipe = _event_pipe()
@@ -46,5 +50,6 @@ def emit_event(event: str, **fields) -> bool:
 
 def log_to_driver(message: str) -> None:
     """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity."""
-    if not emit_event("log", text=str(message)):
+    # Capped here as the task caps output lines: the task drops an event line it cannot hold.
+    if not emit_event(_wire.EVENT_LOG, text=_wire.capped_text(str(message))):
         logger.info("%s", message)

@@ -3,7 +3,9 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from infra.horovod_options import HorovodOptions
+from infra.launcher.options import HorovodOptions
+
+pytestmark = pytest.mark.unit
 
 
 def test_defaults_leave_horovods_own_defaults():

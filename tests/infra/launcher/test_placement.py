@@ -1,5 +1,16 @@
+import pytest
+
 from infra import constants as c
-from infra._placement import RankSlot, gloo_iface_for, gpu_for_rank, host_of, plan_ranks, rank_env
+from infra.launcher._placement import (
+    RankSlot,
+    gloo_iface_for,
+    gpu_for_rank,
+    host_of,
+    plan_ranks,
+    rank_env,
+)
+
+pytestmark = pytest.mark.unit
 
 
 def test_host_of_strips_the_port_and_ipv6_brackets():

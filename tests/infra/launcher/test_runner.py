@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -10,12 +11,12 @@ import threading
 import time
 
 import cloudpickle
+import psutil
 import pytest
 
-from infra import HorovodRunner, _driver_channel
-from infra._driver_channel import DriverChannel
-from infra._rank_supervisor import RankFailed
-from tests.helpers import wait_for_no_ranks
+from infra import HorovodRunner, RankFailed
+from infra.launcher import _channel
+from tests.helpers import rank_processes, wait_for_no_ranks
 from training.smoke import train_digits
 
 # The rank functions below live in this test module, which rank processes cannot import:
@@ -51,6 +52,19 @@ def init_then_wait():
     time.sleep(600)
 
 
+def print_a_50_mb_line():
+    import sys
+
+    sys.stdout.write("x" * (50 * 1024 * 1024))  # one line, no newline yet
+    sys.stdout.write("\nafter the huge line\n")
+    sys.stdout.flush()
+
+
+def print_ready_then_wait():
+    print("ready", flush=True)
+    time.sleep(600)
+
+
 def assert_identical_weights(result, size):
     assert result["size"] == size
     assert len(result["checksums"]) == size
@@ -61,7 +75,7 @@ def assert_identical_weights(result, size):
 def test_np2_on_spark_trains_keras_with_identical_weights_on_both_ranks(
     spark, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(_driver_channel.secrets, "token_hex", lambda n: SECRET)
+    monkeypatch.setattr(_channel.secrets, "token_hex", lambda n: SECRET)
     lines = []
     runner = HorovodRunner(
         np=2,
@@ -95,6 +109,7 @@ def test_np_negative_runs_ranks_on_the_driver_with_identical_weights():
     assert wait_for_no_ranks() == []
 
 
+@pytest.mark.integration
 def test_log_callback_only_shows_only_log_to_driver_lines(caplog):
     def main():
         from infra import log_to_driver
@@ -102,14 +117,15 @@ def test_log_callback_only_shows_only_log_to_driver_lines(caplog):
         print("plain output")
         log_to_driver("from the callback")
 
-    with caplog.at_level("INFO", logger="infra.horovod_runner.ranks"):
+    with caplog.at_level("INFO", logger="infra.launcher.runner.ranks"):
         runner = HorovodRunner(np=-1)
         runner.run(main)
-    shown = [r.getMessage() for r in caplog.records if r.name == "infra.horovod_runner.ranks"]
+    shown = [r.getMessage() for r in caplog.records if r.name == "infra.launcher.runner.ranks"]
     assert shown == ["[1,0]<log>:from the callback"]
     assert "[1,0]<stdout>:plain output" in open(runner.log_path).read()
 
 
+@pytest.mark.integration
 def test_rank_zero_return_value_comes_back_and_kwargs_arrive():
     def main(a, b):
         import os
@@ -119,6 +135,7 @@ def test_rank_zero_return_value_comes_back_and_kwargs_arrive():
     assert HorovodRunner(np=-2).run(main, a=2, b=3) == {"sum": 5, "rank": "0"}
 
 
+@pytest.mark.integration
 def test_np_larger_than_the_cluster_fails_fast_naming_np_and_slots(spark):
     started = time.monotonic()
     with pytest.raises(RuntimeError) as err:
@@ -223,6 +240,7 @@ def test_ctrl_c_on_the_driver_stops_every_rank_within_10_seconds(np, tmp_path):
             driver.kill()
 
 
+@pytest.mark.unit
 def test_unpicklable_main_fails_before_any_task_naming_the_culprit():
     lock = threading.Lock()
 
@@ -246,26 +264,125 @@ def test_unpicklable_main_fails_before_any_task_naming_the_culprit():
         ({"np": 2, "start_timeout_s": 0}, "start_timeout_s=0: expected a positive"),
     ],
 )
+@pytest.mark.unit
 def test_bad_arguments_are_rejected_with_the_value(kwargs, expected):
     with pytest.raises(ValueError, match=expected.replace("(", "\\(")):
         HorovodRunner(**kwargs)
 
 
-def test_driver_servers_listen_only_on_the_executor_facing_address():
-    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
-        assert channel._server.server_address[0] == "127.0.0.1"
-        assert channel._rendezvous.server_address[0] == "127.0.0.1"
+@pytest.mark.integration
+def test_rank_failed_and_log_line_are_public_and_a_failing_rank_raises_rank_failed():
+    from infra import LogLine
+    from infra import RankFailed as PublicRankFailed
+    from infra.launcher import LogLine as LauncherLogLine
+    from infra.launcher import RankFailed as LauncherRankFailed
+
+    assert PublicRankFailed is LauncherRankFailed and LogLine is LauncherLogLine
+    assert issubclass(PublicRankFailed, RuntimeError)
+
+    def main():
+        print("about to fail", flush=True)
+        raise ValueError("boom on the driver")
+
+    lines = []
+    with pytest.raises(PublicRankFailed) as err:
+        HorovodRunner(np=-1, on_log_line=lines.append).run(main)
+    message = str(err.value)
+    assert "HorovodRunner np=-1: rank 0 exited with code 1" in message
+    assert "[1,0]<stdout>:about to fail" in message
+    assert "[1,0]<stderr>:ValueError: boom on the driver" in message
+    assert lines and all(isinstance(line, LogLine) for line in lines)
+    assert wait_for_no_ranks() == []
 
 
-def test_the_error_names_the_rank_that_failed_first_not_the_one_that_noticed():
-    shutdown = "[1,0]<stderr>:... Horovod has been shut down. This was caused by an exception"
-    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
-        # Rank 0's report (a consequence) arrives before rank 1's (the cause).
-        channel.failures.append(
-            {"rank": 0, "reason": "rank 0 exited", "tail": [shutdown], "exited_at": 10.2}
-        )
-        channel.failures.append(
-            {"rank": 1, "reason": "rank 1 exited", "tail": ["boom"], "exited_at": 10.0}
-        )
-        root, others = channel.root_failure()
-    assert root["rank"] == 1 and others == [0]
+@pytest.mark.integration
+def test_a_50_mb_line_is_shipped_cut_with_a_marker_and_the_next_line_arrives(tmp_path):
+    lines = []
+    runner = HorovodRunner(np=-1, log_dir=str(tmp_path), on_log_line=lines.append)
+    peak_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert runner.run(print_a_50_mb_line) is None
+
+    cut = "x" * (64 * 1024) + " [... line truncated: 52428800 bytes]"
+    assert [line.text for line in lines if line.stream == "stdout"] == [cut, "after the huge line"]
+    log_lines = (tmp_path / "driver.log").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in log_lines] == [
+        f"[1,0]<stdout>:{cut}",
+        "[1,0]<stdout>:after the huge line",
+    ]
+    # The driver (and, with np < 0, the task) never held the line: far below its 50 MB.
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before_kib) / 1024
+    assert grown_mib < 20, f"peak memory grew by {grown_mib:.0f} MiB"
+
+
+@pytest.mark.integration
+def test_a_rank_that_never_reaches_init_names_start_timeout_s():
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as err:
+        HorovodRunner(np=-1, start_timeout_s=1).run(never_init)
+    assert "rank 0 did not reach hvd.init() within 1 s (HorovodRunner start_timeout_s)" in str(
+        err.value
+    )
+    assert "[1,0]<stdout>:doing slow work before hvd.init()" in str(err.value)
+    assert time.monotonic() - started < 30
+    assert wait_for_no_ranks() == []
+
+
+@pytest.mark.integration
+def test_a_run_over_its_time_limit_names_timeout_s_and_stops_its_ranks():
+    with pytest.raises(TimeoutError) as err:
+        HorovodRunner(np=-1, timeout_s=2).run(print_ready_then_wait)
+    assert "did not finish within 2 s (HorovodRunner timeout_s): raise timeout_s" in str(err.value)
+    assert wait_for_no_ranks() == []
+
+
+def children_ranks(pid: int) -> list[psutil.Process]:
+    found = []
+    for proc in rank_processes():
+        try:
+            if proc.ppid() == pid:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+KILLED_DRIVER_SCRIPT = """
+import sys, time
+from infra import HorovodRunner
+
+def main():
+    print("ready", flush=True)
+    time.sleep(600)
+
+HorovodRunner(np=-1, driver_log_verbosity="all").run(main)
+"""
+
+
+@pytest.mark.integration
+def test_a_sigkilled_driver_leaves_no_rank_behind(tmp_path):
+    # With np < 0 the driver is the rank's parent, as the Spark worker is for np > 0: SIGKILL
+    # leaves it no chance to clean up, so only the rank's PR_SET_PDEATHSIG can stop the rank.
+    script = tmp_path / "driver.py"
+    script.write_text(KILLED_DRIVER_SCRIPT)
+    driver = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ours := children_ranks(driver.pid)):
+            assert driver.poll() is None and time.monotonic() < deadline, "no rank started"
+            time.sleep(0.1)
+        driver.kill()
+        driver.wait(10)
+        killed_at = time.monotonic()
+        while alive := [p for p in ours if is_alive(p)]:
+            assert time.monotonic() - killed_at < 5, f"ranks outlived their parent: {alive}"
+            time.sleep(0.1)
+    finally:
+        if driver.poll() is None:
+            driver.kill()

@@ -2,14 +2,14 @@
 
 Runs inside a Spark barrier task (or a driver thread for ``np < 0``). The rank is a separate
 Python process so that Horovod, TensorFlow and the user's imports get a clean interpreter, and
-so that it can be killed as a whole: it runs in its own process group and dies with its parent
-(PR_SET_PDEATHSIG), so a killed Spark worker cannot leave a rank behind.
+so that it can be killed as a whole: it runs in its own process group, and it asks to die with
+its parent (PR_SET_PDEATHSIG, set by the rank itself in ``_rank``), so a killed Spark worker
+cannot leave a rank behind.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
 import json
 import os
 import signal
@@ -22,16 +22,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra import _wire
-from infra._placement import gloo_iface_for, gpu_for_rank, host_of, plan_ranks, rank_env
-from infra.constants import HVDFLOW_EVENT_FD
+from infra.constants import HVDFLOW_EVENT_FD, HVDFLOW_PARENT_PID
+from infra.launcher import _wire
+from infra.launcher._placement import gloo_iface_for, gpu_for_rank, host_of, plan_ranks, rank_env
 
-# Lines of output kept per rank for the error message of a failed rank.
-TAIL_LINES = 40
+# How long a task waits to connect to the driver's channel.
+CONNECT_TIMEOUT_S = 30.0
 # How long a task waits for the driver to accept the plan before giving up.
 PLAN_TIMEOUT_S = 60.0
 _POLL_S = 0.1
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -53,16 +52,19 @@ class RankFailed(RuntimeError):
     """A rank exited non-zero, timed out at start, or was stopped."""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class DriverLink:
     """This task's connection to the driver; a close from the driver means abort."""
 
     def __init__(self, spec: TaskSpec, partition: int):
-        sock = socket.create_connection((spec.driver_host, spec.driver_port), timeout=30)
+        address = (spec.driver_host, spec.driver_port)
+        try:
+            sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+        except OSError as e:
+            raise RankFailed(
+                f"task {partition} could not reach the driver at {address[0]}:{address[1]} "
+                f"within {CONNECT_TIMEOUT_S:g} s (infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
+                "Executors must reach spark.driver.host: set it to an address they can route to"
+            ) from None
         sock.settimeout(None)
         self.conn = _wire.Connection(sock)
         self.aborted = threading.Event()
@@ -95,11 +97,16 @@ class DriverLink:
         deadline = time.monotonic() + PLAN_TIMEOUT_S
         with self._reply_ready:
             while not any(m.get("type") == _wire.PLAN_OK for m in self._replies):
-                left = deadline - time.monotonic()
-                if self.aborted.is_set() or left <= 0:
+                if self.aborted.is_set():
                     raise RankFailed(
-                        f"the driver did not accept the rank plan within {PLAN_TIMEOUT_S:.0f} s "
-                        "(infra._rank_supervisor.PLAN_TIMEOUT_S); is the driver still running?"
+                        "the driver closed the connection before it accepted the rank plan: "
+                        "the run was cancelled, or the driver stopped"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RankFailed(
+                        f"the driver did not accept the rank plan within {PLAN_TIMEOUT_S:g} s "
+                        "(infra.launcher._task.PLAN_TIMEOUT_S); is the driver still running?"
                     )
                 self._reply_ready.wait(left)
 
@@ -152,12 +159,12 @@ def barrier_task(spec: TaskSpec, _rows):
 
 
 def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link: DriverLink):
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    tail: collections.deque[str] = collections.deque(maxlen=_wire.TAIL_LINES)
     init_reached = threading.Event()
 
     def ship(stream: str, text: str, at: float | None = None) -> None:
         line = _wire.LogLine(at or time.time(), rank, stream, text)
-        tail.append(line.formatted())
+        tail.append(_tail_line(line.formatted()))
         link.send({"type": _wire.LINE, **line.__dict__})
 
     with tempfile.TemporaryDirectory(prefix=f"hvdflow-rank{rank}-") as workdir:
@@ -166,18 +173,25 @@ def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link
         with open(payload_path, "wb") as f:
             f.write(spec.payload)
         events_read, events_write = os.pipe()
-        env = {**os.environ, **rank_env_vars, HVDFLOW_EVENT_FD: str(events_write)}
-        env["PYTHONUNBUFFERED"] = "1"
+        env = {
+            **os.environ,
+            **rank_env_vars,
+            HVDFLOW_EVENT_FD: str(events_write),
+            HVDFLOW_PARENT_PID: str(os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+        }
+        # No preexec_fn: it is unsafe in a process with threads. The rank sets PR_SET_PDEATHSIG
+        # on itself; the signal fires when this thread exits, and this thread supervises the
+        # rank to its end.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra._rank_bootstrap", payload_path, result_path],
+            [sys.executable, "-m", "infra.launcher._rank", payload_path, result_path],
             env=env,
             cwd=os.getcwd(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(events_write,),
-            preexec_fn=_die_with_parent,
-            start_new_session=True,
+            start_new_session=True,  # its own process group: _kill_group stops all it started
         )
         os.close(events_write)
         started = time.monotonic()
@@ -189,7 +203,7 @@ def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link
                 target=_pump_lines, args=(proc.stderr, _wire.STDERR, ship), daemon=True
             ),
             threading.Thread(
-                target=_pump_events, args=(events_read, rank, ship, init_reached, link), daemon=True
+                target=_pump_events, args=(events_read, ship, init_reached), daemon=True
             ),
         ]
         for t in readers:
@@ -252,25 +266,35 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _pump_lines(pipe, stream: str, ship) -> None:
-    for raw in iter(pipe.readline, b""):
-        ship(stream, raw.decode("utf-8", "replace").rstrip("\n"))
+    """Ship each line of ``pipe``; a line over MAX_LINE_BYTES goes cut, with a marker."""
+    while (line := _wire.read_line(pipe, _wire.MAX_LINE_BYTES)) is not None:
+        ship(stream, _wire.line_text(*line))
     pipe.close()
 
 
-def _pump_events(fd: int, rank: int, ship, init_reached: threading.Event, link: DriverLink) -> None:
-    with os.fdopen(fd, "r") as events:
-        for raw in events:
+def _pump_events(fd: int, ship, init_reached: threading.Event) -> None:
+    with os.fdopen(fd, "rb") as events:
+        while (line := _wire.read_line(events, _wire.MAX_MESSAGE_BYTES)) is not None:
+            raw, total = line
+            if total > len(raw):
+                continue  # log_to_driver caps its text, so only a stray writer gets here
             try:
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if event.get("event") == "init":
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == _wire.EVENT_INIT:
                 init_reached.set()
-                link.send(
-                    {"type": _wire.EVENT, "event": "init", "rank": rank, "time": event["time"]}
-                )
-            elif event.get("event") == "log":
+            elif event.get("event") == _wire.EVENT_LOG:
                 ship(_wire.CALLBACK, event.get("text", ""), event.get("time"))
+
+
+def _tail_line(formatted: str) -> str:
+    """A line as the failure report keeps it: short enough that the report fits one message."""
+    if len(formatted) <= _wire.TAIL_LINE_CHARS:
+        return formatted
+    return formatted[: _wire.TAIL_LINE_CHARS] + " [...]"
 
 
 def _format_tail(tail: Sequence[str]) -> str:

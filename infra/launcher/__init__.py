@@ -1,0 +1,31 @@
+"""The barrier launcher: ``HorovodRunner(np=...).run(main, **kwargs)``.
+
+Split where the processes split:
+
+- ``runner``: the public ``HorovodRunner``, on the driver
+- ``options``: ``HorovodOptions``, Horovod's knobs as each rank's environment
+- ``rank_events``: ``log_to_driver``, called inside a rank
+- ``_channel``: the driver's Gloo rendezvous server and the tasks' channel
+- ``_task``: one Spark barrier task, supervising one rank process
+- ``_rank``: the rank process's entry point
+- ``_wire``: the messages between tasks and the driver, and between a rank and its task
+- ``_placement``: which rank runs where and what it is told (pure functions)
+
+Exports are lazy, like ``infra``'s: a rank process imports only what it uses.
+"""
+
+from infra._lazy import lazy_exports
+
+# The streams a LogLine comes from: a rank's stdout and stderr, and log_to_driver messages.
+STREAMS = ("STDOUT", "STDERR", "CALLBACK")
+EXPORTS = {
+    "HorovodRunner": "infra.launcher.runner",
+    "HorovodOptions": "infra.launcher.options",
+    "RankFailed": "infra.launcher._task",
+    "LogLine": "infra.launcher._wire",
+    "log_to_driver": "infra.launcher.rank_events",
+    **{stream: "infra.launcher._wire" for stream in STREAMS},
+}
+
+__all__ = sorted(EXPORTS)
+__getattr__ = lazy_exports(__name__, EXPORTS)

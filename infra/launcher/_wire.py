@@ -1,0 +1,176 @@
+"""The launcher's two contracts, imported by both sides of each: one JSON object per line.
+
+Driver <-> task, over a TCP connection: tasks send ``hello`` (with the run's token), ``plan``
+(partition 0 only; the driver answers ``plan_ok`` once the rendezvous server knows the plan),
+``line`` (one line of rank output) and ``failed`` (a rank ended badly, with the tail of its
+output). The driver closes the connections to abort a run: a task that sees the close kills its
+rank.
+
+Rank -> task, over an inherited pipe: ``init`` (the rank returned from ``hvd.init()``) and
+``log`` (a ``log_to_driver()`` message).
+
+A line of rank output is capped at ``MAX_LINE_BYTES``, and a message at ``MAX_MESSAGE_BYTES``,
+so that a rank printing one huge line cannot exhaust the memory of its task or of the driver.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+logger = logging.getLogger(__name__)
+
+# --- Driver <-> task message types ---
+HELLO = "hello"
+PLAN = "plan"
+PLAN_OK = "plan_ok"
+LINE = "line"
+FAILED = "failed"
+
+# --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
+# The rank returned from hvd.init(): the task's start timeout (start_timeout_s) no longer applies.
+EVENT_INIT = "init"
+# A log_to_driver() message, shown on the driver whatever its log verbosity.
+EVENT_LOG = "log"
+
+# Output streams of a rank: its stdout and stderr, and messages sent with log_to_driver().
+STDOUT = "stdout"
+STDERR = "stderr"
+CALLBACK = "log"
+
+# Longest line of rank output shipped whole, in bytes without the newline. The rest of a longer
+# line is read and dropped, never held: TRUNCATED (with the line's full length) marks the cut.
+MAX_LINE_BYTES = 64 * 1024
+TRUNCATED = " [... line truncated: {total} bytes]"
+# Longest message the driver (and a task) accepts, newline included; a longer one closes that
+# connection. JSON escaping turns a byte of text into at most 6 bytes (\u0000) and a character
+# into at most 12 (a surrogate pair): a line message (MAX_LINE_BYTES of text) and a failure report
+# (TAIL_LINES lines of TAIL_LINE_CHARS characters) both stay well under this.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Lines of output, and characters of each, a failure report carries for the error message.
+TAIL_LINES = 40
+TAIL_LINE_CHARS = 4000
+
+
+class MessageTooLarge(ValueError):
+    """A message longer than the reader's limit: the sender is broken or not a task."""
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line a rank wrote, stamped with the time the supervising task read it."""
+
+    time: float
+    rank: int
+    stream: str
+    text: str
+
+    @property
+    def prefix(self) -> str:
+        """mpirun's tag (``[1,<rank>]<stdout>:``), which tools that read Horovod logs expect."""
+        return f"[1,{self.rank}]<{self.stream}>:"
+
+    def formatted(self) -> str:
+        return f"{self.prefix}{self.text}"
+
+    def to_log_file_line(self) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.time))
+        return f"{stamp}.{int(self.time % 1 * 1e6):06d} {self.formatted()}"
+
+
+def read_line(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> tuple[bytes, int] | None:
+    """The next line without its newline, cut to ``limit`` bytes, and its full length in bytes.
+
+    None at the end of the stream. The part of a longer line past ``limit`` is read in chunks and
+    dropped, so memory stays bounded whatever the other side writes.
+    """
+    raw = stream.readline(limit + 1)
+    if not raw:
+        return None
+    if raw.endswith(b"\n"):
+        return raw[:-1], len(raw) - 1
+    if len(raw) <= limit:  # the last line, with no newline before the end of the stream
+        return raw, len(raw)
+    kept, total = raw[:limit], len(raw)
+    while raw and not raw.endswith(b"\n"):
+        raw = stream.readline(limit)
+        total += len(raw)
+    return kept, total - raw.endswith(b"\n")
+
+
+def line_text(kept: bytes, total: int) -> str:
+    """A line read by ``read_line`` as text, with the truncation marker when it was cut."""
+    if total <= len(kept):
+        return kept.decode("utf-8", "replace")
+    # Cut at a byte limit, the line may end inside a character: leave that character out.
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return decoder.decode(kept, final=False) + TRUNCATED.format(total=total)
+
+
+def capped_text(text: str, limit: int = MAX_LINE_BYTES) -> str:
+    """``text`` cut to ``limit`` UTF-8 bytes, with the truncation marker when it was cut."""
+    data = text.encode("utf-8", "replace")
+    return line_text(data[:limit], len(data))
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def read_message(stream: BinaryIO, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
+    """The next message, or None when the other side closed the connection.
+
+    Raises MessageTooLarge for a message over ``limit`` bytes (newline included), having read no
+    more than ``limit + 1`` bytes of it.
+    """
+    raw = stream.readline(limit + 1)
+    if not raw:
+        return None
+    if len(raw) > limit:
+        raise MessageTooLarge(f"a message longer than {limit} bytes")
+    return json.loads(raw)
+
+
+class Connection:
+    """A socket with a lock around writes, since several reader threads share one connection."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+        self._write_lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        with self._write_lock:
+            self.sock.sendall(data)
+
+    def receive(self, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
+        """The next message; None when the connection ended, timed out or broke the contract.
+
+        A message over ``limit`` bytes closes the connection: what follows it cannot be trusted
+        to start at a message boundary, and reading it whole is what the limit prevents.
+        """
+        try:
+            return read_message(self.reader, limit)
+        except MessageTooLarge as e:
+            logger.warning("closing a connection that sent %s (MAX_MESSAGE_BYTES)", e)
+            self.close()
+            self.reader.close()  # this is the reading thread: no other read holds its lock
+            return None
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        # Shut the socket down first: that wakes a thread blocked in reader.readline(). Closing
+        # the buffered reader itself would wait for the lock that blocked thread holds.
+        for close in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                close()
+            except OSError:
+                pass

@@ -1,0 +1,170 @@
+"""The driver channel: which failure is named (pure), and what it accepts from the network."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from infra.launcher import _channel, _wire
+from infra.launcher._channel import DriverChannel, root_failure
+
+SHUTDOWN = "[1,0]<stderr>:... Horovod has been shut down. This was caused by an exception"
+
+
+def report(rank, exited_at, *tail):
+    return {
+        "rank": rank,
+        "reason": f"rank {rank} exited",
+        "tail": list(tail),
+        "exited_at": exited_at,
+    }
+
+
+@pytest.mark.unit
+def test_no_failures_name_no_root():
+    assert root_failure([]) == (None, [])
+
+
+@pytest.mark.unit
+def test_a_rank_that_saw_horovod_shut_down_loses_to_one_that_did_not_even_if_it_exited_first():
+    consequence = report(0, 10.0, "epoch 1", SHUTDOWN)
+    cause = report(1, 10.2, "ValueError: boom")
+    assert root_failure([consequence, cause]) == (cause, [0])
+
+
+@pytest.mark.unit
+def test_among_causes_the_earliest_exit_is_the_root():
+    first, second = report(2, 5.0, "boom"), report(1, 5.5, "bang")
+    assert root_failure([second, first]) == (first, [1])
+
+
+@pytest.mark.unit
+def test_among_consequences_only_the_earliest_exit_is_the_root():
+    late, early = report(1, 3.0, SHUTDOWN), report(3, 2.0, SHUTDOWN)
+    assert root_failure([late, early]) == (early, [1])
+
+
+@pytest.mark.unit
+def test_the_others_are_sorted_unique_and_exclude_the_root():
+    failures = [
+        report(3, 9.0, SHUTDOWN),
+        report(0, 8.0, SHUTDOWN),
+        report(2, 7.0),  # no output at all: still a cause
+        report(2, 9.5, "stopped: the driver cancelled the run"),  # the root, reported twice
+        report(0, 9.9, SHUTDOWN),
+    ]
+    assert root_failure(failures) == (failures[2], [0, 3])
+
+
+@pytest.mark.unit
+def test_a_report_without_tail_or_exit_time_counts_as_a_cause_that_exited_at_zero():
+    bare = {"rank": 4, "reason": "rank 4 exited"}
+    assert root_failure([report(1, 1.0, "boom"), bare]) == (bare, [1])
+
+
+@pytest.mark.integration
+def test_the_channel_names_the_root_of_the_reports_it_received():
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        channel.failures.extend([report(0, 10.0, SHUTDOWN), report(1, 10.2, "boom")])
+        root, others = channel.root_failure()
+    assert root["rank"] == 1 and others == [0]
+
+
+@pytest.mark.integration
+def test_driver_servers_listen_only_on_the_executor_facing_address():
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        assert channel._server.server_address[0] == "127.0.0.1"
+        assert channel._rendezvous.server_address[0] == "127.0.0.1"
+
+
+def closed_by_peer(sock: socket.socket, within_s: float) -> bool:
+    """Whether the other side closes ``sock`` within ``within_s`` seconds."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.integration
+def test_a_connection_that_says_nothing_is_closed_after_the_hello_timeout(monkeypatch, caplog):
+    monkeypatch.setattr(_channel, "HELLO_TIMEOUT_S", 0.5)
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        with socket.create_connection(("127.0.0.1", channel.port)) as stranger:
+            started = time.monotonic()
+            assert closed_by_peer(stranger, within_s=5)
+            assert time.monotonic() - started < 3
+    assert "sent no hello within 0.5 s (HELLO_TIMEOUT_S)" in caplog.text
+
+
+@pytest.mark.integration
+def test_a_wrong_token_is_closed_and_its_lines_ignored(caplog):
+    lines = []
+    with DriverChannel("127.0.0.1", on_line=lines.append) as channel:
+        with socket.create_connection(("127.0.0.1", channel.port)) as stranger:
+            stranger.sendall(_wire.encode({"type": _wire.HELLO, "token": "0" * 32}))
+            stranger.sendall(line_message("forged"))
+            assert closed_by_peer(stranger, within_s=5)
+    assert lines == []
+    assert "wrong token" in caplog.text and channel.token not in caplog.text
+
+
+def line_message(text: str, rank: int = 0) -> bytes:
+    return _wire.encode(
+        {"type": _wire.LINE, "time": 1.0, "rank": rank, "stream": _wire.STDOUT, "text": text}
+    )
+
+
+@pytest.mark.integration
+def test_a_task_silent_for_longer_than_the_hello_timeout_stays_connected(monkeypatch):
+    monkeypatch.setattr(_channel, "HELLO_TIMEOUT_S", 0.3)
+    arrived = threading.Event()
+    lines = []
+
+    def on_line(line):
+        lines.append(line)
+        arrived.set()
+
+    with DriverChannel("127.0.0.1", on_line=on_line) as channel:
+        with socket.create_connection(("127.0.0.1", channel.port)) as task:
+            task.sendall(_wire.encode({"type": _wire.HELLO, "token": channel.token}))
+            assert not closed_by_peer(task, within_s=1.0)  # a rank busy with no output
+            task.sendall(line_message("after a quiet second"))
+            assert arrived.wait(5)
+    assert lines == [_wire.LogLine(1.0, 0, _wire.STDOUT, "after a quiet second")]
+
+
+@pytest.mark.integration
+def test_a_message_over_the_cap_closes_that_connection_only(caplog):
+    lines = []
+    with DriverChannel("127.0.0.1", on_line=lines.append) as channel:
+        with (
+            socket.create_connection(("127.0.0.1", channel.port)) as bad,
+            socket.create_connection(("127.0.0.1", channel.port)) as good,
+        ):
+            for task in (bad, good):
+                task.sendall(_wire.encode({"type": _wire.HELLO, "token": channel.token}))
+
+            def flood():
+                try:
+                    bad.sendall(line_message("x" * (_wire.MAX_MESSAGE_BYTES + 1)))
+                except OSError:
+                    pass
+
+            flooder = threading.Thread(target=flood)
+            flooder.start()
+            assert closed_by_peer(bad, within_s=10)
+            flooder.join(10)
+            good.sendall(line_message("still here", rank=1))
+            deadline = time.monotonic() + 5
+            while not lines and time.monotonic() < deadline:
+                time.sleep(0.05)
+    assert [line.text for line in lines] == ["still here"]
+    assert "longer than 4194304 bytes (MAX_MESSAGE_BYTES)" in caplog.text
