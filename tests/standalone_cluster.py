@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,15 +16,11 @@ from pathlib import Path
 
 import pyspark
 
+from infra.services import free_port
+
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spark_class(*args: str, log: Path, env: dict) -> subprocess.Popen:

@@ -4,31 +4,27 @@ A real S3 server on 127.0.0.1 with its own data directory and a health check. It
 loopback only and does not check keys: SeaweedFS 4.48 did not load an identity file here (it
 asks for an STS signing key), so the generated key pair, kept in the data directory, only gives
 clients something to sign with. Point AWS_ENDPOINT_URL at a server that checks keys for anything
-shared. hvdflow starts it for ``hvdflow up`` and for
-tests; any endpoint set in ``AWS_ENDPOINT_URL`` is used instead.
+shared. hvdflow starts it for ``hvdflow up`` and for tests; any endpoint set in
+``AWS_ENDPOINT_URL`` is used instead.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra._env import temporary_env
-from infra._service import start_process, stop_process, wait_until_ready
+from infra.services._process import free_port
+from infra.services._service import Service
 
-logger = logging.getLogger(__name__)
-
-START_TIMEOUT_S = 60.0
-# SeaweedFS ignores SIGTERM for a while; after this it gets SIGKILL.
-STOP_TIMEOUT_S = 5.0
+# SeaweedFS serves gRPC on each HTTP port + this, without a flag to choose otherwise.
+GRPC_PORT_OFFSET = 10000
 
 
 def weed_binary() -> str:
@@ -41,25 +37,6 @@ def weed_binary() -> str:
             "(scripts/setup.sh does), or set AWS_ENDPOINT_URL to another S3 server"
         )
     return found
-
-
-def free_port(avoid: set[int] = frozenset()) -> int:
-    """A free port whose +10000 neighbour is free too (SeaweedFS derives gRPC ports that way)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 50000 and port not in avoid and _is_free(port + 10000):
-            return port
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 @dataclass(frozen=True)
@@ -88,18 +65,22 @@ def load_or_create_credentials(data_dir: Path) -> Credentials:
     return creds
 
 
-class SeaweedServer:
+class SeaweedServer(Service):
     """``weed server`` with S3 on 127.0.0.1; use as a context manager or start()/stop()."""
 
-    def __init__(self, data_dir: str | Path, s3_port: int | None = None):
-        self.data_dir = Path(data_dir)
-        self.s3_port = s3_port or free_port()
-        self.credentials = load_or_create_credentials(self.data_dir)
-        self.process: subprocess.Popen | None = None
+    name = "SeaweedFS"
+    log_name = "weed.log"
+    START_TIMEOUT_S = 60.0
+    # SeaweedFS ignores SIGTERM for a while; after this it gets SIGKILL.
+    STOP_TIMEOUT_S = 5.0
+
+    def __init__(self, data_dir: str | Path, port: int | None = None):
+        super().__init__(data_dir, port)
+        self.credentials = load_or_create_credentials(self.home)
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return self.url
 
     def env(self) -> dict[str, str]:
         """The standard AWS variables that point boto3, s3fs and MLflow at this server."""
@@ -111,16 +92,19 @@ class SeaweedServer:
             "MLFLOW_S3_ENDPOINT_URL": self.endpoint_url,
         }
 
+    def _prepare(self) -> None:
+        (self.home / "data").mkdir(parents=True, exist_ok=True)
+
     def _command(self) -> list[str]:
-        used = {self.s3_port}
+        used = {self.port}
         ports = {}
         for name in ("master", "volume", "filer"):
-            ports[name] = free_port(used)
-            used |= {ports[name], ports[name] + 10000}
+            ports[name] = free_port(used, neighbour_offset=GRPC_PORT_OFFSET)
+            used |= {ports[name], ports[name] + GRPC_PORT_OFFSET}
         return [
             weed_binary(),
             "server",
-            f"-dir={self.data_dir / 'data'}",
+            f"-dir={self.home / 'data'}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
             f"-master.port={ports['master']}",
@@ -129,54 +113,27 @@ class SeaweedServer:
             "-master.volumeSizeLimitMB=256",
             "-volume.max=0",
             "-s3",
-            f"-s3.port={self.s3_port}",
+            f"-s3.port={self.port}",
             # Fixed-port extras hvdflow does not use; they would clash between two servers.
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-s3.port.grpc={free_port(used | {self.s3_port})}",
+            f"-s3.port.grpc={free_port(used)}",
         ]
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> SeaweedServer:
-        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+    def _env(self) -> dict[str, str]:
         # SeaweedFS turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its own environment into
         # its S3 identity: inheriting another server's keys from this process would lock out
         # this server's own. Start it without any.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
-        self.process = start_process(self._command(), self.data_dir / "weed.log", env)
-        logger.info("starting SeaweedFS S3 at %s (data: %s)", self.endpoint_url, self.data_dir)
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Until a signed S3 call succeeds: the port alone opens before the filer is ready."""
-        from infra.object_store import ObjectStore, ObjectStoreConfig
+    def _ready(self) -> bool:
+        """A signed S3 call succeeds: the port alone opens before the filer is ready."""
+        from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
-        def signed_call_succeeds() -> bool:
-            if _is_free(self.s3_port):
-                return False
-            with temporary_env(self.env()):
-                store = ObjectStore(ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1))
-                store._client.list_buckets()
-            return True
-
-        wait_until_ready(
-            self.process,
-            signed_call_succeeds,
-            what=f"SeaweedFS at {self.endpoint_url}",
-            timeout_s=timeout_s,
-            setting="infra.seaweed.START_TIMEOUT_S",
-            log_path=self.data_dir / "weed.log",
-        )
-
-    def stop(self) -> None:
-        stop_process(self.process, STOP_TIMEOUT_S)
-
-    def __enter__(self) -> SeaweedServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", self.port)) != 0:
+                return False  # not listening yet: spare building an S3 client
+        with temporary_env(self.env()):
+            store = ObjectStore(ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1))
+            store._client.list_buckets()
+        return True

@@ -1,0 +1,206 @@
+"""A service's process: pick its port, start it in its own group, wait until it answers, stop it.
+
+Plain functions of plain values; ``infra.services._service.Service`` puts them together into
+the one shape every embedded server has.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+# After SIGKILL, how long the stopper waits for the group to be gone before it gives up.
+KILL_WAIT_S = 5.0
+# How often the stopper looks whether the group is gone.
+STOP_POLL_S = 0.1
+
+
+# --- ports ----------------------------------------------------------------------------------
+
+
+def port_is_free(port: int) -> bool:
+    """Whether ``port`` can be bound on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(avoid: Collection[int] = frozenset(), *, neighbour_offset: int = 0) -> int:
+    """A free port on 127.0.0.1 that is not in ``avoid``.
+
+    With ``neighbour_offset``, port + offset is free and not in ``avoid`` too: SeaweedFS serves
+    gRPC on its HTTP port + 10000 without asking.
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port in avoid:
+            continue
+        if not neighbour_offset:
+            return port
+        neighbour = port + neighbour_offset
+        if neighbour <= 65535 and neighbour not in avoid and port_is_free(neighbour):
+            return port
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def start_process(
+    command: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Run ``command`` in its own process group, output appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own group: stopping the group stops its workers too
+        )
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (an unreaped zombie has exited)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids in process group ``pgid`` that have not exited, zombies left out."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []  # the usual case once stopped: no need to look at every process
+    except PermissionError:
+        pass  # someone else's group still exists; look below which of its members run
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue  # exited while we looked
+        except psutil.AccessDenied:
+            members.append(process.pid)  # cannot tell: count it as running
+    return members
+
+
+def stop_process_group(leader: subprocess.Popen | int | None, timeout_s: float) -> None:
+    """Stop a service's whole process group: SIGTERM, then SIGKILL what is left after
+    ``timeout_s``.
+
+    ``leader`` is the process ``start_process`` started (its pid is the group's id): the Popen
+    this process holds, or a pid read back from a state file. Its group is stopped even when the
+    leader itself has already exited and only its workers are left. The leader is reaped when it
+    is this process's child.
+    """
+    if leader is None:
+        return
+    pgid = leader if isinstance(leader, int) else leader.pid
+    if not _signal_group(pgid, signal.SIGTERM) or _wait_group_gone(leader, timeout_s):
+        return
+    logger.info("process group %d outlived SIGTERM by %g s: sending SIGKILL", pgid, timeout_s)
+    if not _signal_group(pgid, signal.SIGKILL) or _wait_group_gone(leader, KILL_WAIT_S):
+        return
+    logger.warning(
+        "process group %d still has processes %s %g s after SIGKILL",
+        pgid,
+        group_members(pgid),
+        KILL_WAIT_S,
+    )
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Send ``signum`` to the group; False when the group has no process left."""
+    try:
+        os.killpg(pgid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_group_gone(leader: subprocess.Popen | int, timeout_s: float) -> bool:
+    """Reap the leader if it is ours; True once no process of its group runs."""
+    pgid = leader if isinstance(leader, int) else leader.pid
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = group_members(pgid)
+        _reap(leader)  # after looking: a leader that has exited by then is reaped now
+        if not running:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(STOP_POLL_S)
+
+
+def _reap(leader: subprocess.Popen | int) -> None:
+    if isinstance(leader, subprocess.Popen):
+        if not is_running(leader.pid):
+            # It has exited: wait() (unlike poll()) cannot miss it, so its pid is free after.
+            try:
+                leader.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        return
+    try:
+        os.waitpid(leader, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not this process's child: whoever started it reaps it
+
+
+# --- readiness ------------------------------------------------------------------------------
+
+
+def wait_until_ready(
+    process: subprocess.Popen | None,
+    probe: Callable[[], bool],
+    *,
+    what: str,
+    timeout_s: float,
+    setting: str,
+    log_path: Path,
+    interval_s: float = 0.3,
+) -> None:
+    """Poll ``probe()`` (True when ready; may raise while not) until it passes.
+
+    Fails at once if the process exits, naming its exit code, and after ``timeout_s`` naming
+    ``setting`` (where that timeout came from) and the last error the probe saw.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer yet"
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"{what} exited with code {process.returncode} while starting; see {log_path}"
+            )
+        try:
+            if probe():
+                return
+        except Exception as e:  # not ready yet: keep polling
+            last_error = f"{type(e).__name__}: {e}"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval_s)
+    raise RuntimeError(
+        f"{what} was not ready within {timeout_s:g} s (set by {setting}); "
+        f"last error: {last_error}; see {log_path}"
+    )
