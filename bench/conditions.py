@@ -8,8 +8,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from infra._wire import LogLine
-from infra.epoch_log import epoch_times_from_log
+from infra import LogLine
+from training.epoch_log import epoch_times_from_log
 
 KERAS = "keras"
 
@@ -60,7 +60,12 @@ def trainer_for(name: str):
 
 
 def measure(
-    condition: str, repetition: int, train_kwargs: dict, spark=None, trainer: str = "classifier"
+    condition: str,
+    repetition: int,
+    train_kwargs: dict,
+    spark=None,
+    trainer: str = "classifier",
+    horovod=None,
 ) -> Measurement:
     name, np = parse_condition(condition)
     lines: list[LogLine] = []
@@ -70,7 +75,7 @@ def measure(
     else:
         from infra import HorovodRunner
 
-        runner = HorovodRunner(np=np, spark=spark, on_log_line=lines.append)
+        runner = HorovodRunner(np=np, spark=spark, horovod=horovod, on_log_line=lines.append)
         result = runner.run(trainer_for(trainer), **train_kwargs)
     wall = time.perf_counter() - started
     return Measurement(
@@ -86,7 +91,7 @@ def measure(
 
 def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dict:
     process = subprocess.Popen(
-        [sys.executable, "-m", "training.baseline", trainer, json.dumps(train_kwargs)],
+        [sys.executable, "-m", "bench.baseline", trainer, json.dumps(train_kwargs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -21,8 +21,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from infra.locks import cache_root, machine_lock
-from infra.object_store import ObjectStore, file_suffix, sha256_file
+from infra.storage.locks import cache_root, machine_lock
+from infra.storage.object_store import ObjectStore, file_suffix, sha256_file
 
 logger = logging.getLogger(__name__)
 

@@ -6,14 +6,14 @@ import time
 
 import tensorflow as tf
 
-from infra.driver_log import log_to_driver
+from infra.launcher.rank_events import log_to_driver
+from training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
 
 
 class LogCallback(tf.keras.callbacks.Callback):
     """Reports each epoch's progress to the driver through ``log_to_driver`` (rank 0 only).
 
-    The lines start with ``Epoch y/z`` like Keras' own progress output, so the epoch-time
-    method that parses the driver log works on them too.
+    The lines are ``training.epoch_log``'s, so the paper's epoch-time method reads them.
     """
 
     def __init__(self, rank: int = 0, per_batch: bool = False):
@@ -29,20 +29,16 @@ class LogCallback(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_started = time.perf_counter()
         if self.rank == 0:
-            log_to_driver(f"Epoch {epoch + 1}/{self._epochs}")
+            log_to_driver(epoch_started_line(epoch + 1, self._epochs))
 
     def on_train_batch_end(self, batch, logs=None):
         if self.per_batch and self.rank == 0:
-            log_to_driver(f"batch {batch}: {_metrics(logs)}")
+            log_to_driver(f"batch {batch}: {format_metrics(logs)}")
 
     def on_epoch_end(self, epoch, logs=None):
         if self.rank == 0:
             took = time.perf_counter() - self._epoch_started
-            log_to_driver(f"Epoch {epoch + 1}/{self._epochs} done in {took:.2f}s: {_metrics(logs)}")
-
-
-def _metrics(logs) -> str:
-    return ", ".join(f"{k}={v:.4f}" for k, v in sorted((logs or {}).items()))
+            log_to_driver(epoch_done_line(epoch + 1, self._epochs, took, logs))
 
 
 class EpochTimer(tf.keras.callbacks.Callback):

@@ -100,7 +100,9 @@ def train_gcn(
     """Train; return history, per-epoch times and nodes per epoch like ``train_classifier``."""
     import tensorflow as tf
 
-    from infra.driver_log import log_to_driver
+    from infra.launcher.rank_events import log_to_driver
+    from training.epoch_log import epoch_done_line, epoch_started_line
+    from training.optimizers import scaled_learning_rate
 
     if use_horovod:
         import horovod.tensorflow as hvd
@@ -121,7 +123,7 @@ def train_gcn(
     w0 = tf.Variable(tf.keras.initializers.GlorotUniform(seed)((features.shape[1], hidden)))
     w1 = tf.Variable(tf.keras.initializers.GlorotUniform(seed + 1)((hidden, len(names))))
     variables = [w0, w1]
-    optimizer = tf.keras.optimizers.Adam(learning_rate * size)
+    optimizer = tf.keras.optimizers.Adam(scaled_learning_rate(learning_rate, size))
 
     def forward(training: bool):
         h = tf.nn.relu(a_hat @ (x @ w0))
@@ -148,7 +150,7 @@ def train_gcn(
     started = time.perf_counter()
     for epoch in range(epochs):
         if rank == 0:
-            print(f"Epoch {epoch + 1}/{epochs}", flush=True)
+            print(epoch_started_line(epoch + 1, epochs), flush=True)
         began = time.perf_counter()
         loss = step()
         if epoch == 0 and use_horovod:
@@ -159,7 +161,8 @@ def train_gcn(
         history["loss"].append(float(loss))
         history["val_accuracy"].append(float((predicted[val_mask] == labels[val_mask]).mean()))
     if rank == 0:
-        log_to_driver(f"Epoch {epochs}/{epochs} done: val_accuracy={history['val_accuracy'][-1]}")
+        last = {"val_accuracy": history["val_accuracy"][-1]}
+        log_to_driver(epoch_done_line(epochs, epochs, epoch_times[-1], last))
     weights_digest = float(tf.reduce_sum(w0) + tf.reduce_sum(w1))
     return {
         "size": size,

@@ -29,6 +29,12 @@ def default_input_shape(name: str) -> tuple[int, int, int]:
     return _lookup(name)[0]
 
 
+def model_input_shape(image_shape) -> tuple[int, int, int]:
+    """The models' input shape for a dataset's image shape: grayscale images get a channel axis."""
+    shape = tuple(image_shape)
+    return shape if len(shape) == 3 else (*shape, 1)
+
+
 def _lookup(name: str):
     key = name.lower()
     if key not in _BUILDERS:

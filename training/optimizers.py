@@ -5,6 +5,11 @@ from __future__ import annotations
 OPTIMIZERS = ("adadelta", "rmsprop", "adam", "radam", "sgd")
 
 
+def scaled_learning_rate(learning_rate: float, ranks: int) -> float:
+    """The learning rate scaled by the number of ranks, as Horovod recommends."""
+    return learning_rate * abs(ranks)
+
+
 def make_optimizer(name: str, learning_rate: float):
     """A Keras optimizer; ``radam`` is Rectified Adam from tensorflow-addons (as in the paper)."""
     import tensorflow as tf

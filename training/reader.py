@@ -8,7 +8,6 @@ Horovod ranks that take different numbers of steps wait on each other forever.
 
 from __future__ import annotations
 
-import os
 import posixpath
 from contextlib import contextmanager
 
@@ -35,7 +34,9 @@ def filesystem_for(url: str):
             for directory in sorted(directories):
                 yield from self.walk(posixpath.join(path, directory), refresh=refresh)
 
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    from infra.storage.object_store import s3_endpoint
+
+    endpoint = s3_endpoint()
     client_kwargs = {"endpoint_url": endpoint} if endpoint else {}
     # petastorm 0.13 with pyarrow 14 fails on storage_options; a wrapped s3fs works.
     with warnings.catch_warnings():

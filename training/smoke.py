@@ -9,7 +9,6 @@ launcher and Horovod's Gloo allreduce work together.
 from __future__ import annotations
 
 import hashlib
-import os
 
 
 def weights_sha256(weights) -> str:
@@ -20,11 +19,6 @@ def weights_sha256(weights) -> str:
     return digest.hexdigest()
 
 
-def share_cores(local_size: int) -> int:
-    """Threads for one rank so that the ranks on a host share its cores instead of fighting."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_size))
-
-
 def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0.05) -> dict:
     """Train on the digits with Horovod; return size, per-rank checksums and final metrics."""
     import horovod.tensorflow as hvd_tf
@@ -33,11 +27,11 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
     from sklearn.datasets import load_digits
 
     from training.callbacks import LogCallback
+    from training.optimizers import scaled_learning_rate
+    from training.threads import share_cores, use_threads
 
     hvd.init()
-    threads = share_cores(hvd.local_size())
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    use_threads(share_cores(hvd.local_size()))
 
     images, labels = load_digits(return_X_y=True)
     images = (images / 16.0).astype("float32")
@@ -49,8 +43,8 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
             tf.keras.layers.Dense(10, activation="softmax"),
         ]
     )
-    # Scale the learning rate by the number of ranks, as Horovod recommends.
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate * hvd.size()))
+    lr = scaled_learning_rate(learning_rate, hvd.size())
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr))
     model.compile(optimizer, "sparse_categorical_crossentropy", metrics=["accuracy"])
     history = model.fit(
         images[shard],

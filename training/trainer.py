@@ -35,13 +35,11 @@ def train_classifier(
     ``use_horovod=False`` is the plain single-process Keras baseline of the benchmark: the same
     data, model and callbacks, no Horovod anywhere, every core to one process.
     """
-    import tensorflow as tf
-
     from training.callbacks import EpochTimer, LogCallback, MlflowEpochMetrics
-    from training.models import build_model
-    from training.optimizers import make_optimizer
+    from training.models import build_model, model_input_shape
+    from training.optimizers import make_optimizer, scaled_learning_rate
     from training.reader import open_dataset, steps_per_epoch
-    from training.smoke import share_cores
+    from training.threads import share_cores, use_threads
 
     if use_horovod:
         import horovod.tensorflow.keras as hvd
@@ -51,18 +49,14 @@ def train_classifier(
     else:
         rank, size, local_size = 0, 1, 1
     # Fair use of the CPU: the ranks on a host split its cores; the baseline gets them all.
-    threads = share_cores(local_size)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    use_threads(share_cores(local_size))
 
-    shape = tuple(input_shape) if len(input_shape) == 3 else (*input_shape, 1)
-    model = build_model(model_name, shape, num_classes, seed=seed)
+    model = build_model(model_name, model_input_shape(input_shape), num_classes, seed=seed)
     if weights_uri:
         from training.weights import fetch_weights
 
         model.load_weights(fetch_weights(weights_uri, weights_sha256))
-    # Scale the learning rate by the number of ranks, as Horovod recommends.
-    scaled_lr = learning_rate * size
+    scaled_lr = scaled_learning_rate(learning_rate, size)
     opt = make_optimizer(optimizer, scaled_lr)
     if use_horovod:
         opt = hvd.DistributedOptimizer(opt)

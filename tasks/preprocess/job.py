@@ -251,7 +251,7 @@ class _Target:
         )
         self.store = store
         if self.remote and store is None:
-            from infra.object_store import ObjectStore
+            from infra.storage.object_store import ObjectStore
 
             self.store = ObjectStore()
 

@@ -15,6 +15,7 @@ def write_cora(tmp_path):
     return str(tmp_path / "tiny.content"), str(tmp_path / "tiny.cites")
 
 
+@pytest.mark.unit
 def test_cora_files_parse_into_features_labels_and_a_symmetric_adjacency(tmp_path):
     features, labels, adjacency, names = load_cora(*write_cora(tmp_path))
     assert features.shape == (3, 3) and features[1].tolist() == [0.0, 1.0, 0.0]
@@ -22,6 +23,7 @@ def test_cora_files_parse_into_features_labels_and_a_symmetric_adjacency(tmp_pat
     assert adjacency.tolist() == [[0, 1, 0], [1, 0, 1], [0, 1, 0]]
 
 
+@pytest.mark.unit
 def test_a_malformed_content_line_names_file_and_line(tmp_path):
     (tmp_path / "bad.content").write_text("p1 1 A\np2\n")
     (tmp_path / "bad.cites").write_text("")
@@ -29,11 +31,13 @@ def test_a_malformed_content_line_names_file_and_line(tmp_path):
         load_cora(str(tmp_path / "bad.content"), str(tmp_path / "bad.cites"))
 
 
+@pytest.mark.unit
 def test_normalized_adjacency_of_two_linked_nodes():
     a_hat = normalized_adjacency(np.array([[0, 1], [1, 0]], np.float32))
     assert np.allclose(a_hat, [[0.5, 0.5], [0.5, 0.5]])
 
 
+@pytest.mark.unit
 def test_karate_club_in_cora_format(tmp_path):
     features, labels, adjacency, names = load_cora(*write_karate_cora(str(tmp_path)))
     assert features.shape == (34, 34) and adjacency.sum() == 2 * 78
@@ -43,6 +47,7 @@ def test_karate_club_in_cora_format(tmp_path):
     assert len(train_split(labels, 20, seed=0)) == 16
 
 
+@pytest.mark.slow
 def test_gcn_learns_the_karate_clubs_alone_and_with_two_ranks(tmp_path):
     content, cites = write_karate_cora(str(tmp_path))
     kwargs = {"content_path": content, "cites_path": cites, "epochs": 60, "train_per_class": 4}

@@ -1,6 +1,7 @@
 import pytest
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["adadelta", "rmsprop", "adam", "radam", "sgd"])
 def test_the_papers_optimizers_build(name):
     from training.optimizers import make_optimizer
@@ -11,6 +12,7 @@ def test_the_papers_optimizers_build(name):
         assert type(optimizer).__name__ == "RectifiedAdam"
 
 
+@pytest.mark.unit
 def test_an_unknown_optimizer_names_the_choices():
     from training.optimizers import make_optimizer
 

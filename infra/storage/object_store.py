@@ -28,6 +28,12 @@ DEFAULT_ATTEMPTS = 4
 _CHUNK = 1 << 20
 
 
+def s3_endpoint() -> str | None:
+    """The S3 endpoint the AWS tools would use: ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``;
+    None means AWS S3 itself."""
+    return os.environ.get(c.AWS_ENDPOINT_URL_S3) or os.environ.get(c.AWS_ENDPOINT_URL) or None
+
+
 class ObjectStoreError(RuntimeError):
     """The object store could not be reached, or an object is missing or corrupt."""
 
@@ -55,8 +61,7 @@ class ObjectStoreConfig(BaseModel):
         values = {
             "bucket": os.environ.get(c.HVDFLOW_BUCKET),
             "prefix": os.environ.get(c.HVDFLOW_PREFIX),
-            "endpoint_url": os.environ.get(c.AWS_ENDPOINT_URL_S3)
-            or os.environ.get(c.AWS_ENDPOINT_URL),
+            "endpoint_url": s3_endpoint(),
             "region": os.environ.get(c.AWS_DEFAULT_REGION) or os.environ.get(c.AWS_REGION),
         }
         values = {k: v for k, v in values.items() if v}

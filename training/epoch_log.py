@@ -1,17 +1,32 @@
-"""The paper's epoch-time method: time between the streamed lines that announce each epoch.
+"""The epoch lines of the driver log: written by ``LogCallback``, read by the paper's method.
 
 Pan, Liu and Zhou measured an epoch as the time between the first driver-log line showing
-``Epoch y/z`` and the first showing ``Epoch y+1/z``, whichever rank printed it. The last
-epoch ends at the first ``Epoch z/z done`` line (hvdflow's LogCallback), when there is one.
+``Epoch y/z`` and the first showing ``Epoch y+1/z``, whichever rank printed it. The last epoch
+ends at the first ``Epoch z/z done`` line, when there is one. Both sides of that contract live
+here, so that the format cannot drift between the writer and the parser.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 _EPOCH = re.compile(r"Epoch (\d+)/(\d+)")
 _DONE = re.compile(r"Epoch (\d+)/(\d+) done")
+
+
+def epoch_started_line(epoch: int, epochs: int | None) -> str:
+    """``Epoch y/z``, Keras' own progress header; ``epoch`` counts from 1."""
+    return f"Epoch {epoch}/{epochs}"
+
+
+def epoch_done_line(epoch: int, epochs: int | None, seconds: float, metrics: Mapping) -> str:
+    """``Epoch y/z done in Ns: name=value, ...``; ``epoch`` counts from 1."""
+    return f"Epoch {epoch}/{epochs} done in {seconds:.2f}s: {format_metrics(metrics)}"
+
+
+def format_metrics(metrics: Mapping | None) -> str:
+    return ", ".join(f"{k}={v:.4f}" for k, v in sorted((metrics or {}).items()))
 
 
 def epoch_times_from_log(lines: Iterable) -> list[float]:

@@ -1,11 +1,14 @@
-from infra._wire import LogLine
-from infra.epoch_log import epoch_times_from_log
+import pytest
+
+from infra import LogLine
+from training.epoch_log import epoch_times_from_log
 
 
 def line(t, text, rank=0):
     return LogLine(t, rank, "stdout", text)
 
 
+@pytest.mark.unit
 def test_epoch_time_is_the_gap_between_first_epoch_lines_of_any_rank():
     lines = [
         line(10.0, "Epoch 1/3"),
@@ -20,6 +23,7 @@ def test_epoch_time_is_the_gap_between_first_epoch_lines_of_any_rank():
     assert [round(t, 3) for t in times] == [4.2, 3.0, 2.8]
 
 
+@pytest.mark.unit
 def test_a_log_without_an_end_for_the_last_epoch_gives_the_complete_ones():
     lines = [line(0.0, "Epoch 1/2"), line(5.0, "Epoch 2/2")]
     assert epoch_times_from_log(lines) == [5.0]

@@ -1,0 +1,39 @@
+"""The benchmark's baseline as its own process: ``python -m bench.baseline TRAINER JSON``.
+
+A separate process, like a rank, so that both pay for starting Python and importing
+TensorFlow; it prints the result as one JSON line. Output lines are tagged like rank 0's, so
+the paper's log method reads them the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from bench.conditions import trainer_for
+
+
+def _show_driver_messages_on_stdout() -> None:
+    """Outside a rank, ``log_to_driver`` logs instead; print those lines like rank 0's, so the
+    paper's log method sees the same epoch lines (``Epoch z/z done`` too) in both conditions."""
+    from infra.launcher import rank_events
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    rank_events.logger.addHandler(handler)
+    rank_events.logger.setLevel(logging.INFO)
+    rank_events.logger.propagate = False
+
+
+def main(argv: list[str]) -> int:
+    _show_driver_messages_on_stdout()
+    train = trainer_for(argv[1])
+    kwargs = json.loads(argv[2])
+    result = train(**kwargs, use_horovod=False)
+    print("HVDFLOW_RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
