@@ -12,45 +12,59 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flows.pipeline import preprocess_config_for
-from infra.services import hvdflow_home
+from bench.conditions import parse_condition
+from infra.services.local import hvdflow_home
 from infra.tracking import tracking_uri
-from tasks.preprocess import PreprocessConfig
+from tasks.config import DataParams, LauncherParams, TrainingParams
+from tasks.stage_weights import redact
 from tasks.steps import check_tracking_step, preprocess_step
 
 
 class BenchParams(BaseModel):
+    """The study: one model and dataset, conditions x repetitions x epochs.
+
+    ``launcher`` gives the Spark master and Horovod's knobs; the conditions give np.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = "mnist_cnn"
-    input: str = Field(default="", description="image folder or IDX folder; empty: digits")
-    input_format: Literal["folders", "mnist_idx", "digits"] = "digits"
-    output: str = ""
-    image_size: tuple[int, int] = (28, 28)
-    color_mode: Literal["L", "RGB"] = "L"
+    data: DataParams = DataParams(image_size=(28, 28))
+    training: TrainingParams = TrainingParams(
+        model="mnist_cnn",
+        batch_size=64,
+        # Adadelta at its customary rate, as in the Databricks MNIST example.
+        learning_rate=1.0,
+        optimizer="adadelta",
+        # '' trains from scratch; a source is staged once and loaded by every rank.
+        weights_source="",
+    )
+    launcher: LauncherParams = LauncherParams()
     conditions: list[str] = ["keras", "1", "2"]
     repetitions: int = Field(default=3, ge=1)
-    epochs: int = Field(default=3, ge=1)
-    batch_size: int = 64
-    learning_rate: float = 1.0  # Adadelta's customary rate, as in the Databricks MNIST example
-    optimizer: str = "adadelta"
-    seed: int = 0
-    weights_source: str = Field(
-        default="",
-        description="weights staged once to the object store and loaded by every rank "
-        "(URL, file, or keras:weights=None); '' = train from scratch",
-    )
-    experiment: str = "hvdflow-benchmark"
-    spark_master: str | None = None
+    experiment: str = Field(default="hvdflow-benchmark", min_length=1)
 
-    def preprocess_config(self) -> PreprocessConfig:
-        return preprocess_config_for(self)
+    @field_validator("conditions")
+    @classmethod
+    def _valid_conditions(cls, conditions: list[str]) -> list[str]:
+        if not conditions:
+            raise ValueError("conditions is empty: expected e.g. ['keras', '1', '2']")
+        for condition in conditions:
+            parse_condition(condition)
+        return conditions
+
+    @model_validator(mode="after")
+    def _np_from_conditions(self) -> BenchParams:
+        if "np" in self.launcher.model_fields_set:
+            raise ValueError(
+                f"launcher.np={self.launcher.np}: the benchmark takes np from conditions (e.g. "
+                "['keras', '1', '2']); leave launcher.np unset"
+            )
+        return self
 
 
 DEFAULT_BENCH = BenchParams()
@@ -58,12 +72,13 @@ DEFAULT_BENCH = BenchParams()
 
 @task(name="bench-condition")
 def measure_step(
-    condition: str, repetition: int, train_kwargs: dict, spark_master: str | None, trainer: str
+    condition: str, repetition: int, train_kwargs: dict, launcher: LauncherParams, trainer: str
 ):
     from bench.conditions import measure
     from infra.spark import get_spark
 
-    m = measure(condition, repetition, train_kwargs, get_spark(spark_master), trainer)
+    spark = get_spark(launcher.spark_master)
+    m = measure(condition, repetition, train_kwargs, spark, trainer, launcher.horovod)
     get_run_logger().info(
         "%s round %d: %.1f images/s, epochs %s s",
         m.condition,
@@ -79,7 +94,7 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
     logger = get_run_logger()
     uri = tracking_uri()
     check_tracking_step(uri)
-    if params.model == "gcn":
+    if params.training.model == "gcn":
         trainer, train_kwargs, dataset_info = "gcn", *_graph_inputs(params)
     else:
         trainer = "classifier"
@@ -88,7 +103,7 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
     for repetition in range(params.repetitions):
         for condition in params.conditions:
             measurements.append(
-                measure_step(condition, repetition, train_kwargs, params.spark_master, trainer)
+                measure_step(condition, repetition, train_kwargs, params.launcher, trainer)
             )
     return _report(params, measurements, dataset_info, uri, logger)
 
@@ -98,42 +113,33 @@ def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
     empty: Zachary's karate club from networkx."""
     from training.gcn import write_karate_cora
 
-    if params.input:
-        content, cites = f"{params.input}.content", f"{params.input}.cites"
+    if params.data.input:
+        content, cites = f"{params.data.input}.content", f"{params.data.input}.cites"
     else:
         content, cites = write_karate_cora(str(hvdflow_home() / "data" / "karate"))
     kwargs = {
         "content_path": content,
         "cites_path": cites,
-        "epochs": params.epochs,
-        "learning_rate": params.learning_rate,
-        "seed": params.seed,
+        "epochs": params.training.epochs,
+        "learning_rate": params.training.learning_rate,
+        "seed": params.training.seed,
     }
     return kwargs, {"dataset": content, "train_rows": None}
 
 
 def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
-    dataset = preprocess_step(params.preprocess_config(), params.spark_master)
-    train_kwargs = {
-        "train_url": dataset.train_url,
-        "val_url": dataset.val_url,
-        "train_rows": dataset.train_rows,
-        "val_rows": dataset.val_rows,
-        "num_classes": dataset.num_classes,
-        "input_shape": list(dataset.image_shape),
-        "model_name": params.model,
-        "epochs": params.epochs,
-        "batch_size": params.batch_size,
-        "learning_rate": params.learning_rate,
-        "optimizer": params.optimizer,
-        "seed": params.seed,
-    }
-    if params.weights_source:
+    from tasks.train import training_kwargs
+
+    training = params.training
+    dataset = preprocess_step(params.data.preprocess_config(), params.launcher.spark_master)
+    staged = None
+    if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
         from tasks.steps import stage_weights_for
 
-        staged = stage_weights_for(params.model, params.weights_source, dataset)
-        train_kwargs |= {"weights_uri": staged.uri, "weights_sha256": staged.sha256}
+        staged = stage_weights_for(training.model, training.weights_source, dataset)
+    train_kwargs = training_kwargs(training, dataset, staged)
+    train_kwargs["input_shape"] = list(train_kwargs["input_shape"])  # the baseline's JSON
     return train_kwargs, {"dataset": dataset.fingerprint, "train_rows": dataset.train_rows}
 
 
@@ -146,7 +152,8 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     anova = stats.anova(measurements)
     table = stats.markdown(rows, anova)
     out_dir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-"))
-    plots = stats.plot(rows, out_dir, params.model)
+    model = params.training.model
+    plots = stats.plot(rows, out_dir, model)
     (out_dir / "table.md").write_text(table + "\n")
     (out_dir / "measurements.json").write_text(
         json.dumps([{**m.__dict__} for m in measurements], indent=2)
@@ -154,11 +161,8 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
 
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(params.experiment)
-    with mlflow.start_run(run_name=f"bench-{params.model}") as run:
-        mlflow.log_params(
-            {k: v for k, v in params.model_dump().items() if k not in ("input", "output")}
-            | {"dataset": dataset_info["dataset"], "train_rows": dataset_info["train_rows"]}
-        )
+    with mlflow.start_run(run_name=f"bench-{model}") as run:
+        mlflow.log_params(_bench_params(params) | dataset_info)
         for row in rows:
             tag = row["condition"].replace("=", "")
             mlflow.log_metric(f"{tag}_images_per_s", row["images_per_s"])
@@ -173,11 +177,11 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     create_table_artifact(
         [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
         key="hvdflow-benchmark-table",
-        description=f"{params.model}: epoch times, Tukey p against np=1, images/s, scaling",
+        description=f"{model}: epoch times, Tukey p against np=1, images/s, scaling",
     )
     create_markdown_artifact(
         key="hvdflow-benchmark-summary",
-        markdown=f"# {params.model} benchmark\n\n{table}\n\nPlots (images/s, scaling "
+        markdown=f"# {model} benchmark\n\n{table}\n\nPlots (images/s, scaling "
         f"efficiency) are artifacts of MLflow run `{run.info.run_id}` under `benchmark/`.",
     )
     logger.info("benchmark table:\n%s", table)
@@ -187,4 +191,21 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
         "table": table,
         "plots": [str(p) for p in plots],
         "mlflow_run_id": run.info.run_id,
+        "dataset": dataset_info,
+    }
+
+
+def _bench_params(params: BenchParams) -> dict:
+    """What MLflow records of the study: the training settings and the design, no paths."""
+    training = params.training.model_dump(exclude={"weights_source"})
+    horovod = params.launcher.horovod
+    return {
+        **training,
+        "weights_source": redact(params.training.weights_source) or "none",
+        "image_size": params.data.image_size,
+        "color_mode": params.data.color_mode,
+        "conditions": ",".join(params.conditions),
+        "repetitions": params.repetitions,
+        # Horovod's knobs, but never extra_env: it may carry secrets.
+        **{f"horovod_{k}": v for k, v in horovod.model_dump(exclude={"extra_env"}).items()},
     }

@@ -1,4 +1,9 @@
-"""The ``hvdflow`` command line."""
+"""The ``hvdflow`` command line.
+
+Exit codes: 0 done, 1 the run failed (one line says why and where the full log is), 2 a bad
+command line or parameter (one line names the parameter, the value and what is accepted).
+``--debug`` shows tracebacks instead.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,13 @@ import json
 import logging
 import sys
 
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Spark's and TensorFlow's Python loggers are chatty at INFO.
-    for noisy in ("py4j", "pyspark", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+from flows.cli_support import (
+    FailedRun,
+    InvalidParameters,
+    configure_logging,
+    nested_params,
+    one_line,
+)
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
@@ -34,7 +36,7 @@ def _use_services(prefect: bool = True) -> dict[str, str]:
     """Start the embedded services that the environment does not already point elsewhere."""
     import os
 
-    from infra.services import LocalServices
+    from infra.services.local import LocalServices
 
     env = LocalServices().up(prefect=prefect)
     os.environ.update(env)
@@ -42,7 +44,7 @@ def _use_services(prefect: bool = True) -> dict[str, str]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from infra.services import LocalServices
+    from infra.services.local import LocalServices
 
     _use_services(prefect=not args.no_prefect)
     services = LocalServices()
@@ -65,30 +67,47 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    from infra.services import LocalServices
+    from infra.services.local import LocalServices
 
     stopped = LocalServices().down()
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     return 0
 
 
+# Command-line flags and the nested parameter each one sets.
+PIPELINE_FLAGS = {
+    "np": "launcher.np",
+    "spark_master": "launcher.spark_master",
+    "epochs": "training.epochs",
+    "model": "training.model",
+    "input": "data.input",
+    "input_format": "data.input_format",
+    "output": "data.output",
+}
+BENCH_FLAGS = {
+    "model": "training.model",
+    "epochs": "training.epochs",
+    "optimizer": "training.optimizer",
+    "input": "data.input",
+    "input_format": "data.input_format",
+    "repetitions": "repetitions",
+    "conditions": "conditions",
+}
+
+
 def _pipeline_params(args: argparse.Namespace):
     from flows.pipeline import PipelineParams
 
-    values = json.loads(args.params) if args.params else {}
-    for name in ("np", "epochs", "input", "input_format", "output", "model", "spark_master"):
-        value = getattr(args, name)
-        if value is not None:
-            values[name] = value
-    return PipelineParams(**values)
+    return nested_params(PipelineParams, args, PIPELINE_FLAGS)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    params = _pipeline_params(args)  # a bad parameter fails before any service starts
     _use_services()
     from flows.pipeline import pipeline
-    from infra.services import LocalServices
+    from infra.services.local import LocalServices
 
-    summary = pipeline(_pipeline_params(args))
+    summary = pipeline(params)
     urls = LocalServices().urls()
     print("\nhvdflow pipeline finished. Where to look:")
     print(f"  MLflow run       {summary['mlflow_run_url']}")
@@ -103,6 +122,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    params = _pipeline_params(args)
     _use_services()
     from prefect import serve
 
@@ -113,7 +133,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         pipeline.to_deployment(
             name="hvdflow-pipeline",
             cron=args.cron,
-            parameters={"params": _pipeline_params(args).model_dump(mode="json")},
+            parameters={"params": params.model_dump(mode="json")},
         ),
         benchmark.to_deployment(name="hvdflow-benchmark", cron=args.bench_cron),
     ]
@@ -123,16 +143,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    _use_services()
     from flows.benchmark import BenchParams, benchmark
 
-    values = json.loads(args.params) if args.params else {}
-    for name in ("model", "input", "input_format", "repetitions", "epochs", "optimizer"):
-        if getattr(args, name) is not None:
-            values[name] = getattr(args, name)
     if args.conditions:
-        values["conditions"] = args.conditions.split(",")
-    result = benchmark(BenchParams(**values))
+        args.conditions = args.conditions.split(",")
+    params = nested_params(BenchParams, args, BENCH_FLAGS)
+    _use_services()
+    result = benchmark(params)
     print(result["table"])
     print("\nplots: " + ", ".join(result["plots"]))
     print(f"MLflow run: {result['mlflow_run_id']}")
@@ -147,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks instead of one-line errors"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -191,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--output", help="dataset root: a path or s3://bucket/prefix")
         command.add_argument("--model", help="digits_mlp, mnist_cnn, vgg16, inceptionv3")
         command.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
-        command.add_argument("--params", help="all pipeline parameters as JSON")
+        command.add_argument(
+            "--params",
+            help='pipeline parameters as nested JSON, e.g. \'{"training": {"optimizer": '
+            '"sgd"}, "launcher": {"horovod": {"cycle_time_ms": 10}}}\'; flags win',
+        )
         command.set_defaults(func=func)
         if name == "serve":
             command.add_argument(
@@ -215,15 +239,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--optimizer", help="adadelta (default), rmsprop, adam, radam, sgd")
     bench.add_argument("--input")
     bench.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
-    bench.add_argument("--params", help="all benchmark parameters as JSON")
+    bench.add_argument("--params", help="benchmark parameters as nested JSON; flags win")
     bench.set_defaults(func=_cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.log_level)
-    return args.func(args)
+    log_path = configure_logging(args.log_level, args.command, show_tracebacks=args.debug)
+    try:
+        return args.func(args)
+    except InvalidParameters as e:
+        if args.debug:
+            raise
+        print(f"hvdflow {args.command}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        logging.getLogger("hvdflow").exception("hvdflow %s failed", args.command)
+        if args.debug:
+            raise
+        print(FailedRun(args.command, one_line(e), log_path), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,34 +6,15 @@ Runs from the command line (``hvdflow run``), on a schedule or from the Prefect 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from infra.horovod_options import HorovodOptions
-from infra.services import hvdflow_home
 from infra.tracking import tracking_uri
-from tasks.preprocess import PreprocessConfig
-from tasks.stage_weights import OFFLINE_SOURCE
+from tasks.config import GRAPH_MODELS, DataParams, LauncherParams, TrackingParams, TrainingParams
 from tasks.steps import check_tracking_step, preprocess_step, stage_weights_for, train_step
 from tasks.train import TrainConfig
-
-
-def preprocess_config_for(params, **extra) -> PreprocessConfig:
-    """The preprocessing config of a flow's parameters; empty paths mean HVDFLOW_HOME's."""
-    home = hvdflow_home()
-    return PreprocessConfig(
-        input=params.input or str(home / "data" / "digits"),
-        input_format=params.input_format,
-        output=params.output or str(home / "datasets"),
-        image_size=params.image_size,
-        color_mode=params.color_mode,
-        seed=params.seed,
-        **extra,
-    )
 
 
 class PipelineParams(BaseModel):
@@ -41,46 +22,22 @@ class PipelineParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: str = Field(default="", description="image folder or MNIST IDX folder; empty: digits")
-    input_format: Literal["folders", "mnist_idx", "digits"] = "digits"
-    output: str = Field(default="", description="dataset root (path or s3://); empty: HVDFLOW_HOME")
-    image_size: tuple[int, int] = (8, 8)
-    color_mode: Literal["L", "RGB"] = "L"
-    val_fraction: float = 0.2
-    max_bad_fraction: float = 0.1
-    model: str = "digits_mlp"
-    weights_source: str = Field(
-        default=OFFLINE_SOURCE, description="http(s) URL, file, or keras:weights=None; '' = none"
-    )
-    np: int = 2
-    epochs: int = 3
-    batch_size: int = 32
-    learning_rate: float = 0.01
-    optimizer: str = "adam"
-    seed: int = 0
-    experiment: str = "hvdflow"
-    registered_model_name: str = "hvdflow-digits"
-    horovod: HorovodOptions = HorovodOptions()
-    spark_master: str | None = None
+    data: DataParams = DataParams()
+    training: TrainingParams = TrainingParams()
+    launcher: LauncherParams = LauncherParams()
+    tracking: TrackingParams = TrackingParams()
 
-    def preprocess_config(self) -> PreprocessConfig:
-        return preprocess_config_for(
-            self, val_fraction=self.val_fraction, max_bad_fraction=self.max_bad_fraction
-        )
+    @model_validator(mode="after")
+    def _image_model(self) -> PipelineParams:
+        if self.training.model in GRAPH_MODELS:
+            raise ValueError(
+                f"training.model {self.training.model!r} trains on graphs: the pipeline trains "
+                "image models; run it with `hvdflow bench --model gcn`"
+            )
+        return self
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            model=self.model,
-            np=self.np,
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
-            optimizer=self.optimizer,
-            seed=self.seed,
-            experiment=self.experiment,
-            registered_model_name=self.registered_model_name,
-            horovod=self.horovod,
-        )
+        return TrainConfig(training=self.training, launcher=self.launcher, tracking=self.tracking)
 
 
 DEFAULT_PARAMS = PipelineParams()
@@ -92,11 +49,12 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
     logger = get_run_logger()
     uri = tracking_uri()
     check_tracking_step(uri)
-    dataset = preprocess_step(params.preprocess_config(), params.spark_master)
+    master = params.launcher.spark_master
+    dataset = preprocess_step(params.data.preprocess_config(), master)
     weights = None
-    if params.weights_source:
-        weights = stage_weights_for(params.model, params.weights_source, dataset)
-    result = train_step(params.train_config(), dataset, weights, uri, params.spark_master)
+    if params.training.weights_source:
+        weights = stage_weights_for(params.training.model, params.training.weights_source, dataset)
+    result = train_step(params.train_config(), dataset, weights, uri, master)
     summary = _summary(params, dataset, weights, result)
     _publish_artifacts(summary, result)
     logger.info(
@@ -108,7 +66,7 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
 def _summary(params, dataset, weights, result) -> dict:
     base = result.tracking_uri.rstrip("/")
     http = base.startswith("http")
-    name = params.registered_model_name
+    name = params.tracking.registered_model_name
     return {
         "flow_run_id": str(flow_run.get_id()) if flow_run.get_id() else None,
         "dataset": dataset.path,

@@ -13,7 +13,8 @@ import hashlib
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
-from infra.object_store import ObjectStoreConfig
+from infra.launcher import CALLBACK, STDOUT
+from infra.storage.object_store import ObjectStoreConfig
 from tasks.preprocess import DatasetManifest, PreprocessConfig
 from tasks.stage_weights import StagedWeights
 from tasks.train import TrainConfig, TrainResult
@@ -74,7 +75,7 @@ def stage_weights_step(
     input_shape: tuple[int, ...],
     num_classes: int,
 ) -> StagedWeights:
-    from infra.object_store import ObjectStore
+    from infra.storage.object_store import ObjectStore
     from tasks.stage_weights import stage_weights
 
     object_store = ObjectStore(store)
@@ -106,10 +107,15 @@ def train_step(
     def forward(line) -> None:
         # Rank output does not reach Prefect's logs by itself. Epoch lines and rank 0's stdout
         # are what a person follows; the full log is an MLflow artifact.
-        if line.stream == "log" or (line.rank == 0 and line.stream == "stdout"):
+        if line.stream == CALLBACK or (line.rank == 0 and line.stream == STDOUT):
             logger.info("%s", line.formatted())
 
-    logger.info("training %s with np=%d for %d epochs", config.model, config.np, config.epochs)
+    logger.info(
+        "training %s with np=%d for %d epochs",
+        config.training.model,
+        config.launcher.np,
+        config.training.epochs,
+    )
     return train_and_track(
         _spark(spark_master), config, dataset, tracking_uri, weights=weights, on_log_line=forward
     )
@@ -117,9 +123,12 @@ def train_step(
 
 def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> StagedWeights:
     """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task)."""
-    shape = dataset.image_shape
-    if len(shape) == 2:  # grayscale: the models take a channel axis
-        shape = (*shape, 1)
+    from training.models import model_input_shape
+
     return stage_weights_step(
-        model, source, ObjectStoreConfig.from_env(), tuple(shape), dataset.num_classes
+        model,
+        source,
+        ObjectStoreConfig.from_env(),
+        model_input_shape(dataset.image_shape),
+        dataset.num_classes,
     )

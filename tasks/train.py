@@ -12,11 +12,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from infra.epoch_log import epoch_times_from_log
-from infra.horovod_options import HorovodOptions
 from infra.tracking import check_reachable
+from tasks.config import LauncherParams, TrackingParams, TrainingParams
+from training.epoch_log import epoch_times_from_log
+from training.optimizers import scaled_learning_rate
 
 logger = logging.getLogger(__name__)
 
@@ -25,19 +26,13 @@ CHAMPION_METRIC = "val_accuracy"
 
 
 class TrainConfig(BaseModel):
+    """The training step's share of a flow's parameters."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = "digits_mlp"
-    np: int = 2
-    epochs: int = Field(default=3, ge=1)
-    batch_size: int = Field(default=32, ge=1)
-    learning_rate: float = Field(default=0.01, gt=0)
-    optimizer: str = "adam"
-    seed: int = 0
-    experiment: str = "hvdflow"
-    registered_model_name: str = "hvdflow-classifier"
-    horovod: HorovodOptions = HorovodOptions()
-    start_timeout_s: float = 300.0
+    training: TrainingParams = TrainingParams()
+    launcher: LauncherParams = LauncherParams()
+    tracking: TrackingParams = TrackingParams()
 
 
 @dataclass
@@ -63,25 +58,26 @@ def train_and_track(
     log_dir: str | None = None,
     on_log_line=None,
 ) -> TrainResult:
-    """Train on ``dataset`` (a DatasetManifest) with ``config.np`` ranks and track the run."""
+    """Train on ``dataset`` (a DatasetManifest) with ``config.launcher.np`` ranks; track it."""
     import mlflow
 
     from infra import HorovodRunner
     from training.trainer import train_classifier
 
+    training, launcher, tracking = config.training, config.launcher, config.tracking
     check_reachable(tracking_uri)  # before any rank starts
     mlflow.set_tracking_uri(tracking_uri)
-    experiment = mlflow.set_experiment(config.experiment)
+    experiment = mlflow.set_experiment(tracking.experiment)
     mlflow.set_system_metrics_sampling_interval(1)
     lines = []
     with mlflow.start_run(log_system_metrics=True) as run:
         run_id = run.info.run_id
         mlflow.log_params(_params(config, dataset, weights))
         runner = HorovodRunner(
-            np=config.np,
+            np=launcher.np,
             spark=spark,
-            horovod=config.horovod,
-            start_timeout_s=config.start_timeout_s,
+            horovod=launcher.horovod,
+            start_timeout_s=launcher.start_timeout_s,
             log_dir=log_dir,
             on_log_line=_tee(lines.append, on_log_line),
         )
@@ -89,30 +85,17 @@ def train_and_track(
         try:
             result = runner.run(
                 train_classifier,
-                train_url=dataset.train_url,
-                val_url=dataset.val_url,
-                train_rows=dataset.train_rows,
-                val_rows=dataset.val_rows,
-                num_classes=dataset.num_classes,
-                input_shape=tuple(dataset.image_shape),
-                model_name=config.model,
-                epochs=config.epochs,
-                batch_size=config.batch_size,
-                learning_rate=config.learning_rate,
-                optimizer=config.optimizer,
-                weights_uri=weights.uri if weights else None,
-                weights_sha256=weights.sha256 if weights else None,
+                **training_kwargs(training, dataset, weights),
                 run_id=run_id,
                 tracking_uri=tracking_uri,
-                registered_model_name=config.registered_model_name,
-                seed=config.seed,
+                registered_model_name=tracking.registered_model_name,
             )
         finally:
-            _log_artifacts(runner, config, dataset)
+            _log_artifacts(runner, launcher, dataset)
         wall = time.perf_counter() - started
 
         epoch_times_log = epoch_times_from_log(lines)
-        images = result["images_per_epoch"] * config.epochs
+        images = result["images_per_epoch"] * training.epochs
         metrics = {
             "wall_clock_s": wall,  # launch overhead included
             "train_seconds": result["train_seconds"],
@@ -126,13 +109,13 @@ def train_and_track(
             mlflow.log_metric(
                 "images_per_s_epoch", result["images_per_epoch"] / seconds, step=epoch
             )
-        aliases = _assign_aliases(config.registered_model_name, result["model_version"])
+        aliases = _assign_aliases(tracking.registered_model_name, result["model_version"])
 
     logger.info(
         "run %s: %.1f images/s, model %s version %s %s",
         run_id,
         metrics["images_per_s"],
-        config.registered_model_name,
+        tracking.registered_model_name,
         result["model_version"],
         aliases,
     )
@@ -160,16 +143,37 @@ def _tee(*consumers):
     return consume
 
 
+def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:
+    """The keyword arguments of ``train_classifier`` for this dataset: plain values only."""
+    return {
+        "train_url": dataset.train_url,
+        "val_url": dataset.val_url,
+        "train_rows": dataset.train_rows,
+        "val_rows": dataset.val_rows,
+        "num_classes": dataset.num_classes,
+        "input_shape": tuple(dataset.image_shape),
+        "model_name": training.model,
+        "epochs": training.epochs,
+        "batch_size": training.batch_size,
+        "learning_rate": training.learning_rate,
+        "optimizer": training.optimizer,
+        "seed": training.seed,
+        "weights_uri": weights.uri if weights else None,
+        "weights_sha256": weights.sha256 if weights else None,
+    }
+
+
 def _params(config: TrainConfig, dataset, weights) -> dict:
+    training, launcher = config.training, config.launcher
     params = {
-        "model": config.model,
-        "np": config.np,
-        "epochs": config.epochs,
-        "batch_size": config.batch_size,
-        "base_learning_rate": config.learning_rate,
-        "scaled_learning_rate": config.learning_rate * abs(config.np),
-        "optimizer": config.optimizer,
-        "seed": config.seed,
+        "model": training.model,
+        "np": launcher.np,
+        "epochs": training.epochs,
+        "batch_size": training.batch_size,
+        "base_learning_rate": training.learning_rate,
+        "scaled_learning_rate": scaled_learning_rate(training.learning_rate, launcher.np),
+        "optimizer": training.optimizer,
+        "seed": training.seed,
         "dataset_fingerprint": dataset.fingerprint,
         "dataset_path": dataset.path,
         "train_rows": dataset.train_rows,
@@ -178,17 +182,17 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
         "weights_uri": weights.uri if weights else "none",
     }
     # Horovod's knobs, but never extra_env: it may carry secrets.
-    for key, value in config.horovod.model_dump(exclude={"extra_env"}).items():
+    for key, value in launcher.horovod.model_dump(exclude={"extra_env"}).items():
         params[f"horovod_{key}"] = value
     return params
 
 
-def _log_artifacts(runner, config: TrainConfig, dataset) -> None:
+def _log_artifacts(runner, launcher: LauncherParams, dataset) -> None:
     import mlflow
 
     if runner.log_path and os.path.exists(runner.log_path):
         mlflow.log_artifact(runner.log_path, "logs")
-    for path in (config.horovod.timeline_path, config.horovod.autotune_log):
+    for path in (launcher.horovod.timeline_path, launcher.horovod.autotune_log):
         if path and os.path.exists(path):
             mlflow.log_artifact(path, "horovod")
     for name in ("labels.json", "quarantine.csv"):
@@ -201,7 +205,7 @@ def _local_dataset_file(dataset, name: str) -> str | None:
     if dataset.path.startswith("s3://"):
         import tempfile
 
-        from infra.object_store import ObjectStore
+        from infra.storage.object_store import ObjectStore
 
         target = os.path.join(tempfile.mkdtemp(prefix="hvdflow-artifact-"), name)
         ObjectStore().download_file(f"{dataset.path}/{name}", target)

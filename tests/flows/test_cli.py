@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import requests
 
 from flows.cli import build_parser, main
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", ["smoke", "up", "down", "run", "serve", "bench"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -18,7 +22,7 @@ def test_every_command_has_help(command, capsys):
 
 @pytest.mark.slow
 def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch, capsys):
-    from infra.services import LocalServices
+    from infra.services.local import LocalServices
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
@@ -42,3 +46,80 @@ def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch,
     assert LocalServices().state() == {}
     assert main(["down"]) == 0
     assert "nothing was running" in capsys.readouterr().out
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["run", "--np", "0"],
+            "hvdflow run: invalid parameter launcher.np (--np)=0: np=0: expected the number of "
+            "ranks, > 0 on the Spark cluster or < 0 for that many processes on the driver",
+        ),
+        (
+            ["run", "--params", '{"training": {"optimizer": "nope"}}'],
+            "hvdflow run: invalid parameter training.optimizer='nope': optimizer 'nope' is "
+            "unknown: expected one of adadelta, rmsprop, adam, radam, sgd",
+        ),
+        (
+            ["run", "--params", '{"training": {"optimiser": "sgd"}}'],
+            "hvdflow run: invalid parameter training.optimiser='sgd': no such parameter; expected "
+            "one of: model, epochs, batch_size, learning_rate, optimizer, seed, weights_source",
+        ),
+        (["run", "--params", "[1]"], "hvdflow run: --params must be a JSON object, not '[1]'"),
+        (
+            ["bench", "--model", "resnet"],
+            "hvdflow bench: invalid parameter training.model (--model)='resnet': model 'resnet' "
+            "is unknown: expected one of digits_mlp, inceptionv3, mnist_cnn, vgg16, gcn",
+        ),
+    ],
+)
+def test_a_bad_parameter_is_one_line_exit_2_and_starts_nothing(
+    argv, expected, tmp_path, monkeypatch, capfd
+):
+    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
+    assert main(argv) == 2
+    assert capfd.readouterr().err.strip().splitlines() == [expected]
+    assert not (tmp_path / "home" / "services.json").exists()  # no service was started
+
+
+@pytest.mark.unit
+def test_debug_shows_the_exception_instead(tmp_path, monkeypatch):
+    from flows.cli_support import InvalidParameters
+
+    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
+    with pytest.raises(InvalidParameters, match="launcher.np"):
+        main(["--debug", "run", "--np", "0"])
+
+
+@pytest.mark.unit
+def test_a_secret_in_a_bad_parameter_is_not_echoed(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
+    source = "https://user:hunter2@/weights.h5?X-Amz-Signature=t0ken"
+    assert main(["run", "--params", json.dumps({"training": {"weights_source": source}})]) == 2
+    err = capfd.readouterr().err
+    assert "the URL has no host" in err
+    assert "hunter2" not in err and "t0ken" not in err
+
+
+@pytest.mark.integration
+def test_a_failed_run_is_one_line_naming_the_full_log(
+    prefect_harness, spark, seaweed, mlflow_server, tmp_path, monkeypatch, capfd
+):
+    from prefect.settings import PREFECT_API_URL
+
+    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
+    empty = tmp_path / "no-images"
+    (empty / "cats").mkdir(parents=True)
+    argv = ["run", "--input", str(empty), "--input-format", "folders", "--np", "-1"]
+    assert main(argv) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err  # tracebacks go to the log file, not the terminal
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"hvdflow run failed: no images found in '{empty}' (folders)")
+    log = Path(last.rsplit("(full log: ", 1)[1].rstrip(")"))
+    assert log.parent == tmp_path / "home" / "logs"
+    assert "Traceback" in log.read_text() and "no images found" in log.read_text()

@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.pipeline import PipelineParams, pipeline
-from infra.object_store import ObjectStore, ObjectStoreConfig
+from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import rank_processes, wait_for_no_ranks
 
 
@@ -22,16 +22,13 @@ def tracking(mlflow_server, monkeypatch):
     return mlflow_server.tracking_uri
 
 
-def params(tmp_path, **overrides) -> PipelineParams:
-    values = {
-        "input": str(tmp_path / "digits"),
-        "output": str(tmp_path / "datasets"),
-        "np": 2,
-        "epochs": 2,
-        "registered_model_name": "tests-flow",
-        "experiment": "tests-flow",
-    }
-    return PipelineParams(**{**values, **overrides})
+def params(tmp_path, np=2, epochs=2, **launcher) -> PipelineParams:
+    return PipelineParams(
+        data={"input": str(tmp_path / "digits"), "output": str(tmp_path / "datasets")},
+        training={"epochs": epochs},
+        launcher={"np": np, **launcher},
+        tracking={"registered_model_name": "tests-flow", "experiment": "tests-flow"},
+    )
 
 
 def task_states(flow_run_id) -> dict[str, str]:
@@ -51,10 +48,11 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
 ):
     from prefect.client.orchestration import get_client
 
-    # A run whose training fails (unknown optimizer) after preprocessing and staging finished.
-    failed = pipeline(params(tmp_path, optimizer="nope"), return_state=True)
+    # A run whose training fails (no rank reaches hvd.init() in time) after preprocessing and
+    # staging finished.
+    failed = pipeline(params(tmp_path, start_timeout_s=0.5), return_state=True)
     assert failed.is_failed()
-    assert "optimizer 'nope' is unknown" in str(failed.result(raise_on_failure=False))
+    assert "did not reach hvd.init() within 0.5 s" in str(failed.result(raise_on_failure=False))
     assert wait_for_no_ranks() == []
 
     state = pipeline(params(tmp_path), return_state=True)
@@ -98,13 +96,15 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelling
 
-    from infra.services import LocalServices
+    from infra.services.local import LocalServices
+    from infra.services.prefect_server import PrefectServer
 
     services = LocalServices(tmp_path / "home")
-    api = services._start_prefect()
+    prefect_server = PrefectServer(tmp_path / "home" / "prefect").start()
+    api_url = prefect_server.api_url
     env = {
         **os.environ,
-        "PREFECT_API_URL": api["url"],
+        "PREFECT_API_URL": api_url,
         "HVDFLOW_HOME": str(tmp_path / "home"),
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
@@ -116,7 +116,7 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         text=True,
     )
     try:
-        with temporary_settings({PREFECT_API_URL: api["url"]}):
+        with temporary_settings({PREFECT_API_URL: api_url}):
             deadline = time.monotonic() + 120
             flow_run = None
             while flow_run is None:
@@ -131,11 +131,11 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
                         raise
                     time.sleep(2)  # the deployment is not registered yet
         assert flow_run.state.is_completed(), flow_run.state
-        assert flow_run.parameters["params"]["epochs"] == 1  # the non-default parameter
-        assert flow_run.parameters["params"]["np"] == -1
+        assert flow_run.parameters["params"]["training"]["epochs"] == 1  # not the default
+        assert flow_run.parameters["params"]["launcher"]["np"] == -1
 
         # Cancelling a running flow run from Prefect stops every rank within 10 seconds.
-        with temporary_settings({PREFECT_API_URL: api["url"]}):
+        with temporary_settings({PREFECT_API_URL: api_url}):
             long_run = run_deployment(
                 "hvdflow-pipeline/hvdflow-pipeline",
                 parameters={"params": params(tmp_path, np=-2, epochs=500).model_dump()},
@@ -157,7 +157,5 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         except subprocess.TimeoutExpired:
             server.kill()
         services.down()
-        from infra.services import _stop_pid
-
-        _stop_pid(api["pid"])
+        prefect_server.stop()
     assert wait_for_no_ranks() == []

@@ -10,7 +10,7 @@ import sys
 import pytest
 from mlflow import MlflowClient
 
-from infra.seaweed import free_port
+from infra.services import free_port
 from tasks.train import TrainConfig, train_and_track
 from tests.helpers import wait_for_no_ranks
 
@@ -20,11 +20,9 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     spark, mlflow_server, digits_dataset, tmp_path
 ):
     config = TrainConfig(
-        np=2,
-        epochs=3,
-        learning_rate=0.01,
-        experiment="tests-train",
-        registered_model_name="tests-digits",
+        training={"epochs": 3, "learning_rate": 0.01},
+        launcher={"np": 2},
+        tracking={"experiment": "tests-train", "registered_model_name": "tests-digits"},
     )
     result = train_and_track(
         spark, config, digits_dataset, mlflow_server.tracking_uri, log_dir=str(tmp_path)
@@ -59,7 +57,11 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     # A worse model becomes the candidate but does not take the champion's place.
     worse = train_and_track(
         spark,
-        config.model_copy(update={"epochs": 1, "learning_rate": 1e-7}),
+        TrainConfig(
+            training={"epochs": 1, "learning_rate": 1e-7},
+            launcher=config.launcher,
+            tracking=config.tracking,
+        ),
         digits_dataset,
         mlflow_server.tracking_uri,
     )
@@ -101,11 +103,18 @@ print(json.dumps({"batch": len(classes), "shape": list(probabilities.shape),
 """
 
 
+@pytest.mark.integration
 def test_an_unreachable_tracking_server_fails_before_training(spark, digits_dataset):
     uri = f"http://127.0.0.1:{free_port()}"
+    jobs_before = _spark_jobs_so_far(spark)
     with pytest.raises(RuntimeError) as err:
-        train_and_track(spark, TrainConfig(np=2), digits_dataset, uri)
+        train_and_track(spark, TrainConfig(), digits_dataset, uri)
     assert f"MLflow tracking server at {uri} is unreachable" in str(err.value)
     assert "Nothing was trained" in str(err.value)
-    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) is not None
+    assert _spark_jobs_so_far(spark) == jobs_before  # no Spark job was started
     assert wait_for_no_ranks(0.1) == []
+
+
+def _spark_jobs_so_far(spark) -> int:
+    """Every job this Spark application ran, whatever its group (Spark's status store)."""
+    return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()

@@ -1,0 +1,211 @@
+"""The flows' parameters, one shape for the pipeline and the benchmark, checked before any work.
+
+Each flow takes nested, frozen models: ``data`` (what to preprocess), ``training`` (what to
+train and how), ``launcher`` (how many ranks, on which Spark) and ``tracking`` (where MLflow
+records it). Every value is checked when the model is built, at the flow's entry: a bad value
+fails in milliseconds with its name, the value and what would be accepted, instead of after
+preprocessing and staging, or inside the ranks, or three retries later.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from infra.launcher.options import HorovodOptions
+from infra.storage.object_store import parse_uri
+from tasks.preprocess import PreprocessConfig
+from tasks.stage_weights import OFFLINE_SOURCE, redact
+
+InputFormat = Literal["folders", "mnist_idx", "digits"]
+# Image sides a preprocessing run accepts: 8x8 digits up to large photos; beyond this a typo
+# (an extra zero) would make every executor run out of memory.
+IMAGE_SIDE_RANGE = (2, 4096)
+# Models trained on graphs rather than images; only the benchmark runs them.
+GRAPH_MODELS = ("gcn",)
+DEFAULT_REGISTERED_MODEL = "hvdflow-classifier"
+
+
+def image_models() -> list[str]:
+    from training.models import model_names
+
+    return model_names()
+
+
+class DataParams(BaseModel):
+    """What to preprocess, and where the dataset goes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(
+        default="",
+        description="class-folder tree or MNIST IDX folder; empty with input_format 'digits': "
+        "the bundled digits, written under HVDFLOW_HOME",
+    )
+    input_format: InputFormat = "digits"
+    output: str = Field(
+        default="",
+        description="dataset root, a path or s3://bucket/prefix; empty: HVDFLOW_HOME/datasets",
+    )
+    image_size: tuple[int, int] = (8, 8)
+    color_mode: Literal["L", "RGB"] = "L"
+    val_fraction: float = Field(default=0.2, ge=0.0, lt=1.0)
+    max_bad_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    split_seed: int = 0
+
+    @field_validator("image_size")
+    @classmethod
+    def _sane_size(cls, size: tuple[int, int]) -> tuple[int, int]:
+        low, high = IMAGE_SIDE_RANGE
+        if not all(low <= side <= high for side in size):
+            raise ValueError(
+                f"image_size {tuple(size)} is out of bounds: each side must be between {low} "
+                f"and {high} pixels (height, width)"
+            )
+        return size
+
+    @field_validator("output")
+    @classmethod
+    def _output_syntax(cls, output: str) -> str:
+        if output.startswith("s3://"):
+            _check_s3_uri(output, "output")
+        elif "://" in output:
+            raise ValueError(f"output {output!r}: expected a local path or s3://bucket/prefix")
+        return output
+
+    @model_validator(mode="after")
+    def _input_exists(self) -> DataParams:
+        if self.input.startswith("s3://") or "://" in self.input:
+            raise ValueError(
+                f"input {self.input!r}: raw images are read from a local or shared folder; "
+                "reading them from a URL is not supported yet: copy them to a path every "
+                "Spark executor can read"
+            )
+        if self.input_format == "digits":
+            return self  # the bundled digits are written there on first use
+        if not self.input:
+            raise ValueError(
+                f"input is empty: input_format={self.input_format!r} needs the folder that "
+                "holds the images (or use input_format='digits' for the bundled digits)"
+            )
+        if not os.path.isdir(self.input):
+            raise ValueError(
+                f"input {self.input!r} is not an existing folder: give the folder of class "
+                "sub-folders (input_format='folders') or of MNIST IDX files ('mnist_idx')"
+            )
+        return self
+
+    def preprocess_config(self) -> PreprocessConfig:
+        """The preprocessing step's config; empty paths mean HVDFLOW_HOME's."""
+        from infra.services.local import hvdflow_home
+
+        home = hvdflow_home()
+        return PreprocessConfig(
+            input=self.input or str(home / "data" / "digits"),
+            input_format=self.input_format,
+            output=self.output or str(home / "datasets"),
+            image_size=self.image_size,
+            color_mode=self.color_mode,
+            val_fraction=self.val_fraction,
+            max_bad_fraction=self.max_bad_fraction,
+            seed=self.split_seed,
+        )
+
+
+class TrainingParams(BaseModel):
+    """What to train and how: the same for every rank and for the benchmark's baseline."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = "digits_mlp"
+    epochs: int = Field(default=3, ge=1)
+    batch_size: int = Field(default=32, ge=1, description="per rank")
+    learning_rate: float = Field(default=0.01, gt=0, description="before scaling by np")
+    optimizer: str = "adam"
+    seed: int = 0
+    weights_source: str = Field(
+        default=OFFLINE_SOURCE,
+        description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
+        f"{OFFLINE_SOURCE!r}; '' trains from scratch",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model: str) -> str:
+        known = [*image_models(), *GRAPH_MODELS]
+        if model.lower() not in known:
+            raise ValueError(f"model {model!r} is unknown: expected one of {', '.join(known)}")
+        return model.lower()
+
+    @field_validator("optimizer")
+    @classmethod
+    def _known_optimizer(cls, optimizer: str) -> str:
+        from training.optimizers import OPTIMIZERS
+
+        if optimizer.lower() not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer {optimizer!r} is unknown: expected one of {', '.join(OPTIMIZERS)}"
+            )
+        return optimizer.lower()
+
+    @field_validator("weights_source")
+    @classmethod
+    def _weights_source_syntax(cls, source: str) -> str:
+        if source in ("", OFFLINE_SOURCE):
+            return source
+        parts = urlsplit(source)
+        if parts.scheme in ("http", "https"):
+            if not parts.hostname:
+                raise ValueError(f"weights_source {redact(source)!r}: the URL has no host")
+            return source
+        local = parts.path if parts.scheme == "file" else source
+        if parts.scheme not in ("", "file") or not os.path.isfile(local):
+            raise ValueError(
+                f"weights_source {redact(source)!r} is neither an http(s) URL, an existing "
+                f"file, nor {OFFLINE_SOURCE!r} ('' trains from scratch)"
+            )
+        return source
+
+
+class LauncherParams(BaseModel):
+    """How many ranks, on which Spark, with which Horovod knobs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    np: int = Field(default=2, description="ranks: > 0 on Spark, < 0 that many on the driver")
+    spark_master: str | None = Field(
+        default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
+    )
+    start_timeout_s: float = Field(default=300.0, gt=0)
+    horovod: HorovodOptions = HorovodOptions()
+
+    @field_validator("np")
+    @classmethod
+    def _nonzero(cls, np: int) -> int:
+        if np == 0:
+            raise ValueError(
+                "np=0: expected the number of ranks, > 0 on the Spark cluster or < 0 for that "
+                "many processes on the driver"
+            )
+        return np
+
+
+class TrackingParams(BaseModel):
+    """Where MLflow records the run and registers the model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    experiment: str = Field(default="hvdflow", min_length=1)
+    registered_model_name: str = Field(default=DEFAULT_REGISTERED_MODEL, min_length=1)
+
+
+def _check_s3_uri(uri: str, name: str) -> None:
+    try:
+        bucket, _key = parse_uri(uri.rstrip("/") + "/x")
+    except ValueError:
+        raise ValueError(f"{name} {uri!r}: expected s3://bucket/prefix") from None
+    if len(bucket) < 3:
+        raise ValueError(f"{name} {uri!r}: bucket names have at least 3 characters")

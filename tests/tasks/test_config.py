@@ -1,0 +1,123 @@
+"""The flows' parameters: one nested shape, every bad value refused at the entry, by name."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from flows.benchmark import BenchParams
+from flows.pipeline import PipelineParams
+from tasks.config import DataParams, LauncherParams, TrackingParams, TrainingParams
+
+pytestmark = pytest.mark.unit
+
+
+def error_of(cls, /, **values) -> str:
+    with pytest.raises(ValidationError) as err:
+        cls(**values)
+    return str(err.value)
+
+
+def test_the_pipeline_and_the_benchmark_share_one_shape():
+    for name, model in (("data", DataParams), ("training", TrainingParams)):
+        assert PipelineParams.model_fields[name].annotation is model
+        assert BenchParams.model_fields[name].annotation is model
+    assert PipelineParams.model_fields["launcher"].annotation is LauncherParams
+    assert BenchParams.model_fields["launcher"].annotation is LauncherParams
+    assert PipelineParams.model_fields["tracking"].annotation is TrackingParams
+
+
+def test_one_default_registered_model_name():
+    from tasks.train import TrainConfig
+
+    assert PipelineParams().tracking.registered_model_name == "hvdflow-classifier"
+    assert TrainConfig().tracking.registered_model_name == "hvdflow-classifier"
+
+
+def test_np_zero_is_refused():
+    assert "np=0: expected the number of ranks" in error_of(LauncherParams, np=0)
+    assert LauncherParams(np=-2).np == -2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("model", "resnet", "model 'resnet' is unknown: expected one of digits_mlp, inceptionv3"),
+        ("optimizer", "nope", "optimizer 'nope' is unknown: expected one of adadelta, rmsprop"),
+        ("epochs", 0, "greater than or equal to 1"),
+        ("learning_rate", 0, "greater than 0"),
+    ],
+)
+def test_training_values_are_checked(field, value, expected):
+    assert expected in error_of(TrainingParams, **{field: value})
+
+
+def test_names_are_case_insensitive_and_stored_lower_case():
+    training = TrainingParams(model="MNIST_CNN", optimizer="Adadelta")
+    assert (training.model, training.optimizer) == ("mnist_cnn", "adadelta")
+
+
+def test_image_size_must_be_sane():
+    assert "image_size (8, 40000) is out of bounds" in error_of(DataParams, image_size=(8, 40000))
+    assert "image_size (1, 8) is out of bounds" in error_of(DataParams, image_size=(1, 8))
+    assert DataParams(image_size=(299, 299)).image_size == (299, 299)
+
+
+def test_input_folders_must_exist(tmp_path):
+    missing = tmp_path / "nope"
+    message = error_of(DataParams, input=str(missing), input_format="folders")
+    assert f"input '{missing}' is not an existing folder" in message
+    assert "input is empty: input_format='mnist_idx'" in error_of(
+        DataParams, input_format="mnist_idx"
+    )
+    assert DataParams(input=str(tmp_path), input_format="folders").input == str(tmp_path)
+    # The bundled digits are written where input points: it need not exist yet.
+    assert DataParams(input=str(missing), input_format="digits").input == str(missing)
+
+
+def test_a_url_input_is_refused_with_what_to_do():
+    message = error_of(DataParams, input="s3://bucket/images", input_format="folders")
+    assert "copy them to a path every Spark executor can read" in message
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("s3://b/prefix", "bucket names have at least 3 characters"),
+        ("s3://", "expected s3://bucket/prefix"),
+        ("gs://bucket/x", "expected a local path or s3://bucket/prefix"),
+    ],
+)
+def test_output_syntax(output, expected):
+    assert expected in error_of(DataParams, output=output)
+
+
+def test_weights_source_syntax_without_echoing_secrets(tmp_path):
+    message = error_of(TrainingParams, weights_source="https://user:hunter2@/w.h5?sig=tok3n")
+    assert "the URL has no host" in message
+    assert "hunter2" not in message.split("input_value")[0]
+    assert "tok3n" not in message.split("input_value")[0]
+    assert "neither an http(s) URL, an existing file" in error_of(
+        TrainingParams, weights_source=str(tmp_path / "missing.h5")
+    )
+    weights = tmp_path / "w.h5"
+    weights.write_bytes(b"x")
+    for source in (str(weights), weights.as_uri(), "https://host/w.h5", "", "keras:weights=None"):
+        assert TrainingParams(weights_source=source).weights_source == source
+
+
+def test_the_pipeline_refuses_graph_models():
+    message = error_of(PipelineParams, training={"model": "gcn"})
+    assert "run it with `hvdflow bench --model gcn`" in message
+    assert BenchParams(training={"model": "gcn"}).training.model == "gcn"
+
+
+def test_the_benchmark_takes_np_from_its_conditions():
+    assert "leave launcher.np unset" in error_of(BenchParams, launcher={"np": 2})
+    assert "condition 'two'" in error_of(BenchParams, conditions=["keras", "two"])
+    assert "conditions is empty" in error_of(BenchParams, conditions=[])
+    assert BenchParams(launcher={"horovod": {"cycle_time_ms": 10}}).launcher.np == 2
+
+
+def test_unknown_parameters_are_refused():
+    assert "Extra inputs are not permitted" in error_of(PipelineParams, training={"optimiser": 1})
