@@ -1,5 +1,5 @@
 # The two commands a newcomer needs; each one sets up .venv first (fast when already done).
-.PHONY: setup run test lint
+.PHONY: setup run test test-fast
 
 setup:
 	bash scripts/setup.sh
@@ -13,3 +13,8 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# The unit tier alone (no JVM, server or subprocess): under a minute, for the edit-test loop.
+test-fast: setup
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest -m unit $(PYTEST_ARGS)

@@ -9,6 +9,28 @@ import pytest
 # The machine's hostname may resolve to an address that is not on any interface here.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+COST_TIERS = ("unit", "integration", "slow")
+# Fixtures that start a JVM or a server: a test using one is not a unit test.
+HEAVY_FIXTURES = {"spark", "seaweed", "store", "mlflow_server", "digits_dataset", "prefect_harness"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test names its cost tier (unit, integration or slow), exactly one, so that
+    `make test-fast` (-m unit) runs only what is cheap; a unit test uses no heavy fixture."""
+    problems = []
+    for item in items:
+        tiers = [m.name for m in item.iter_markers() if m.name in COST_TIERS]
+        if len(set(tiers)) != 1:
+            problems.append(f"{item.nodeid}: cost tiers {sorted(set(tiers)) or 'none'}")
+        elif tiers[0] == "unit" and HEAVY_FIXTURES & set(item.fixturenames):
+            heavy = sorted(HEAVY_FIXTURES & set(item.fixturenames))
+            problems.append(f"{item.nodeid}: marked unit but uses {', '.join(heavy)}")
+    if problems:
+        raise pytest.UsageError(
+            "each test needs exactly one of @pytest.mark.unit / integration / slow:\n  "
+            + "\n  ".join(problems)
+        )
+
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
@@ -32,7 +54,7 @@ def spark(tmp_path_factory):
 def seaweed(tmp_path_factory):
     """The embedded SeaweedFS S3 server, started once; its AWS variables set for the session."""
     from infra._env import temporary_env
-    from infra.seaweed import SeaweedServer
+    from infra.services.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
     try:
@@ -45,7 +67,7 @@ def seaweed(tmp_path_factory):
 @pytest.fixture
 def store(seaweed, tmp_path, monkeypatch):
     """A bucket of the test's own (fresh prefix) on the session's SeaweedFS server."""
-    from infra.object_store import ObjectStore, ObjectStoreConfig
+    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     monkeypatch.setenv("HVDFLOW_CACHE_DIR", str(tmp_path / "cache"))
     object_store = ObjectStore(
@@ -60,8 +82,8 @@ def store(seaweed, tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def mlflow_server(seaweed, tmp_path_factory):
     """A real `mlflow server` (sqlite, artifacts in the session's SeaweedFS) over HTTP."""
-    from infra.mlflow_server import MlflowServer
-    from infra.object_store import ObjectStore, ObjectStoreConfig
+    from infra.services.mlflow_server import MlflowServer
+    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     ObjectStore(
         ObjectStoreConfig(bucket="hvdflow-mlflow", endpoint_url=seaweed.endpoint_url)

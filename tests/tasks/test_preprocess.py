@@ -60,6 +60,7 @@ def read_rows(url, columns=("label", "source", "split")):
     return pq.read_table(url.replace("file://", ""), columns=list(columns)).to_pylist()
 
 
+@pytest.mark.integration
 def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path):
     root = make_class_tree(tmp_path / "images")
     expected_bad = add_bad_files(root)
@@ -97,6 +98,7 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
     assert labels == manifest.label_map
 
 
+@pytest.mark.integration
 def test_same_fingerprint_reuses_and_a_changed_input_writes_a_new_version(spark, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=4)
     config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), image_size=(8, 8))
@@ -117,6 +119,7 @@ def test_same_fingerprint_reuses_and_a_changed_input_writes_a_new_version(spark,
     assert resized.fingerprint != changed.fingerprint  # parameters are part of it
 
 
+@pytest.mark.integration
 def test_too_many_bad_files_fail_with_the_fraction_and_leave_no_dataset(spark, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=2, classes=("a",))
     add_bad_files_root = root / "a"
@@ -131,6 +134,7 @@ def test_too_many_bad_files_fail_with_the_fraction_and_leave_no_dataset(spark, t
     assert leftovers == []  # nothing that looks like a finished (or unfinished) dataset
 
 
+@pytest.mark.integration
 def test_input_without_images_fails_clearly(spark, tmp_path):
     (tmp_path / "empty" / "cat").mkdir(parents=True)
     with pytest.raises(ValueError, match="no images found in .*expected one sub-folder per class"):
@@ -149,6 +153,7 @@ def write_idx(path, array, gz):
         path.write_bytes(data)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("gz", [True, False])
 def test_mnist_idx_files(spark, tmp_path, gz):
     rng = np.random.default_rng(1)
@@ -188,6 +193,7 @@ def test_mnist_idx_files(spark, tmp_path, gz):
     assert np.array_equal(row.image.numpy(), expected)
 
 
+@pytest.mark.unit
 def test_stratified_split_is_deterministic_for_a_seed():
     good = [(f"{label}/{i}", label) for label in "abc" for i in range(10)]
     first = stratified_val_sources(good, 0.3, seed=1)
@@ -196,6 +202,7 @@ def test_stratified_split_is_deterministic_for_a_seed():
     assert sorted(s.split("/")[0] for s in first) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
 
 
+@pytest.mark.integration
 def test_bundled_digits_go_through_the_same_path(spark, tmp_path):
     config = PreprocessConfig(
         input=str(tmp_path / "digits"),
@@ -209,6 +216,7 @@ def test_bundled_digits_go_through_the_same_path(spark, tmp_path):
     assert len(os.listdir(tmp_path / "digits" / "7")) == 179  # load_digits has 179 sevens
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("size", [2, 3])
 def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(spark, tmp_path, size):
     root = make_class_tree(tmp_path / "images", per_class=20)

@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 
 from infra import HorovodRunner
-from infra.object_store import ObjectStoreError
+from infra.storage.object_store import ObjectStoreError
 from tasks.stage_weights import OFFLINE_SOURCE, redact, stage_weights
 from tests.helpers import wait_for_no_ranks
 from training.weights import fetch_weights
@@ -104,6 +104,7 @@ def test_one_download_for_the_whole_job_and_none_on_the_second_run(
     assert wait_for_no_ranks() == []
 
 
+@pytest.mark.integration
 def test_concurrent_calls_download_once(store, weights_file):
     with counting_http_server({"/w.h5": weights_file}) as (url, requests):
         results = []
@@ -121,12 +122,14 @@ def test_concurrent_calls_download_once(store, weights_file):
     assert len(results) == 2 and results[0] == results[1]
 
 
+@pytest.mark.integration
 def test_offline_source_builds_the_model_and_stages_its_weights(store):
     staged = stage_weights("digits_mlp", OFFLINE_SOURCE, store)
     assert staged.source == OFFLINE_SOURCE and staged.size > 1000
     assert stage_weights("digits_mlp", OFFLINE_SOURCE, store) == staged
 
 
+@pytest.mark.integration
 def test_local_file_source(store, weights_file, tmp_path):
     path = tmp_path / "mine.h5"
     path.write_bytes(weights_file)
@@ -134,6 +137,7 @@ def test_local_file_source(store, weights_file, tmp_path):
     assert store.get_bytes(staged.uri) == weights_file
 
 
+@pytest.mark.integration
 def test_credentials_and_tokens_in_the_source_are_never_stored(store, weights_file):
     with counting_http_server({"/w.h5": weights_file}) as (url, _requests):
         secret_url = url.replace("http://", "http://alice:hunter2@") + "/w.h5?X-Amz-Signature=abc"
@@ -143,12 +147,14 @@ def test_credentials_and_tokens_in_the_source_are_never_stored(store, weights_fi
     assert redact("/local/path.h5") == "/local/path.h5"
 
 
+@pytest.mark.integration
 def test_a_source_that_does_not_answer_fails_naming_it(store):
     with counting_http_server({}) as (url, _requests):
         with pytest.raises(RuntimeError, match=f"could not download m3 weights from {url}/x.h5"):
             stage_weights("m3", f"{url}/x.h5", store)
 
 
+@pytest.mark.integration
 def test_checksum_mismatch_downloads_again_then_fails_naming_the_uri(store, weights_file, caplog):
     uri = store.config.uri(store.config.key("weights", "m", "corrupt.h5"))
     store.put_bytes(b"not the staged bytes", uri)
@@ -158,12 +164,14 @@ def test_checksum_mismatch_downloads_again_then_fails_naming_the_uri(store, weig
     assert caplog.text.count("checksum mismatch") == 1  # one retry, then the error
 
 
+@pytest.mark.integration
 def test_a_missing_weights_object_fails_naming_the_uri(store):
     uri = store.config.uri(store.config.key("weights", "m", "gone.h5"))
     with pytest.raises(ObjectStoreError, match=f"{uri} does not exist"):
         fetch_weights(uri, "0" * 64, store)
 
 
+@pytest.mark.integration
 def test_cached_weights_are_verified_and_reused(store, weights_file, tmp_path):
     path = tmp_path / "w.h5"
     path.write_bytes(weights_file)

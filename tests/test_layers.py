@@ -1,0 +1,47 @@
+"""The layers import only downwards: flows > bench > tasks > training > infra."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ["infra", "training", "tasks", "bench", "flows"]  # lowest first
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level project packages that ``path`` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found |= {name.split(".")[0] for name in names} & set(LAYERS)
+    return found
+
+
+def upward_imports() -> list[str]:
+    problems = []
+    for rank, layer in enumerate(LAYERS):
+        higher = set(LAYERS[rank + 1 :])
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            for package in sorted(imported_packages(path) & higher):
+                problems.append(f"{path.relative_to(ROOT)} imports {package}")
+    return problems
+
+
+def test_no_module_imports_from_a_higher_layer():
+    assert upward_imports() == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from bench.conditions import measure\nimport infra.spark\n")
+    assert imported_packages(module) == {"bench", "infra"}
