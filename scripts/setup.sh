@@ -20,6 +20,16 @@ STAMP="$VENV/.hvdflow-setup"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# The multi-host tests (tests/cluster) simulate hosts with network namespaces: they need root
+# and iproute2's `ip`. Without either they skip (and fail under CI=true).
+if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  log "installing iproute2 (for the multi-host tests)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq iproute2 >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null && apt-get install -y -qq iproute2 >/dev/null; } \
+    || log "could not install iproute2: the multi-host tests will skip (fail under CI=true)"
+fi
+
 # Everything that decides the environment's content; a change to any of it reinstalls.
 want=$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then

@@ -6,12 +6,22 @@ import os
 
 import pytest
 
+from tests.cluster.fixtures import netns_cluster  # noqa: F401  (the multi-host harness)
+
 # The machine's hostname may resolve to an address that is not on any interface here.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 COST_TIERS = ("unit", "integration", "slow")
 # Fixtures that start a JVM or a server: a test using one is not a unit test.
-HEAVY_FIXTURES = {"spark", "seaweed", "store", "mlflow_server", "digits_dataset", "prefect_harness"}
+HEAVY_FIXTURES = {
+    "spark",
+    "seaweed",
+    "store",
+    "mlflow_server",
+    "digits_dataset",
+    "prefect_harness",
+    "netns_cluster",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,103 @@
+"""Running a Spark driver against the cluster, in a process of its own.
+
+One process holds one SparkContext, and the test session may already hold a ``local[2]`` one
+(``infra.spark.get_spark`` returns the active session), so the driver runs in a subprocess in
+the root namespace, configured the way a user would configure it: HVDFLOW_SPARK_MASTER and a
+spark-defaults.conf in SPARK_CONF_DIR.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.cluster import processes
+from tests.cluster.spark_cluster import NetnsSparkCluster
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class DriverRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def driver_conf(cluster: NetnsSparkCluster) -> dict[str, str]:
+    """The session conf for this cluster: one-core executors, one per host."""
+    return {
+        # Executors in the hosts reach the driver (and HorovodRunner's rendezvous) here.
+        "spark.driver.host": cluster.driver_ip,
+        "spark.driver.bindAddress": cluster.driver_ip,
+        "spark.executor.cores": "1",
+        "spark.cores.max": str(len(cluster.hosts)),
+        "spark.executor.memory": "1g",
+        "spark.ui.enabled": "false",
+    }
+
+
+def write_conf_dir(cluster: NetnsSparkCluster, conf_dir: Path) -> Path:
+    """A SPARK_CONF_DIR holding ``driver_conf`` as spark-defaults.conf."""
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"{key} {value}" for key, value in driver_conf(cluster).items()]
+    (conf_dir / "spark-defaults.conf").write_text("\n".join(lines) + "\n")
+    return conf_dir
+
+
+def driver_env(cluster: NetnsSparkCluster, conf_dir: Path) -> dict[str, str]:
+    """The driver's environment: this one, pointed at the cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
+    env.update(
+        {
+            "HVDFLOW_SPARK_MASTER": cluster.master_url,
+            "SPARK_LOCAL_IP": cluster.driver_ip,
+            "SPARK_CONF_DIR": str(write_conf_dir(cluster, conf_dir)),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        }
+    )
+    return env
+
+
+def run_driver(
+    cluster: NetnsSparkCluster, *python_args: str, workdir: Path, timeout_s: float = 300.0
+) -> DriverRun:
+    """Run ``python *python_args`` (``-c CODE`` or ``-m MODULE ...``) as the cluster's driver.
+
+    Bounded: past ``timeout_s`` its whole process group (its Spark JVM included) is killed and
+    TimeoutError carries the tail of its output.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, *python_args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=driver_env(cluster, workdir / "conf"),
+        cwd=str(PROJECT_ROOT),
+        start_new_session=True,  # its own group: a timeout stops its JVM too
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        processes.stop_groups([proc], grace_s=5)
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = "", "(its output could not be read)"
+        raise TimeoutError(
+            f"the driver did not finish within {timeout_s:g} s (run_driver timeout_s); "
+            f"its output ends with:\n{stdout[-2000:]}\n{stderr[-4000:]}"
+        ) from None
+    finally:
+        # Also on success or Ctrl-C: nothing of the driver's group (its JVM) outlives it.
+        processes.stop_groups([proc], grace_s=5)
+    return DriverRun(proc.returncode, stdout, stderr, time.monotonic() - started)
