@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import tests.helpers  # noqa: F401  (marks this session's environment before anything starts)
 from tests.cluster.fixtures import netns_cluster  # noqa: F401  (the multi-host harness)
 
 # The machine's hostname may resolve to an address that is not on any interface here.

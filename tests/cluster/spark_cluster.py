@@ -26,6 +26,7 @@ import pyspark
 
 from tests.cluster import cleanup, netns, processes, registry
 from tests.cluster.netns import Host
+from tests.helpers import TEST_SESSION_VAR
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,9 @@ def _start_worker(cluster: NetnsSparkCluster, host: Host, cores: int, memory: st
             "SPARK_LOCAL_DIRS": netns.HOST_LOCAL_DIRS,
             # Executors run the project's interpreter (on the shared disk, as a shared install).
             "PYSPARK_PYTHON": sys.executable,
+            # The only thing of the driver's a host gets: which test session its ranks belong
+            # to, so the leak checks (tests.helpers.rank_processes) count this session's alone.
+            **{k: os.environ[k] for k in (TEST_SESSION_VAR,) if k in os.environ},
         }
     )
     return processes.start(
