@@ -46,6 +46,8 @@ def down(stop_live: tuple[str, ...] = ("up",)) -> list[str]:
     names = netns.found_names()
     report = []
     for record in registry.records():
+        # Whatever happens to the run below, its names are its own: never "orphans".
+        names.pop(record.tag, None)
         alive = record.owner_alive()
         if alive and record.kind not in stop_live:
             report.append(f"left live {record.kind} run {record.tag} (pid {record.owner_pid})")
@@ -62,7 +64,6 @@ def down(stop_live: tuple[str, ...] = ("up",)) -> list[str]:
                 f"removed run {record.tag}"
                 + (f"; could not remove: {'; '.join(problems)}" if problems else "")
             )
-        names.pop(record.tag, None)
     for tag in names:
         problems = netns.destroy(tag)
         report.append(
