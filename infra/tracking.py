@@ -6,6 +6,8 @@ import os
 import urllib.error
 import urllib.request
 
+from infra.secrets import redact_url, split_userinfo
+
 CHECK_TIMEOUT_S = 5.0
 
 
@@ -18,14 +20,15 @@ def check_reachable(uri: str) -> None:
     """Fail fast, naming the URI, when an HTTP tracking server does not answer."""
     if not uri.startswith(("http://", "https://")):
         return
+    bare, _user, _password = split_userinfo(uri)  # /health answers without a login
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=CHECK_TIMEOUT_S):
+        with urllib.request.urlopen(f"{bare.rstrip('/')}/health", timeout=CHECK_TIMEOUT_S):
             return
     except urllib.error.HTTPError:
         return  # it answered: a server without /health (or behind auth) is still up
     except OSError as e:
         reason = getattr(e, "reason", e)
         raise RuntimeError(
-            f"MLflow tracking server at {uri} is unreachable ({reason}): start it with "
+            f"MLflow tracking server at {redact_url(uri)} is unreachable ({reason}): start it with "
             "`hvdflow up`, or set MLFLOW_TRACKING_URI to a running server. Nothing was trained."
         ) from None

@@ -1,0 +1,154 @@
+"""Secrets stay out of every record: references resolved where used, URLs shown without them.
+
+A parameter that must carry a secret (a weights URL with a password or a signed query, a value in
+``horovod.extra_env``) can name where the secret lives instead of holding it:
+
+- ``env:NAME``: the environment variable ``NAME`` of the process that uses it (the driver);
+- ``secret:block-name``: the Prefect Secret block ``block-name``
+  (``prefect.blocks.system.Secret(value=...).save("block-name")``).
+
+Flow parameters, MLflow params, logs and results then hold the reference; ``resolve`` turns it
+into the value only where the value is used (staging the weights; each rank's environment at
+launch). Any other value is a literal and is recorded as given. ``redact_url`` is how a URL is
+shown anywhere: without user:password and with its query string replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from infra import constants as c
+from infra._env import temporary_env
+
+ENV_PREFIX = "env:"
+SECRET_PREFIX = "secret:"
+# What replaces a URL's query string (a presigned URL's signature and token live there).
+REDACTED = "<redacted>"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Prefect's rule for block document names.
+_BLOCK_NAME = re.compile(r"[a-z0-9-]+")
+
+
+def is_reference(value: str) -> bool:
+    """Whether ``value`` names where a secret is (``env:NAME``, ``secret:block-name``)."""
+    return value.startswith((ENV_PREFIX, SECRET_PREFIX))
+
+
+def check_reference(value: str, what: str) -> str:
+    """``value`` if it is a literal or a well-formed reference; else ValueError naming ``what``."""
+    if value.startswith(ENV_PREFIX):
+        name = value[len(ENV_PREFIX) :]
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"{what} {value!r}: an environment variable name follows 'env:' (letters, "
+                "digits and '_', not starting with a digit), e.g. 'env:WEIGHTS_URL'"
+            )
+    elif value.startswith(SECRET_PREFIX):
+        name = value[len(SECRET_PREFIX) :]
+        if not _BLOCK_NAME.fullmatch(name):
+            raise ValueError(
+                f"{what} {value!r}: a Prefect Secret block name follows 'secret:' (lower-case "
+                "letters, digits and '-'), e.g. 'secret:weights-url'"
+            )
+    return value
+
+
+def resolve(value: str, what: str = "value") -> str:
+    """The value ``value`` refers to, or ``value`` itself when it is a literal.
+
+    Never logs or returns the secret in an error; ``what`` names the parameter in messages.
+    """
+    check_reference(value, what)
+    if value.startswith(ENV_PREFIX):
+        name = value[len(ENV_PREFIX) :]
+        resolved = os.environ.get(name)
+        if resolved is None:
+            raise RuntimeError(
+                f"{what} {value!r} refers to the environment variable {name}, which is not set "
+                "on the driver: export it where the flow runs, or pass another reference"
+            )
+        return resolved
+    if value.startswith(SECRET_PREFIX):
+        return _secret_block(value[len(SECRET_PREFIX) :], value, what)
+    return value
+
+
+def _secret_block(name: str, value: str, what: str) -> str:
+    from prefect.blocks.system import Secret
+
+    try:
+        block = Secret.load(name, _sync=True)
+    except Exception as e:  # a missing block, an unreachable API: both say the same to fix
+        raise RuntimeError(
+            f"{what} {value!r}: the Prefect Secret block {name!r} could not be loaded "
+            f"({type(e).__name__}): create it with "
+            f"`Secret(value=...).save({name!r})` on the Prefect server this flow uses"
+        ) from None
+    secret = block.value.get_secret_value()
+    if not isinstance(secret, str):
+        raise RuntimeError(
+            f"{what} {value!r}: the Prefect Secret block {name!r} holds a "
+            f"{type(secret).__name__}; expected a string"
+        )
+    return secret
+
+
+def redact_url(url: str) -> str:
+    """``url`` without user:password, its query string replaced and its fragment dropped.
+
+    A value that is not a URL with a host (a path, ``env:NAME``, ``file:./mlruns``) is returned
+    as it is.
+    """
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url
+    netloc = parts.hostname or ""
+    if ":" in netloc:  # an IPv6 literal
+        netloc = f"[{netloc}]"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: show no port rather than fail while reporting
+        port = None
+    if port:
+        netloc += f":{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, REDACTED if parts.query else "", ""))
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """``url`` without user:password, and the user name and password it carried (decoded)."""
+    parts = urlsplit(url)
+    if not parts.netloc or "@" not in parts.netloc:
+        return url, None, None
+    host = parts.netloc.rsplit("@", 1)[1]
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    user = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    return bare, user, password
+
+
+@contextmanager
+def tracking_login(uri: str) -> Iterator[str]:
+    """``uri`` without the user:password it may carry, which MLflow's client gets another way.
+
+    MLflow prints and reports the tracking URI (its "View run at" line, its error messages), so a
+    password written into it would reach stdout and the logs. While open, MLflow's client reads
+    the login from MLFLOW_TRACKING_USERNAME/PASSWORD instead (those already set win, as in
+    MLflow), and MLFLOW_TRACKING_URI holds the bare URI; ranks inherit both through
+    HorovodRunner's forwarded variables. Without user:password, nothing changes.
+    """
+    bare, user, password = split_userinfo(uri)
+    if user is None and password is None:
+        yield uri
+        return
+    env = {c.MLFLOW_TRACKING_URI: bare}
+    if not (
+        os.environ.get(c.MLFLOW_TRACKING_USERNAME) or os.environ.get(c.MLFLOW_TRACKING_PASSWORD)
+    ):
+        env[c.MLFLOW_TRACKING_USERNAME] = user or ""
+        env[c.MLFLOW_TRACKING_PASSWORD] = password or ""
+    with temporary_env(env):
+        yield bare
