@@ -60,6 +60,15 @@ SPARK_TASK_CPUS = "spark.task.cpus"
 SPARK_BARRIER_CHECK_INTERVAL = "spark.scheduler.barrier.maxConcurrentTasksCheck.interval"
 SPARK_BARRIER_CHECK_MAX_FAILURES = "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"
 
+# --- Spark: who can reach the driver's web UI, and what it lets them do ---
+# Spark 4.0's web UI (WebUI.initServer) listens on $SPARK_LOCAL_IP of the driver's JVM, else on
+# every interface: no conf key chooses its address. infra.spark starts the JVM with it set to the
+# driver's bind address, so the UI is reachable where the driver already listens and nowhere else.
+SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
+# The UI's links that kill running jobs and stages: off unless a user turns them on, since anyone
+# who reaches the UI could otherwise stop a training run.
+SPARK_UI_KILL_ENABLED = "spark.ui.killEnabled"
+
 # --- Object storage: the standard AWS variables, read by boto3 and by hvdflow ---
 AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 AWS_ENDPOINT_URL_S3 = "AWS_ENDPOINT_URL_S3"
@@ -74,6 +83,29 @@ HVDFLOW_PREFIX = "HVDFLOW_PREFIX"
 HVDFLOW_CACHE_DIR = "HVDFLOW_CACHE_DIR"
 # Where `hvdflow up` keeps the embedded services' data and state.
 HVDFLOW_HOME = "HVDFLOW_HOME"
+
+# --- Tracking and orchestration: the variables MLflow's and Prefect's clients read ---
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+# The object store behind the tracking server's artifact proxy (read by the server).
+MLFLOW_S3_ENDPOINT_URL = "MLFLOW_S3_ENDPOINT_URL"
+# Basic-auth login for a tracking server that requires one (sent with every request).
+MLFLOW_TRACKING_USERNAME = "MLFLOW_TRACKING_USERNAME"
+MLFLOW_TRACKING_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
+PREFECT_API_URL = "PREFECT_API_URL"
+# "user:password" that Prefect's client sends as HTTP basic auth to a server that requires it.
+PREFECT_API_AUTH_STRING = "PREFECT_API_AUTH_STRING"
+
+# --- Credentials of the embedded servers: read by the servers themselves, never by clients ---
+# MLflow's basic-auth app (`mlflow server --app-name basic-auth`): its ini file (admin user,
+# user database, default permission) and the static key that signs its CSRF tokens.
+MLFLOW_AUTH_CONFIG_PATH = "MLFLOW_AUTH_CONFIG_PATH"
+MLFLOW_FLASK_SERVER_SECRET_KEY = "MLFLOW_FLASK_SERVER_SECRET_KEY"
+# MLflow reads these before its ini file's admin_username/admin_password: kept out of the
+# embedded server's environment, so that the ini file alone decides.
+MLFLOW_AUTH_ADMIN_USERNAME = "MLFLOW_AUTH_ADMIN_USERNAME"
+MLFLOW_AUTH_ADMIN_PASSWORD = "MLFLOW_AUTH_ADMIN_PASSWORD"
+# The "user:password" the Prefect server requires of every API call but its health check.
+PREFECT_SERVER_API_AUTH_STRING = "PREFECT_SERVER_API_AUTH_STRING"
 
 # Variables HorovodRunner copies from the driver's environment into every rank at run(): what a
 # rank needs to reach the object store and the tracking server. Executors started before the

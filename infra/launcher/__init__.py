@@ -6,6 +6,7 @@ Split where the processes split:
 - ``options``: ``HorovodOptions``, Horovod's knobs as each rank's environment
 - ``rank_events``: ``log_to_driver``, called inside a rank
 - ``_channel``: the driver's Gloo rendezvous server and the tasks' channel
+- ``_liveness``: which side of that channel has gone silent for too long (pure decisions)
 - ``_task``: one Spark barrier task, supervising one rank process
 - ``_rank``: the rank process's entry point
 - ``_wire``: the messages between tasks and the driver, and between a rank and its task

@@ -127,3 +127,38 @@ def gloo_iface_for(host: str) -> str:
         f"{host!r}), so Gloo cannot open its connections: set SPARK_LOCAL_IP on the workers to an "
         "address of this machine"
     )
+
+
+def describe_rank(rank: int, hostname: str, address: str) -> str:
+    """How errors name a rank: ``rank 1 on hvd-host2 (10.77.0.12)``, or by address alone."""
+    if not hostname or hostname == address:
+        return f"rank {rank} on {address}"
+    return f"rank {rank} on {hostname} ({address})"
+
+
+def hostname_problem(
+    plan_hosts: Sequence[str], hostname: str, resolved: str | None, address: str
+) -> str | None:
+    """Why Gloo cannot span hosts from this one, or None: its name must resolve to a real address.
+
+    Gloo tells its peers to connect to what this host's name resolves to. When the plan spans
+    several hosts and that is a loopback address (Debian maps the hostname to 127.0.1.1 by
+    default) or nothing, the peers on other hosts connect to themselves and the rank aborts in
+    C++ with ``gloo::IoException ... Connection refused``. ``resolved`` is what ``hostname``
+    resolves to here (None: it does not resolve); ``address`` is this executor's address.
+    """
+    if len(set(plan_hosts)) <= 1:
+        return None
+    if resolved is not None:
+        try:
+            if not ipaddress.ip_address(resolved).is_loopback:
+                return None
+        except ValueError:
+            pass  # not an address at all: as bad as no answer
+        found = f"resolves to {resolved}"
+    else:
+        found = "does not resolve to any address"
+    return (
+        f"host {hostname} {found}; Gloo peers on other hosts would be told to connect there: "
+        f"map {hostname} to {address} (this executor's address) in /etc/hosts or DNS"
+    )

@@ -5,6 +5,9 @@ Python process so that Horovod, TensorFlow and the user's imports get a clean in
 so that it can be killed as a whole: it runs in its own process group, and it asks to die with
 its parent (PR_SET_PDEATHSIG, set by the rank itself in ``_rank``), so a killed Spark worker
 cannot leave a rank behind.
+
+A host cut off from the driver sees no close, only silence: a task that hears nothing from the
+driver for ``heartbeat_timeout_s`` kills its rank too (``_liveness``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,8 +27,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from infra.constants import HVDFLOW_EVENT_FD, HVDFLOW_PARENT_PID
-from infra.launcher import _wire
-from infra.launcher._placement import gloo_iface_for, gpu_for_rank, host_of, plan_ranks, rank_env
+from infra.launcher import _liveness, _wire
+from infra.launcher._placement import (
+    describe_rank,
+    gloo_iface_for,
+    gpu_for_rank,
+    host_of,
+    hostname_problem,
+    plan_ranks,
+    rank_env,
+)
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -46,6 +58,7 @@ class TaskSpec:
     options_env: Mapping[str, str]
     run_id: str
     start_timeout_s: float
+    heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S
 
 
 class RankFailed(RuntimeError):
@@ -53,7 +66,11 @@ class RankFailed(RuntimeError):
 
 
 class DriverLink:
-    """This task's connection to the driver; a close from the driver means abort."""
+    """This task's connection to the driver; a close from the driver means abort.
+
+    Sends a heartbeat every HEARTBEAT_INTERVAL_S and notes when it last heard from the driver
+    (``lost()``), since a cut network closes nothing.
+    """
 
     def __init__(self, spec: TaskSpec, partition: int):
         address = (spec.driver_host, spec.driver_port)
@@ -66,29 +83,63 @@ class DriverLink:
                 "Executors must reach spark.driver.host: set it to an address they can route to"
             ) from None
         sock.settimeout(None)
+        # A send still stuck after heartbeat_timeout_s means the driver read nothing for that
+        # long: give it up (lost()) rather than block a thread, and the lock it holds, forever.
+        seconds = spec.heartbeat_timeout_s
+        sock.setsockopt(
+            socket.SOL_SOCKET,
+            socket.SO_SNDTIMEO,
+            struct.pack("ll", int(seconds), int(seconds % 1 * 1e6)),
+        )
         self.conn = _wire.Connection(sock)
         self.aborted = threading.Event()
-        self.conn.send({"type": _wire.HELLO, "token": spec.token, "partition": partition})
+        self._stuck = threading.Event()  # a send timed out: the driver stopped reading
+        self._closed = threading.Event()
+        self.heartbeat_timeout_s = spec.heartbeat_timeout_s
+        self.last_heard = time.monotonic()
+        self.conn.send(
+            {
+                "type": _wire.HELLO,
+                "token": spec.token,
+                "partition": partition,
+                "hostname": socket.gethostname()[: _wire.MAX_HOSTNAME_CHARS],
+            }
+        )
         self._replies: collections.deque = collections.deque()
         self._reply_ready = threading.Condition()
         threading.Thread(target=self._read, daemon=True, name="hvdflow-driver-link").start()
+        threading.Thread(target=self._beat, daemon=True, name="hvdflow-heartbeat").start()
 
     def _read(self) -> None:
         while True:
             message = self.conn.receive()
+            self.last_heard = time.monotonic()
             if message is None:
                 self.aborted.set()
                 with self._reply_ready:
                     self._reply_ready.notify_all()
                 return
+            if message.get("type") == _wire.HEARTBEAT:
+                continue  # its arrival is all it says
             with self._reply_ready:
                 self._replies.append(message)
                 self._reply_ready.notify_all()
+
+    def _beat(self) -> None:
+        while not self._closed.wait(_wire.HEARTBEAT_INTERVAL_S):
+            self.send({"type": _wire.HEARTBEAT})
+
+    def lost(self) -> bool:
+        """Whether the driver has been silent, or unable to read, for heartbeat_timeout_s."""
+        silent = _liveness.is_overdue(self.last_heard, time.monotonic(), self.heartbeat_timeout_s)
+        return silent or self._stuck.is_set()
 
     def send(self, message: dict) -> None:
         """Best effort: shipping output must never fail training."""
         try:
             self.conn.send(message)
+        except BlockingIOError:  # SO_SNDTIMEO passed: nothing was read for heartbeat_timeout_s
+            self._stuck.set()
         except OSError:
             pass
 
@@ -111,6 +162,7 @@ class DriverLink:
                 self._reply_ready.wait(left)
 
     def close(self) -> None:
+        self._closed.set()
         self.conn.close()
 
 
@@ -128,6 +180,12 @@ def run_task(
             link.request_plan(task_hosts)
         barrier()  # no rank starts before the rendezvous server knows the plan
         slot = plan_ranks(task_hosts)[partition]
+        hostname = socket.gethostname()
+        who = describe_rank(slot.rank, hostname, slot.hostname)
+        problem = hostname_problem(task_hosts, hostname, _resolve(hostname), slot.hostname)
+        if problem is not None:
+            _report_failure(link, slot.rank, f"{who} cannot start: {problem}", [], time.time())
+            raise RankFailed(f"{who} cannot start: {problem}")
         env = rank_env(
             slot,
             rendezvous_addr=spec.rendezvous_addr,
@@ -137,7 +195,7 @@ def run_task(
             run_id=spec.run_id,
             gpu=gpu_for_rank(slot.local_rank, gpu_addresses),
         )
-        return _supervise(slot.rank, env, spec, link)
+        return _supervise(slot.rank, who, env, spec, link)
     finally:
         link.close()
 
@@ -158,13 +216,16 @@ def barrier_task(spec: TaskSpec, _rows):
         yield result
 
 
-def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link: DriverLink):
+def _supervise(
+    rank: int, who: str, rank_env_vars: Mapping[str, str], spec: TaskSpec, link: DriverLink
+):
+    """Run the rank to its end; ``who`` names it in errors (``describe_rank``)."""
     tail: collections.deque[str] = collections.deque(maxlen=_wire.TAIL_LINES)
     init_reached = threading.Event()
 
     def ship(stream: str, text: str, at: float | None = None) -> None:
         line = _wire.LogLine(at or time.time(), rank, stream, text)
-        tail.append(_tail_line(line.formatted()))
+        tail.append(_wire.tail_line(line.formatted()))
         link.send({"type": _wire.LINE, **line.__dict__})
 
     with tempfile.TemporaryDirectory(prefix=f"hvdflow-rank{rank}-") as workdir:
@@ -215,6 +276,13 @@ def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link
                 if link.aborted.is_set():
                     reason = "stopped: the driver cancelled the run"
                     break
+                if link.lost():
+                    reason = (
+                        f"stopped: heard nothing from the driver for {spec.heartbeat_timeout_s:g} "
+                        "s (HorovodRunner heartbeat_timeout_s); the driver, or the network to "
+                        "it, is gone"
+                    )
+                    break
                 waited = time.monotonic() - started
                 if not init_reached.is_set() and waited > spec.start_timeout_s:
                     reason = (
@@ -232,22 +300,41 @@ def _supervise(rank: int, rank_env_vars: Mapping[str, str], spec: TaskSpec, link
                 t.join(timeout=5)
 
         if reason is None and proc.returncode != 0:
-            reason = f"exited with code {proc.returncode}"
+            reason = exit_reason(proc.returncode)
         if reason is not None:
-            message = f"rank {rank} {reason}"
-            link.send(
-                {
-                    "type": _wire.FAILED,
-                    "rank": rank,
-                    "reason": message,
-                    "tail": list(tail),
-                    "exited_at": exited_at,
-                }
-            )
+            message = f"{who} {reason}"
+            _report_failure(link, rank, message, list(tail), exited_at)
             raise RankFailed(message + _format_tail(tail))
         if os.path.exists(result_path):
             with open(result_path, "rb") as f:
                 return f.read()
+        return None
+
+
+def exit_reason(returncode: int) -> str:
+    """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (exit {returncode})"
+
+
+def _report_failure(
+    link: DriverLink, rank: int, reason: str, tail: list[str], exited_at: float
+) -> None:
+    link.send(
+        {"type": _wire.FAILED, "rank": rank, "reason": reason, "tail": tail, "exited_at": exited_at}
+    )
+
+
+def _resolve(hostname: str) -> str | None:
+    """The IPv4 address ``hostname`` resolves to here, or None."""
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
         return None
 
 
@@ -288,13 +375,6 @@ def _pump_events(fd: int, ship, init_reached: threading.Event) -> None:
                 init_reached.set()
             elif event.get("event") == _wire.EVENT_LOG:
                 ship(_wire.CALLBACK, event.get("text", ""), event.get("time"))
-
-
-def _tail_line(formatted: str) -> str:
-    """A line as the failure report keeps it: short enough that the report fits one message."""
-    if len(formatted) <= _wire.TAIL_LINE_CHARS:
-        return formatted
-    return formatted[: _wire.TAIL_LINE_CHARS] + " [...]"
 
 
 def _format_tail(tail: Sequence[str]) -> str:

@@ -1,10 +1,16 @@
 """The launcher's two contracts, imported by both sides of each: one JSON object per line.
 
-Driver <-> task, over a TCP connection: tasks send ``hello`` (with the run's token), ``plan``
-(partition 0 only; the driver answers ``plan_ok`` once the rendezvous server knows the plan),
-``line`` (one line of rank output) and ``failed`` (a rank ended badly, with the tail of its
-output). The driver closes the connections to abort a run: a task that sees the close kills its
-rank.
+Driver <-> task, over a TCP connection: tasks send ``hello`` (with the run's token, their
+partition and their host's name), ``plan`` (partition 0 only; the driver answers ``plan_ok`` once
+the rendezvous server knows the plan), ``line`` (one line of rank output), ``failed`` (a rank
+ended badly, with the tail of its output) and ``heartbeat`` every ``HEARTBEAT_INTERVAL_S``, which
+the driver answers with a ``heartbeat``. The driver closes the connections to abort a run: a task
+that sees the close kills its rank.
+
+A network that goes silent (a cut cable, a host that froze) sends no close: each side counts any
+message as a sign of life, and gives the other up after ``heartbeat_timeout_s`` (a HorovodRunner
+argument) without one. The driver then fails the run naming the rank and host; the task kills its
+rank, so a cut-off host is left with no rank either.
 
 Rank -> task, over an inherited pipe: ``init`` (the rank returned from ``hvd.init()``) and
 ``log`` (a ``log_to_driver()`` message).
@@ -32,6 +38,19 @@ PLAN = "plan"
 PLAN_OK = "plan_ok"
 LINE = "line"
 FAILED = "failed"
+# Sent by each task every HEARTBEAT_INTERVAL_S, and answered by the driver: proof of life both ways.
+HEARTBEAT = "heartbeat"
+
+# How often a task sends a heartbeat, in seconds.
+HEARTBEAT_INTERVAL_S = 2.0
+# The shortest heartbeat_timeout_s accepted, in intervals: one late heartbeat must not fail a run.
+MIN_HEARTBEATS_PER_TIMEOUT = 3
+# The default HorovodRunner heartbeat_timeout_s: long enough to ride out a driver's pause or a
+# busy executor; a host that is really gone costs this long before the run fails.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+# Longest host name a task reports in its hello: Linux's HOST_NAME_MAX. Escaped as JSON, the
+# worst such name still fits the driver's cap on a hello (_channel.HELLO_MAX_BYTES).
+MAX_HOSTNAME_CHARS = 64
 
 # --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
 # The rank returned from hvd.init(): the task's start timeout (start_timeout_s) no longer applies.
@@ -117,6 +136,13 @@ def capped_text(text: str, limit: int = MAX_LINE_BYTES) -> str:
     """``text`` cut to ``limit`` UTF-8 bytes, with the truncation marker when it was cut."""
     data = text.encode("utf-8", "replace")
     return line_text(data[:limit], len(data))
+
+
+def tail_line(formatted: str) -> str:
+    """A line as a failure report keeps it: short enough that the report fits one message."""
+    if len(formatted) <= TAIL_LINE_CHARS:
+        return formatted
+    return formatted[:TAIL_LINE_CHARS] + " [...]"
 
 
 def encode(message: dict[str, Any]) -> bytes:

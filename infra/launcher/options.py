@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra import constants as c
+from infra.secrets import check_reference, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,8 @@ class HorovodOptions(BaseModel):
     Unset fields leave Horovod's own defaults in place.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # extra_env may hold secrets: a validation error never repeats the input.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     timeline_path: str | None = Field(
         default=None,
@@ -31,10 +33,26 @@ class HorovodOptions(BaseModel):
     fusion_threshold_bytes: Annotated[int, Field(ge=0)] | None = None
     cycle_time_ms: Annotated[float, Field(gt=0)] | None = None
     gloo_timeout_s: Annotated[int, Field(gt=0)] | None = None
-    extra_env: dict[str, str] = Field(default_factory=dict)
+    extra_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="More variables for every rank. A value 'env:NAME' (the driver's variable "
+        "NAME) or 'secret:block-name' (a Prefect Secret block) is resolved on the driver when "
+        "the ranks start, so that parameters and logs hold only the reference; any other value "
+        "is recorded as given.",
+    )
+
+    @field_validator("extra_env")
+    @classmethod
+    def _references(cls, extra_env: dict[str, str]) -> dict[str, str]:
+        for name, value in extra_env.items():
+            check_reference(value, f"extra_env[{name!r}]")
+        return extra_env
 
     def to_env(self) -> dict[str, str]:
-        """The environment variables for these settings, exactly as each rank gets them."""
+        """The environment variables for these settings, exactly as each rank gets them.
+
+        Resolves ``extra_env``'s references (see ``infra.secrets``): call it only to launch.
+        """
         env: dict[str, str] = {}
         if self.timeline_path:
             env[c.HOROVOD_TIMELINE] = self.timeline_path
@@ -50,7 +68,9 @@ class HorovodOptions(BaseModel):
             env[c.HOROVOD_CYCLE_TIME] = f"{self.cycle_time_ms:g}"
         if self.gloo_timeout_s is not None:
             env[c.HOROVOD_GLOO_TIMEOUT_SECONDS] = str(self.gloo_timeout_s)
-        env.update(self.extra_env)
+        env.update(
+            {name: resolve(value, f"extra_env[{name!r}]") for name, value in self.extra_env.items()}
+        )
         return env
 
     def warn_about_costs(self) -> None:

@@ -19,6 +19,7 @@ rendezvous server on the driver: no MPI, no ssh.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -33,7 +34,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from infra.constants import FORWARDED_TO_RANKS
-from infra.launcher import _wire
+from infra.launcher import _liveness, _wire
 from infra.launcher._channel import DriverChannel
 from infra.launcher._task import RankFailed, TaskSpec, barrier_task, run_task
 from infra.launcher.options import HorovodOptions
@@ -64,6 +65,9 @@ class HorovodRunner:
         start_timeout_s: a rank that has not reached ``hvd.init()`` by then is stopped and the
             run fails.
         slot_wait_s: how long to wait for executors to offer ``np`` task slots before failing.
+        heartbeat_timeout_s: a task the driver hears nothing from for this long (its host cut
+            off or frozen) fails the run, named with its host; a task that hears nothing from
+            the driver for this long kills its rank. At least 6 s (3 heartbeats).
         timeout_s: optional limit for the whole run.
         log_dir: where the run's log file goes; default: a new temporary directory.
         on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
@@ -80,6 +84,7 @@ class HorovodRunner:
         spark=None,
         start_timeout_s: float = 300.0,
         slot_wait_s: float = 15.0,
+        heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
         timeout_s: float | None = None,
         log_dir: str | None = None,
         on_log_line: Callable[[_wire.LogLine], None] | None = None,
@@ -97,6 +102,8 @@ class HorovodRunner:
         for name, value in (("start_timeout_s", start_timeout_s), ("slot_wait_s", slot_wait_s)):
             if value <= 0:
                 raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
+        if (error := _liveness.heartbeat_timeout_error(heartbeat_timeout_s)) is not None:
+            raise ValueError(error)
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number or None")
         self.np = np
@@ -104,6 +111,7 @@ class HorovodRunner:
         self.horovod = horovod or HorovodOptions()
         self.start_timeout_s = float(start_timeout_s)
         self.slot_wait_s = float(slot_wait_s)
+        self.heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.timeout_s = timeout_s
         self.log_dir = log_dir
         self.on_log_line = on_log_line
@@ -149,6 +157,7 @@ class HorovodRunner:
             },
             run_id=self.run_id,
             start_timeout_s=self.start_timeout_s,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
         )
 
     def _run_on_spark(self, payload: bytes, sink: _RunLog) -> bytes | None:
@@ -181,6 +190,7 @@ class HorovodRunner:
             self._wait(
                 done,
                 channel,
+                sink,
                 cancel=lambda: sc.cancelJobGroup(job_group),
                 ended_badly=lambda: "error" in outcome,
             )
@@ -221,7 +231,7 @@ class HorovodRunner:
             threading.Thread(
                 target=lambda: ([t.join() for t in threads], done.set()), daemon=True
             ).start()
-            self._wait(done, channel, cancel=lambda: None, ended_badly=lambda: bool(errors))
+            self._wait(done, channel, sink, cancel=lambda: None, ended_badly=lambda: bool(errors))
             if errors:
                 error = next(iter(errors.values()))
                 kind = RankFailed if isinstance(error, RankFailed) else RuntimeError
@@ -232,13 +242,17 @@ class HorovodRunner:
         self,
         done: threading.Event,
         channel: DriverChannel,
+        sink: _RunLog,
         cancel: Callable[[], None],
         ended_badly: Callable[[], bool],
     ) -> None:
-        """Wait for the ranks; on a rank failure, timeout or Ctrl-C stop them all, then raise."""
+        """Wait for the ranks; on a failure, a lost task, a timeout or Ctrl-C stop all, raise."""
         started = time.monotonic()
         try:
             while not done.wait(_POLL_S):
+                for lost in channel.liveness.lost(self.heartbeat_timeout_s):
+                    # The driver's own report: the output the rank sent before it went silent.
+                    channel.report({**lost, "tail": sink.tail(lost["rank"])})
                 if channel.failed.is_set():
                     break
                 if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
@@ -394,10 +408,18 @@ class _RunLog:
         self._lock = threading.Lock()
         self._verbosity = verbosity
         self._consumer = consumer
+        # The last lines of each rank, for an error about a rank that cannot report its own.
+        self._tails: dict[int, collections.deque[str]] = {}
+
+    def tail(self, rank: int) -> list[str]:
+        with self._lock:
+            return list(self._tails.get(rank, ()))
 
     def __call__(self, line: _wire.LogLine) -> None:
         with self._lock:
             self._file.write(line.to_log_file_line() + "\n")
+            tail = self._tails.setdefault(line.rank, collections.deque(maxlen=_wire.TAIL_LINES))
+            tail.append(_wire.tail_line(line.formatted()))
         if self._verbosity == "all" or line.stream == _wire.CALLBACK:
             rank_logger.info("%s", line.formatted())
         if self._consumer is not None:

@@ -3,9 +3,11 @@ import pytest
 from infra import constants as c
 from infra.launcher._placement import (
     RankSlot,
+    describe_rank,
     gloo_iface_for,
     gpu_for_rank,
     host_of,
+    hostname_problem,
     plan_ranks,
     rank_env,
 )
@@ -78,3 +80,44 @@ def test_each_rank_sees_only_its_local_ranks_gpu():
 
 def test_loopback_address_maps_to_the_loopback_interface():
     assert gloo_iface_for("127.0.0.1") == "lo"
+
+
+def test_a_rank_is_named_with_its_host_and_address():
+    assert describe_rank(1, "hvd-host2", "10.77.0.12") == "rank 1 on hvd-host2 (10.77.0.12)"
+    assert describe_rank(0, "10.77.0.11", "10.77.0.11") == "rank 0 on 10.77.0.11"
+    assert describe_rank(3, "", "10.0.0.4") == "rank 3 on 10.0.0.4"
+
+
+TWO_HOSTS = ["10.77.0.11", "10.77.0.12"]
+
+
+@pytest.mark.parametrize(
+    "plan_hosts, resolved",
+    [
+        (TWO_HOSTS, "10.77.0.12"),  # resolves to its own address: what Gloo needs
+        (TWO_HOSTS, "192.168.1.5"),  # another real address: not loopback, left to the network
+        (["127.0.0.1", "127.0.0.1"], "127.0.1.1"),  # one host: Gloo never leaves it
+        (["10.77.0.12"], None),
+    ],
+)
+def test_a_hostname_is_fine_when_it_resolves_to_a_real_address_or_the_plan_has_one_host(
+    plan_hosts, resolved
+):
+    assert hostname_problem(plan_hosts, "hvd-host2", resolved, "10.77.0.12") is None
+
+
+@pytest.mark.parametrize("resolved", ["127.0.0.1", "127.0.1.1", "::1"])
+def test_a_hostname_that_resolves_to_loopback_on_a_multi_host_plan_says_how_to_fix_it(resolved):
+    assert hostname_problem(TWO_HOSTS, "hvd-host2", resolved, "10.77.0.12") == (
+        f"host hvd-host2 resolves to {resolved}; Gloo peers on other hosts would be told to "
+        "connect there: map hvd-host2 to 10.77.0.12 (this executor's address) in /etc/hosts or "
+        "DNS"
+    )
+
+
+def test_a_hostname_that_does_not_resolve_on_a_multi_host_plan_says_how_to_fix_it():
+    assert hostname_problem(["a", "b", "a"], "worker-7", None, "10.0.0.7") == (
+        "host worker-7 does not resolve to any address; Gloo peers on other hosts would be told "
+        "to connect there: map worker-7 to 10.0.0.7 (this executor's address) in /etc/hosts or "
+        "DNS"
+    )

@@ -8,8 +8,7 @@ import threading
 
 import pytest
 
-from infra.launcher import _wire
-from infra.launcher._task import _tail_line
+from infra.launcher import _channel, _wire
 
 pytestmark = pytest.mark.unit
 
@@ -128,12 +127,24 @@ def test_the_largest_line_and_failure_report_a_task_sends_fit_the_message_cap():
     worst_line = _wire.line_text(b"\x01" * _wire.MAX_LINE_BYTES, 50 * 1024 * 1024)
     line = _wire.LogLine(1.0, 123, _wire.STDERR, worst_line)
     assert len(_wire.encode({"type": _wire.LINE, **line.__dict__})) <= _wire.MAX_MESSAGE_BYTES
-    tail = [_tail_line("\U0001f600" * 100_000)] * _wire.TAIL_LINES
+    tail = [_wire.tail_line("\U0001f600" * 100_000)] * _wire.TAIL_LINES
     report = {
         "type": _wire.FAILED,
         "rank": 123,
-        "reason": "rank 123 exited with code 1",
+        # The longest host name a task reports, in the rank's name.
+        "reason": f"rank 123 on {'h' * _wire.MAX_HOSTNAME_CHARS} (10.0.0.1) exited with code 1",
         "tail": tail,
         "exited_at": 1.0,
     }
     assert len(_wire.encode(report)) <= _wire.MAX_MESSAGE_BYTES
+
+
+def test_the_largest_hello_and_a_heartbeat_fit_what_the_driver_reads_unauthenticated():
+    hello = {
+        "type": _wire.HELLO,
+        "token": "f" * 32,
+        "partition": 10**6,
+        "hostname": "\U0001f600" * _wire.MAX_HOSTNAME_CHARS,  # 12 bytes each, escaped
+    }
+    assert len(_wire.encode(hello)) <= _channel.HELLO_MAX_BYTES
+    assert _wire.encode({"type": _wire.HEARTBEAT}) == b'{"type":"heartbeat"}\n'

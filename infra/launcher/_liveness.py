@@ -1,0 +1,145 @@
+"""Liveness of the task <-> driver channel: who has gone silent for too long.
+
+A cut cable or a frozen host closes no connection: the other side just stops hearing anything.
+So each side notes when it last heard from the other (any message counts; tasks send a heartbeat
+every ``_wire.HEARTBEAT_INTERVAL_S`` and the driver answers it) and gives the other up after
+``heartbeat_timeout_s``. The decisions are pure functions over times, tested with exact values;
+``Tracker`` is the driver's thread-safe bookkeeping around them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infra.launcher import _wire
+from infra.launcher._placement import describe_rank, plan_ranks
+
+
+def is_overdue(last_heard: float, now: float, timeout_s: float) -> bool:
+    """Whether nothing was heard for longer than ``timeout_s`` (exactly ``timeout_s`` is not)."""
+    return now - last_heard > timeout_s
+
+
+def overdue(last_heard: Mapping[Any, float], now: float, timeout_s: float) -> list:
+    """The keys not heard from for longer than ``timeout_s``, the longest silent first."""
+    late = [key for key, at in last_heard.items() if is_overdue(at, now, timeout_s)]
+    return sorted(late, key=lambda key: last_heard[key])
+
+
+def heartbeat_timeout_error(value: Any) -> str | None:
+    """Why ``value`` is no valid HorovodRunner ``heartbeat_timeout_s``; None if it is."""
+    shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= shortest:
+        return (
+            f"heartbeat_timeout_s={value!r}: expected at least {shortest:g} seconds "
+            f"({_wire.MIN_HEARTBEATS_PER_TIMEOUT} heartbeats, one every "
+            f"{_wire.HEARTBEAT_INTERVAL_S:g} s), so that one late heartbeat does not fail the run"
+        )
+    return None
+
+
+def lost_task_report(
+    *,
+    partition: int | None,
+    hostname: str,
+    plan_hosts: Sequence[str] | None,
+    timeout_s: float,
+    last_heard_at: float,
+) -> dict[str, Any]:
+    """The failure report for a task the driver has not heard from for ``timeout_s``.
+
+    Shaped like a task's own ``failed`` report (``rank``, ``reason``, ``tail``, ``exited_at``),
+    so that ``root_failure`` weighs it with the others; the silence began at ``last_heard_at``
+    (wall-clock seconds). Before the plan is known the task has no rank yet: it is named by its
+    partition.
+    """
+    if plan_hosts and partition is not None and 0 <= partition < len(plan_hosts):
+        slot = plan_ranks(plan_hosts)[partition]
+        rank, who = slot.rank, describe_rank(slot.rank, hostname, slot.hostname)
+    else:
+        host = hostname or "an unknown host"
+        rank = partition if partition is not None else -1
+        who = f"the task of partition {partition} on {host}" if rank >= 0 else f"a task on {host}"
+    return {
+        "type": _wire.FAILED,
+        "rank": rank,
+        "reason": (
+            f"{who} stopped answering: the driver heard nothing from it for {timeout_s:g} s "
+            "(HorovodRunner heartbeat_timeout_s). Its host may be unreachable or frozen; if it "
+            "was only busy, raise heartbeat_timeout_s"
+        ),
+        "tail": [],
+        "exited_at": last_heard_at,
+    }
+
+
+@dataclass
+class _Peer:
+    partition: int | None
+    hostname: str
+    last_heard: float  # monotonic clock
+    last_heard_at: float  # wall clock, for the report
+
+
+class Tracker:
+    """The driver's view of its tasks: when each was last heard from, and who it is.
+
+    Keys are the channel's connections. A task is tracked from its hello until its connection
+    ends, and reported lost at most once.
+    """
+
+    def __init__(
+        self,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self._monotonic = monotonic
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._peers: dict[Hashable, _Peer] = {}
+        self._plan_hosts: list[str] | None = None
+
+    def join(self, key: Hashable, partition: Any, hostname: Any) -> None:
+        """A task said hello (its values come from the network: keep only what fits)."""
+        part = partition if isinstance(partition, int) and not isinstance(partition, bool) else None
+        name = hostname[: _wire.MAX_HOSTNAME_CHARS] if isinstance(hostname, str) else ""
+        with self._lock:
+            self._peers[key] = _Peer(part, name, self._monotonic(), self._wall())
+
+    def seen(self, key: Hashable) -> None:
+        with self._lock:
+            peer = self._peers.get(key)
+            if peer is not None:
+                peer.last_heard, peer.last_heard_at = self._monotonic(), self._wall()
+
+    def leave(self, key: Hashable) -> None:
+        with self._lock:
+            self._peers.pop(key, None)
+
+    def plan(self, hosts: Sequence[str]) -> None:
+        """The task hosts the run was planned with: they turn partitions into ranks."""
+        with self._lock:
+            self._plan_hosts = list(hosts)
+
+    def lost(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Failure reports for the tasks silent for longer than ``timeout_s``; each only once."""
+        with self._lock:
+            keys = overdue(
+                {k: p.last_heard for k, p in self._peers.items()}, self._monotonic(), timeout_s
+            )
+            peers = [self._peers.pop(k) for k in keys]
+            plan_hosts = self._plan_hosts
+        return [
+            lost_task_report(
+                partition=p.partition,
+                hostname=p.hostname,
+                plan_hosts=plan_hosts,
+                timeout_s=timeout_s,
+                last_heard_at=p.last_heard_at,
+            )
+            for p in peers
+        ]

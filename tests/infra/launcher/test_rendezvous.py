@@ -1,0 +1,267 @@
+"""The Gloo rendezvous store answers only the run's ranks: the decision, the server, a run."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from infra.launcher import _wire
+from infra.launcher import runner as runner_module
+from infra.launcher._channel import (
+    ACCEPT,
+    NOT_PLANNED_HINT,
+    Decision,
+    DriverChannel,
+    allowed_clients,
+    decide,
+    normalize_address,
+)
+from infra.launcher.runner import HorovodRunner
+from tests.helpers import wait_for_no_ranks
+from training.smoke import train_digits
+
+PLANNED = frozenset({"10.0.0.1", "10.0.0.2"})
+SIZES = {"global": 2, "local_10.0.0.1": 1, "local_10.0.0.2": 1, "cross_0": 2}
+# A source address on this machine that is not the ranks' (all of 127/8 is loopback on Linux).
+STRANGER = "127.0.0.2"
+NOT_PLANNED = Decision(
+    403, "10.0.0.3 is not a task host of this run's plan", False, NOT_PLANNED_HINT
+)
+
+
+# --- the decision, as a pure function ---
+
+
+@pytest.mark.unit
+def test_allowed_clients_are_the_plans_hosts_and_the_drivers_own_addresses():
+    addresses = {
+        "worker-a": ["10.0.0.1", "fe80::1"],
+        "10.0.0.2": ["10.0.0.2"],
+        "driver": ["::ffff:10.0.0.9"],
+    }
+    allowed = allowed_clients(["worker-a", "10.0.0.2", "worker-a"], "driver", addresses.get)
+    assert allowed == frozenset({"10.0.0.1", "fe80::1", "10.0.0.2", "10.0.0.9"})
+
+
+@pytest.mark.unit
+def test_a_host_that_does_not_resolve_adds_no_address():
+    assert allowed_clients(["gone"], "127.0.0.1", {"gone": [], "127.0.0.1": ["127.0.0.1"]}.get) == {
+        "127.0.0.1"
+    }
+
+
+@pytest.mark.unit
+def test_addresses_are_compared_in_one_form():
+    assert normalize_address("::ffff:127.0.0.1") == "127.0.0.1"
+    assert normalize_address("FE80::1%eth0") == "fe80::1"
+    assert normalize_address("not-an-ip") == "not-an-ip"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("method", "path", "client", "expected"),
+    [
+        ("GET", "/global/1", "10.0.0.1", ACCEPT),
+        ("PUT", "/global/0", "::ffff:10.0.0.2", ACCEPT),
+        ("DELETE", "/global/1", "10.0.0.2", ACCEPT),
+        # Process sets use scopes outside the plan: still allowed, for the plan's hosts.
+        ("PUT", "/global_ps1/0", "10.0.0.1", ACCEPT),
+        ("DELETE", "/global_ps1/3", "10.0.0.1", ACCEPT),
+        ("PUT", "/global/0", "10.0.0.3", NOT_PLANNED),
+        ("GET", "/global/0", "10.0.0.3", NOT_PLANNED),
+        ("DELETE", "/global/0", "10.0.0.3", NOT_PLANNED),
+        # A stranger learns nothing else, not even which methods exist.
+        ("HEAD", "/", "10.0.0.3", NOT_PLANNED),
+        ("HEAD", "/", "10.0.0.1", Decision(405, "HEAD is not a rendezvous request", False)),
+        ("GET", "/global", "10.0.0.1", Decision(400, "expected a path /<scope>/<key>", False)),
+        ("GET", "/a/b/c", "10.0.0.1", Decision(400, "expected a path /<scope>/<key>", False)),
+        ("GET", "//0", "10.0.0.1", Decision(400, "expected a path /<scope>/<key>", False)),
+        (
+            "DELETE",
+            "/global/2",
+            "10.0.0.1",
+            Decision(400, "global/2: a DELETE names a rank of the scope (0-1)", False),
+        ),
+        (
+            "DELETE",
+            "/cross_9/x",
+            "10.0.0.1",
+            Decision(400, "cross_9/x: a DELETE names a rank of the scope (a rank number)", False),
+        ),
+    ],
+)
+def test_who_may_do_what(method, path, client, expected):
+    assert decide(method, path, client, PLANNED, scope_sizes=SIZES) == expected
+
+
+@pytest.mark.unit
+def test_before_the_plan_nobody_is_answered():
+    assert decide("GET", "/global/0", "127.0.0.1", frozenset()) == Decision(
+        403, "127.0.0.1 asked before the run's plan arrived", False
+    )
+
+
+@pytest.mark.unit
+def test_keys_are_write_once_but_a_retried_put_of_the_same_bytes_succeeds():
+    def put(stored, body):
+        return decide("PUT", "/global/0", "10.0.0.1", PLANNED, stored=stored, body=body)
+
+    assert put(None, b"rank 0 at 10.0.0.1:5000") == ACCEPT
+    assert put(b"rank 0 at 10.0.0.1:5000", b"rank 0 at 10.0.0.1:5000") == ACCEPT
+    assert put(b"rank 0 at 10.0.0.1:5000", b"evil at 10.6.6.6:1") == Decision(
+        409, "global/0 already holds another value: rendezvous keys are write-once", False
+    )
+    assert put(b"rank 0 at 10.0.0.1:5000", None) == ACCEPT  # the body is not read yet
+
+
+@pytest.mark.unit
+def test_a_rank_finishes_a_scope_once():
+    counted = frozenset({("global", "1")})
+    assert decide(
+        "DELETE", "/global/1", "10.0.0.1", PLANNED, scope_sizes=SIZES, counted=counted
+    ) == Decision(200, "rank 1 already finished global", False)
+    assert (
+        decide("DELETE", "/global/0", "10.0.0.1", PLANNED, scope_sizes=SIZES, counted=counted)
+        == ACCEPT
+    )
+
+
+# --- the server ---
+
+
+def request(port, method, path, body=None, source=None):
+    """(status, body) of one HTTP request to the rendezvous server, from ``source``."""
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=5, source_address=(source, 0) if source else None
+    )
+    try:
+        conn.request(method, path, body=body)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def send_plan(channel: DriverChannel, hosts: list[str]) -> socket.socket:
+    """Act as partition 0: present the token and the plan, wait for the driver's answer."""
+    sock = socket.create_connection(("127.0.0.1", channel.port), timeout=5)
+    conn = _wire.Connection(sock)
+    conn.send({"type": _wire.HELLO, "token": channel.token, "partition": 0})
+    conn.send({"type": _wire.PLAN, "hosts": hosts})
+    assert conn.receive() == {"type": _wire.PLAN_OK}
+    return sock
+
+
+@pytest.mark.integration
+def test_the_server_answers_only_the_plans_hosts_and_keeps_keys_write_once(caplog):
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        port = channel.rendezvous_port
+        assert request(port, "GET", "/global/0") == (403, b"")  # no plan yet
+        with send_plan(channel, ["127.0.0.1", "127.0.0.1"]):
+            assert request(port, "PUT", "/global/0", b"rank0") == (200, b"")
+            assert request(port, "PUT", "/global/0", b"evil") == (409, b"")
+            assert request(port, "PUT", "/global/0", b"rank0") == (200, b"")  # a retry
+            assert request(port, "GET", "/global/0") == (200, b"rank0")
+            assert request(port, "GET", "/global/1") == (404, b"")
+            assert request(port, "HEAD", "/") == (405, b"")
+
+            for method, body in (("GET", None), ("PUT", b"evil"), ("DELETE", None)):
+                assert request(port, method, "/global/0", body, source=STRANGER) == (403, b"")
+            assert request(port, "GET", "/global/0") == (200, b"rank0")
+
+            # Rank 0 finishing twice does not finish the scope for rank 1.
+            assert request(port, "DELETE", "/global/0") == (200, b"")
+            assert request(port, "DELETE", "/global/0") == (200, b"")
+            assert request(port, "GET", "/global/0") == (200, b"rank0")
+            assert request(port, "DELETE", "/global/5") == (400, b"")
+            assert request(port, "DELETE", "/global/1") == (200, b"")
+            assert request(port, "GET", "/global/0") == (404, b"")  # both done: cleared
+    refused = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    prefix = "rendezvous server refused "
+    assert refused == [
+        f"{prefix}GET '/global/0' from 127.0.0.1 (HTTP 403): 127.0.0.1 asked before the run's "
+        "plan arrived",
+        f"{prefix}PUT '/global/0' from 127.0.0.1 (HTTP 409): global/0 already holds another "
+        "value: rendezvous keys are write-once",
+        f"{prefix}HEAD '/' from 127.0.0.1 (HTTP 405): HEAD is not a rendezvous request",
+        # One warning per client and status: the stranger's PUT and DELETE go to debug.
+        f"{prefix}GET '/global/0' from 127.0.0.2 (HTTP 403): 127.0.0.2 is not a task host of "
+        f"this run's plan. {NOT_PLANNED_HINT}",
+        f"{prefix}DELETE '/global/5' from 127.0.0.1 (HTTP 400): global/5: a DELETE names a rank "
+        "of the scope (0-1)",
+    ]
+
+
+@pytest.mark.integration
+def test_a_put_over_the_size_cap_is_refused_without_reading_it():
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        with send_plan(channel, ["127.0.0.1"]):
+            conn = http.client.HTTPConnection("127.0.0.1", channel.rendezvous_port, timeout=5)
+            conn.putrequest("PUT", "/global/0")
+            conn.putheader("Content-Length", str(2**31))
+            conn.endheaders()
+            assert conn.getresponse().status == 413
+            conn.close()
+
+
+# --- a real run with a stranger writing the rendezvous keys all along ---
+
+
+@pytest.mark.slow
+def test_a_stranger_writing_rendezvous_keys_all_run_long_cannot_change_the_ranks_peers(
+    monkeypatch, caplog
+):
+    channels: list[DriverChannel] = []
+
+    class Recorded(DriverChannel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            channels.append(self)
+
+    monkeypatch.setattr(runner_module, "DriverChannel", Recorded)
+    answers: list[int] = []
+    stop = threading.Event()
+    paths = [
+        f"/{scope}/{key}"
+        for scope in ("global", "local_127.0.0.1", "cross_0", "cross_1")
+        for key in ("0", "1")
+    ]
+
+    def stranger():
+        while not channels and not stop.is_set():
+            time.sleep(0.005)
+        while not stop.is_set():
+            for path in paths:
+                for method, body in (
+                    ("PUT", b"\x02\x00\x1f\x90\x0a\x06\x06\x06"),
+                    ("DELETE", None),
+                ):
+                    try:
+                        status, _ = request(
+                            channels[0].rendezvous_port, method, path, body, source=STRANGER
+                        )
+                    except OSError:  # the run ended and its server with it
+                        return
+                    answers.append(status)
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=stranger, daemon=True)
+    thread.start()
+    try:
+        result = HorovodRunner(np=-2).run(train_digits, epochs=1)
+    finally:
+        stop.set()
+        thread.join(10)
+
+    assert result["size"] == 2 and len(result["checksums"]) == 2
+    assert len(set(result["checksums"])) == 1, result["checksums"]
+    assert len(answers) > 100  # it kept at it during the whole rendezvous
+    assert set(answers) == {403}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("rendezvous server refused" in m and STRANGER in m for m in warnings) == 1
+    assert wait_for_no_ranks() == []

@@ -1,0 +1,60 @@
+"""The task: how a rank's exit reads in an error, and the hostname check before any rank starts."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import cloudpickle
+import pytest
+
+from infra.launcher import _task, _wire
+from infra.launcher._task import RankFailed, exit_reason, run_task
+from tests.infra.launcher.fake_driver import SilentDriver, spec_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "returncode, reason",
+    [
+        (1, "exited with code 1"),
+        (137, "exited with code 137"),  # a shell's "killed": the status the rank itself chose
+        (-9, "was killed by SIGKILL (exit -9)"),
+        (-15, "was killed by SIGTERM (exit -15)"),
+        (-11, "was killed by SIGSEGV (exit -11)"),
+        (-6, "was killed by SIGABRT (exit -6)"),
+        (-99, "was killed by signal 99 (exit -99)"),
+    ],
+)
+def test_a_negative_exit_status_is_named_by_its_signal(returncode, reason):
+    assert exit_reason(returncode) == reason
+
+
+def must_not_run():
+    raise AssertionError("a rank started on a host whose name resolves to loopback")
+
+
+@pytest.mark.integration
+def test_a_host_whose_name_resolves_to_loopback_fails_before_starting_a_multi_host_rank(
+    monkeypatch,
+):
+    monkeypatch.setattr(_task, "_resolve", lambda hostname: "127.0.1.1")
+    host = socket.gethostname()
+    driver = SilentDriver()
+    try:
+        spec = spec_for(driver, cloudpickle.dumps((must_not_run, {})), heartbeat_timeout_s=60)
+        with pytest.raises(RankFailed) as err:
+            run_task(spec, 1, ["127.0.0.1", "127.0.0.2"], barrier=lambda: None)
+    finally:
+        driver.shutdown()
+        driver.server_close()
+    reason = (
+        f"rank 1 on {host} (127.0.0.2) cannot start: host {host} resolves to 127.0.1.1; Gloo "
+        f"peers on other hosts would be told to connect there: map {host} to 127.0.0.2 (this "
+        "executor's address) in /etc/hosts or DNS"
+    )
+    assert str(err.value) == reason
+    [report] = driver.messages(_wire.FAILED)
+    assert (report["rank"], report["reason"], report["tail"]) == (1, reason, [])
