@@ -44,24 +44,26 @@ def _use_services(prefect: bool = True) -> dict[str, str]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
+    from infra.services import check_bind_address
     from infra.services.local import LocalServices
 
-    _use_services(prefect=not args.no_prefect)
+    if args.bind is not None:
+        try:
+            check_bind_address(args.bind)
+        except ValueError as e:
+            raise InvalidParameters(f"--bind: {e}") from None
     services = LocalServices()
+    services.up(prefect=not args.no_prefect, bind=args.bind)
     urls = services.urls()
     print("hvdflow services are up:")
     labels = {"s3": "object store (S3)", "mlflow": "MLflow UI", "prefect_ui": "Prefect UI"}
     for key, label in labels.items():
         if key in urls:
             print(f"  {label:<18} {urls[key]}")
-    print("\nTo use them from another shell:")
+    print("\nTo use them from another shell (secrets are shown as where they are kept):")
+    secrets = services.secret_sources()
     for key, value in services.env().items():
-        shown = (
-            "<in " + str(services.home / "seaweed" / "credentials.json") + ">"
-            if ("SECRET" in key)
-            else value
-        )
-        print(f"  export {key}={shown}")
+        print(f"  export {key}={f'<{secrets[key]}>' if key in secrets else value}")
     print("\nStop them with: hvdflow down")
     return 0
 
@@ -189,11 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         help="start the embedded object store, MLflow server and Prefect server (UI)",
         description="Start SeaweedFS (S3), the MLflow tracking server and the Prefect server on "
-        "127.0.0.1, keeping data in $HVDFLOW_HOME (default ~/.hvdflow). Services the "
-        "environment already points elsewhere (AWS_ENDPOINT_URL, MLFLOW_TRACKING_URI, "
-        "PREFECT_API_URL) are not started.",
+        "127.0.0.1 (or --bind), keeping data in $HVDFLOW_HOME (default ~/.hvdflow). Services "
+        "the environment already points elsewhere (AWS_ENDPOINT_URL, MLFLOW_TRACKING_URI, "
+        "PREFECT_API_URL) are not started. The object store always checks its access keys; "
+        "bound beyond loopback, MLflow requires a login and Prefect its auth string too. "
+        "Credentials are generated at the first start and kept in files only you can read.",
     )
     up.add_argument("--no-prefect", action="store_true", help="skip the Prefect server")
+    up.add_argument(
+        "--bind",
+        metavar="ADDRESS",
+        help="the address all of them listen on and their URLs name, e.g. this machine's "
+        "address that Spark executors on other hosts reach (default: 127.0.0.1, or that of "
+        "the services already running)",
+    )
     up.set_defaults(func=_cmd_up)
 
     down = commands.add_parser("down", help="stop the services `hvdflow up` started")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+# Prefect binds its console log handler to the sys.stderr of the moment it is first imported:
+# import it now, while that is the session's stream, not a test's capture that closes after it.
+import prefect.main  # noqa: F401
 import pytest
 
 import tests.helpers  # noqa: F401  (marks this session's environment before anything starts)

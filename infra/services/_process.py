@@ -6,6 +6,7 @@ the one shape every embedded server has.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -25,35 +26,92 @@ KILL_WAIT_S = 5.0
 STOP_POLL_S = 0.1
 
 
-# --- ports ----------------------------------------------------------------------------------
+# --- addresses and ports -------------------------------------------------------------------
+
+# Where the embedded services listen unless told otherwise.
+LOOPBACK = "127.0.0.1"
+# Addresses that listen on every interface but name none that another host could use in a URL.
+WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
 
 
-def port_is_free(port: int) -> bool:
-    """Whether ``port`` can be bound on 127.0.0.1 right now."""
-    with socket.socket() as s:
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is on loopback (only this machine reaches it).
+
+    A name that does not resolve counts as beyond loopback: the safe answer when it decides
+    whether a server requires credentials.
+    """
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    addresses = {info[4][0].split("%", 1)[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes into a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def check_bind_address(host: str) -> str:
+    """``host`` if this machine can listen on it and other hosts can use it in a URL.
+
+    ValueError names the address and what to pass instead: a wildcard (0.0.0.0) listens
+    everywhere but gives ranks on other hosts no address to connect to.
+    """
+    if host in WILDCARD_ADDRESSES:
+        raise ValueError(
+            f"bind address {host!r} listens on every interface but names none that other hosts "
+            "can connect to: pass the address of this machine that they reach (e.g. 10.0.0.5), "
+            f"or {LOOPBACK} for this machine only"
+        )
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family) as s:
+            s.bind((host, 0))
+    except OSError as e:
+        raise ValueError(
+            f"bind address {host!r} is not an address of this machine ({e.strerror or e}): pass "
+            f"one of its interfaces' addresses, or {LOOPBACK}"
+        ) from None
+    return host
+
+
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether ``port`` can be bound on ``host`` right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
 
 
-def free_port(avoid: Collection[int] = frozenset(), *, neighbour_offset: int = 0) -> int:
-    """A free port on 127.0.0.1 that is not in ``avoid``.
+def free_port(
+    avoid: Collection[int] = frozenset(), *, neighbour_offset: int = 0, host: str = LOOPBACK
+) -> int:
+    """A free port on ``host`` (and on 127.0.0.1 too) that is not in ``avoid``.
 
-    With ``neighbour_offset``, port + offset is free and not in ``avoid`` too: SeaweedFS serves
-    gRPC on its HTTP port + 10000 without asking.
+    Free on loopback as well, because SeaweedFS's S3 gateway listens there besides its bind
+    address. With ``neighbour_offset``, port + offset is free and not in ``avoid`` too:
+    SeaweedFS serves gRPC on its HTTP port + 10000 without asking.
     """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+        with socket.socket(family) as s:
+            s.bind((host, 0))
             port = s.getsockname()[1]
-        if port in avoid:
+        if port in avoid or (host != LOOPBACK and not port_is_free(port)):
             continue
         if not neighbour_offset:
             return port
         neighbour = port + neighbour_offset
-        if neighbour <= 65535 and neighbour not in avoid and port_is_free(neighbour):
+        if neighbour <= 65535 and neighbour not in avoid and port_is_free(neighbour, host):
             return port
 
 

@@ -8,18 +8,27 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar, Self
 
-from infra.services._process import free_port, start_process, stop_process_group, wait_until_ready
+from infra.services._process import (
+    LOOPBACK,
+    free_port,
+    start_process,
+    stop_process_group,
+    url_host,
+    wait_until_ready,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class Service(abc.ABC):
-    """A server process on 127.0.0.1 whose data and log live in ``home``.
+    """A server process on ``host`` (127.0.0.1 unless told otherwise) whose data, log and
+    generated credentials live in ``home``.
 
     ``start()`` runs ``_command()`` with ``_env()`` in a process group of its own and polls
     ``_ready()`` until it passes; ``stop()`` stops the whole group. A subclass says what it runs
     and how to tell it answers; the timeouts are class constants it may override, and an error
-    names the one that applied.
+    names the one that applied. ``env()`` is what a client sets to use it, credentials included;
+    ``secret_sources()`` says where each secret among them is kept, to show instead of its value.
     """
 
     # Shown in log lines and errors ("SeaweedFS at http://127.0.0.1:8333").
@@ -32,15 +41,18 @@ class Service(abc.ABC):
     STOP_TIMEOUT_S: ClassVar[float] = 10.0
     # How often start() asks _ready().
     POLL_INTERVAL_S: ClassVar[float] = 0.3
+    # Whether it refuses requests without credentials (a subclass may decide per instance).
+    auth: bool = False
 
-    def __init__(self, home: str | Path, port: int | None = None):
+    def __init__(self, home: str | Path, port: int | None = None, *, host: str = LOOPBACK):
         self.home = Path(home)
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host=host)
         self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{url_host(self.host)}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -50,6 +62,15 @@ class Service(abc.ABC):
     def pid(self) -> int | None:
         """The pid of the started process, which is also its process group's id."""
         return self.process.pid if self.process is not None else None
+
+    def env(self) -> dict[str, str]:
+        """The variables a client sets to use this server, credentials included."""
+        return {}
+
+    def secret_sources(self) -> dict[str, str]:
+        """For each variable of ``env()`` that holds a secret, where it is kept: what to show
+        instead of the value (``'"password" in /home/u/.hvdflow/mlflow/credentials.json'``)."""
+        return {}
 
     @abc.abstractmethod
     def _command(self) -> list[str]:

@@ -1,10 +1,18 @@
 """The embedded services behind ``hvdflow up`` and ``hvdflow down``.
 
-SeaweedFS (S3), the MLflow tracking server and the Prefect server (UI and API), on 127.0.0.1,
-with their data and a state file in ``$HVDFLOW_HOME`` (default ``~/.hvdflow``). They keep
-running after ``hvdflow up`` exits, so the UIs stay there to look at; ``hvdflow down`` stops
-them. What the user already configured (``AWS_ENDPOINT_URL``, ``MLFLOW_TRACKING_URI``,
-``PREFECT_API_URL``) is used instead of starting the embedded one.
+SeaweedFS (S3), the MLflow tracking server and the Prefect server (UI and API), on one bind
+address (127.0.0.1 unless ``up(bind=...)`` says otherwise), with their data and a state file in
+``$HVDFLOW_HOME`` (default ``~/.hvdflow``). They keep running after ``hvdflow up`` exits, so the
+UIs stay there to look at; ``hvdflow down`` stops them. What the user already configured
+(``AWS_ENDPOINT_URL``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``) is used instead of starting
+the embedded one.
+
+Credentials: the object store always checks its access keys; bound beyond loopback, the MLflow
+server requires a login and the Prefect API its auth string too, so nothing that listens on a
+network takes a request without credentials. Every secret is generated at a service's first
+start and kept in that service's ``credentials.json`` (mode 0600); the state file holds pids,
+addresses and whether auth is on, never a secret. ``env()`` hands clients the URLs and the
+credentials; ``secret_sources()`` says where each secret is kept, to show instead of it.
 """
 
 from __future__ import annotations
@@ -15,7 +23,14 @@ from pathlib import Path
 
 from infra import constants as c
 from infra._env import temporary_env
-from infra.services._process import free_port, is_running, port_is_free, stop_process_group
+from infra.services._process import (
+    LOOPBACK,
+    check_bind_address,
+    free_port,
+    is_running,
+    port_is_free,
+    stop_process_group,
+)
 from infra.services._service import Service
 from infra.services.mlflow_server import MlflowServer
 from infra.services.prefect_server import PrefectServer
@@ -40,9 +55,22 @@ def hvdflow_home() -> Path:
     return Path(os.environ.get(c.HVDFLOW_HOME) or Path.home() / ".hvdflow")
 
 
-def _port(name: str) -> int:
+def _port(name: str, host: str) -> int:
     preferred = PREFERRED_PORTS[name]
-    return preferred if port_is_free(preferred) else free_port()
+    if port_is_free(preferred, host) and port_is_free(preferred):
+        return preferred
+    return free_port(host=host)
+
+
+def _entry(server: Service, url: str) -> dict:
+    """What the state file keeps of a started server: no secret, only where it is."""
+    return {
+        "pid": server.pid,
+        "url": url,
+        "host": server.host,
+        "port": server.port,
+        "auth": server.auth,
+    }
 
 
 class LocalServices:
@@ -65,57 +93,115 @@ class LocalServices:
         with os.fdopen(fd, "w") as f:
             json.dump(state, f, indent=2)
 
-    def up(self, prefect: bool = True) -> dict[str, str]:
-        """Start what is not running yet; return the environment that points at them."""
+    def up(self, prefect: bool = True, bind: str | None = None) -> dict[str, str]:
+        """Start what is not running yet; return the environment that points at them.
+
+        ``bind``: the address all of them listen on, and that their URLs name (default: that
+        of the services already running, else 127.0.0.1). Beyond loopback every one of them
+        requires credentials, and ``env()`` carries those.
+        """
         state = self.state()
+        host = self._bind_address(state, bind)
         if "s3" not in state and not os.environ.get(c.AWS_ENDPOINT_URL):
-            server = SeaweedServer(self.home / "seaweed", port=_port("s3"))
+            server = self._seaweed(host, _port("s3", host))
             self._start(server)
-            state["s3"] = {"pid": server.pid, "url": server.endpoint_url}
+            state["s3"] = _entry(server, server.endpoint_url)
             self._save(state)
-        if "mlflow" not in state and not os.environ.get("MLFLOW_TRACKING_URI"):
-            server = self._mlflow_server(self._store_env(state))
+        if "mlflow" not in state and not os.environ.get(c.MLFLOW_TRACKING_URI):
+            store_env = self._store_env(state)
+            self._create_artifact_bucket(store_env)
+            server = self._mlflow(host, _port("mlflow", host), store_env)
             self._start(server)
-            state["mlflow"] = {"pid": server.pid, "url": server.tracking_uri}
+            state["mlflow"] = _entry(server, server.tracking_uri)
             self._save(state)
-        if prefect and "prefect" not in state and not os.environ.get("PREFECT_API_URL"):
-            server = PrefectServer(self.home / "prefect", port=_port("prefect"))
+        if prefect and "prefect" not in state and not os.environ.get(c.PREFECT_API_URL):
+            server = self._prefect(host, _port("prefect", host))
             self._start(server)
-            state["prefect"] = {"pid": server.pid, "url": server.api_url}
+            state["prefect"] = _entry(server, server.api_url)
             self._save(state)
         return self.env(state)
+
+    def _bind_address(self, state: dict, bind: str | None) -> str:
+        """The address to start services on: ``bind``, checked, and the same as that of the
+        services already running, which cannot move."""
+        running = {info.get("host", LOOPBACK) for info in state.values()}
+        if bind is None:
+            return running.pop() if running else LOOPBACK
+        check_bind_address(bind)
+        if running and running != {bind}:
+            raise RuntimeError(
+                f"the services of {self.home} already run on {', '.join(sorted(running))} "
+                f"({', '.join(sorted(state))}): stop them with `hvdflow down` before binding "
+                f"them to {bind}"
+            )
+        return bind
 
     def _start(self, server: Service) -> None:
         server.start(START_TIMEOUT_S, setting=f"{__name__}.START_TIMEOUT_S")
 
-    def _store_env(self, state: dict) -> dict[str, str]:
-        if "s3" not in state:
-            return {}
-        port = int(state["s3"]["url"].rsplit(":", 1)[1])
-        return SeaweedServer(self.home / "seaweed", port=port).env()
+    # --- the servers, built the same way to start them and to find their clients' env ------
+    def _seaweed(self, host: str, port: int) -> SeaweedServer:
+        return SeaweedServer(self.home / "seaweed", port=port, host=host)
 
-    def _mlflow_server(self, store_env: dict[str, str]) -> MlflowServer:
-        """The tracking server, its artifact bucket created in the object store."""
-        from infra.storage.object_store import ObjectStore, ObjectStoreConfig
-
-        with temporary_env(store_env):
-            ObjectStore(ObjectStoreConfig.from_env(bucket=ARTIFACT_BUCKET)).ensure_bucket()
+    # MLflow and Prefect turn auth on themselves when ``host`` is beyond loopback.
+    def _mlflow(
+        self, host: str, port: int, store_env: dict[str, str], auth: bool = False
+    ) -> MlflowServer:
         return MlflowServer(
             self.home / "mlflow",
             f"s3://{ARTIFACT_BUCKET}/mlflow-artifacts",
             store_env,
-            port=_port("mlflow"),
+            port=port,
+            host=host,
+            auth=auth,
         )
 
+    def _prefect(self, host: str, port: int, auth: bool = False) -> PrefectServer:
+        return PrefectServer(self.home / "prefect", port=port, host=host, auth=auth)
+
+    def _servers(self, state: dict) -> dict[str, Service]:
+        """The running services as server objects (not started by this process)."""
+        servers: dict[str, Service] = {}
+        for name, info in state.items():
+            host = info.get("host", LOOPBACK)
+            port = int(info.get("port") or info["url"].rsplit(":", 1)[1].split("/")[0])
+            auth = bool(info.get("auth", False))
+            if name == "s3":
+                servers[name] = self._seaweed(host, port)
+            elif name == "mlflow":
+                servers[name] = self._mlflow(host, port, store_env={}, auth=auth)
+            elif name == "prefect":
+                servers[name] = self._prefect(host, port, auth=auth)
+        return servers
+
+    def _store_env(self, state: dict) -> dict[str, str]:
+        server = self._servers({k: v for k, v in state.items() if k == "s3"}).get("s3")
+        return server.env() if server else {}
+
+    def _create_artifact_bucket(self, store_env: dict[str, str]) -> None:
+        """The tracking server's artifact bucket, in the object store it will use."""
+        from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+
+        with temporary_env(store_env):
+            ObjectStore(ObjectStoreConfig.from_env(bucket=ARTIFACT_BUCKET)).ensure_bucket()
+
     def env(self, state: dict | None = None) -> dict[str, str]:
-        """Variables that point boto3, MLflow and Prefect at the running embedded services."""
+        """Variables that point boto3, MLflow and Prefect at the running embedded services,
+        with the credentials each requires."""
         state = self.state() if state is None else state
-        env = self._store_env(state)
-        if "mlflow" in state:
-            env["MLFLOW_TRACKING_URI"] = state["mlflow"]["url"]
-        if "prefect" in state:
-            env["PREFECT_API_URL"] = state["prefect"]["url"]
+        env: dict[str, str] = {}
+        for server in self._servers(state).values():
+            env.update(server.env())
         return env
+
+    def secret_sources(self, state: dict | None = None) -> dict[str, str]:
+        """For each variable of ``env()`` that holds a secret, where it is kept (a 0600
+        file): what to show instead of its value."""
+        state = self.state() if state is None else state
+        sources: dict[str, str] = {}
+        for server in self._servers(state).values():
+            sources.update(server.secret_sources())
+        return sources
 
     def urls(self) -> dict[str, str]:
         state = self.state()

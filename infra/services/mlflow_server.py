@@ -1,9 +1,14 @@
 """The embedded default tracking server: ``mlflow server`` with sqlite and artifacts in S3.
 
-Bound to 127.0.0.1, runs, registry and the artifact proxy in one process: clients log
-artifacts through the server (``mlflow-artifacts:/``), so only the server needs the object
-store's credentials. Any ``MLFLOW_TRACKING_URI`` the user sets is used instead (see
-``infra.tracking``).
+Runs, registry and the artifact proxy in one process: clients log artifacts through the server
+(``mlflow-artifacts:/``), so only the server needs the object store's credentials. Any
+``MLFLOW_TRACKING_URI`` the user sets is used instead (see ``infra.tracking``).
+
+On 127.0.0.1 it needs no login unless ``auth=True``; bound to any other address it always
+requires one: MLflow's own basic-auth app (``--app-name basic-auth``) with one admin user whose
+password is generated at the first such start and kept, with the app's CSRF key, in
+``credentials.json`` (mode 0600) in its home. Clients log in through MLFLOW_TRACKING_USERNAME
+and MLFLOW_TRACKING_PASSWORD (``env()``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,28 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from infra import constants as c
+from infra.services._process import LOOPBACK, is_loopback, url_host
+from infra.services._secrets import load_or_create_json, new_secret, write_private
 from infra.services._service import Service
+
+ADMIN_USERNAME = "admin"
+# The permission every user but the admin has on what they did not create, unless an admin
+# grants more. hvdflow creates only the admin, who may do everything whatever this says; a
+# user added later starts with no access to the existing experiments and models, so adding a
+# colleague never opens every run to them by accident (MLflow's own default is READ).
+DEFAULT_PERMISSION = "NO_PERMISSIONS"
+# Who checks each request: MLflow's basic auth against its user database.
+AUTHORIZATION_FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"
+# How long a login that passed is remembered. Checking one hashes the password (about a second
+# on a busy 2-core machine), on every request of every rank otherwise. The server runs one
+# worker, in which a password changed through the API takes effect at once.
+AUTH_CACHE_TTL_S = 60
 
 
 class MlflowServer(Service):
-    """``mlflow server`` on 127.0.0.1; a context manager, or start()/stop()."""
+    """``mlflow server`` on ``host`` (127.0.0.1 by default); a context manager, or
+    start()/stop(). Requires a login when ``auth`` is set or ``host`` is beyond loopback."""
 
     name = "MLflow server"
     log_name = "mlflow-server.log"
@@ -31,17 +53,74 @@ class MlflowServer(Service):
         artifacts_destination: str,
         store_env: dict[str, str],
         port: int | None = None,
+        *,
+        host: str = LOOPBACK,
+        auth: bool = False,
     ):
-        super().__init__(home, port)
+        super().__init__(home, port, host=host)
         self.artifacts_destination = artifacts_destination
         self._store_env = dict(store_env)
+        # Beyond loopback, anyone who reaches the port could read and change every run.
+        self.auth = auth or not is_loopback(host)
+        self._secrets = (
+            load_or_create_json(
+                self.credentials_path,
+                lambda: {
+                    "username": ADMIN_USERNAME,
+                    "password": new_secret(),
+                    "flask_secret_key": new_secret(),
+                },
+            )
+            if self.auth
+            else {}
+        )
 
     @property
     def tracking_uri(self) -> str:
         return self.url
 
+    @property
+    def credentials_path(self) -> Path:
+        return self.home / "credentials.json"
+
+    @property
+    def auth_config_path(self) -> Path:
+        return self.home / "basic_auth.ini"
+
+    def env(self) -> dict[str, str]:
+        """MLFLOW_TRACKING_URI, and the admin's login when the server requires one."""
+        env = {c.MLFLOW_TRACKING_URI: self.tracking_uri}
+        if self.auth:
+            env[c.MLFLOW_TRACKING_USERNAME] = self._secrets["username"]
+            env[c.MLFLOW_TRACKING_PASSWORD] = self._secrets["password"]
+        return env
+
+    def secret_sources(self) -> dict[str, str]:
+        if not self.auth:
+            return {}
+        return {c.MLFLOW_TRACKING_PASSWORD: f'"password" in {self.credentials_path}'}
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        if self.auth:
+            write_private(self.auth_config_path, self._auth_config())
+
+    def _auth_config(self) -> str:
+        """The basic-auth app's ini file. The admin password is used when the user database
+        is created (the first start with auth); MLflow ignores it afterwards."""
+        database = f"sqlite:///{self.home / 'basic_auth.db'}".replace("%", "%%")
+        return (
+            "[mlflow]\n"
+            f"default_permission = {DEFAULT_PERMISSION}\n"
+            f"database_uri = {database}\n"
+            f"admin_username = {self._secrets['username']}\n"
+            f"admin_password = {self._secrets['password']}\n"
+            f"authorization_function = {AUTHORIZATION_FUNCTION}\n"
+            f"auth_cache_ttl_seconds = {AUTH_CACHE_TTL_S}\n"
+        )
+
     def _command(self) -> list[str]:
-        return [
+        command = [
             str(Path(sys.executable).parent / "mlflow"),
             "server",
             "--backend-store-uri",
@@ -49,18 +128,46 @@ class MlflowServer(Service):
             "--artifacts-destination",
             self.artifacts_destination,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--workers",
             "1",
         ]
+        if not is_loopback(self.host):
+            # MLflow accepts Host headers and browser origins of loopback and private ranges
+            # only: name the address clients use, or they (and the UI) are turned away.
+            host = url_host(self.host)
+            command += [
+                "--allowed-hosts",
+                f"{host},{host}:{self.port}",
+                "--cors-allowed-origins",
+                f"http://{host}:{self.port}",
+            ]
+        if self.auth:
+            command += ["--app-name", "basic-auth"]
+        return command
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, **self._store_env}
-        env.pop("MLFLOW_TRACKING_URI", None)  # it is the tracking server, not a client of one
+        # It is the tracking server, not a client of one; and its ini file alone says who
+        # the admin is (MLflow would take these variables over the file).
+        for name in (
+            c.MLFLOW_TRACKING_URI,
+            c.MLFLOW_TRACKING_USERNAME,
+            c.MLFLOW_TRACKING_PASSWORD,
+            c.MLFLOW_AUTH_ADMIN_USERNAME,
+            c.MLFLOW_AUTH_ADMIN_PASSWORD,
+            c.MLFLOW_AUTH_CONFIG_PATH,
+            c.MLFLOW_FLASK_SERVER_SECRET_KEY,
+        ):
+            env.pop(name, None)
+        if self.auth:
+            env[c.MLFLOW_AUTH_CONFIG_PATH] = str(self.auth_config_path)
+            env[c.MLFLOW_FLASK_SERVER_SECRET_KEY] = self._secrets["flask_secret_key"]
         return env
 
     def _ready(self) -> bool:
+        # /health answers without a login, with or without auth.
         with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
             return response.status == 200

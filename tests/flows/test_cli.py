@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,20 +108,30 @@ def test_a_secret_in_a_bad_parameter_is_not_echoed(tmp_path, monkeypatch, capfd)
 
 @pytest.mark.integration
 def test_a_failed_run_is_one_line_naming_the_full_log(
-    prefect_harness, spark, seaweed, mlflow_server, tmp_path, monkeypatch, capfd
+    prefect_harness, seaweed, mlflow_server, tmp_path
 ):
     from prefect.settings import PREFECT_API_URL
 
-    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
-    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())
+    # A real `hvdflow run` in its own process: the terminal a user would see.
+    env = {
+        **os.environ,
+        "HVDFLOW_HOME": str(tmp_path / "home"),
+        "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+    }
     empty = tmp_path / "no-images"
     (empty / "cats").mkdir(parents=True)
     argv = ["run", "--input", str(empty), "--input-format", "folders", "--np", "-1"]
-    assert main(argv) == 1
-    err = capfd.readouterr().err
-    assert "Traceback" not in err  # tracebacks go to the log file, not the terminal
-    last = err.strip().splitlines()[-1]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr  # tracebacks go to the log file, not the terminal
+    last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"hvdflow run failed: no images found in '{empty}' (folders)")
     log = Path(last.rsplit("(full log: ", 1)[1].rstrip(")"))
     assert log.parent == tmp_path / "home" / "logs"

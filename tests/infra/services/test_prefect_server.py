@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 import urllib.request
 
 import psutil
 import pytest
+import requests
 
 from infra.services.prefect_server import PrefectServer
 from tests.infra.services.helpers import running_in_group
@@ -31,3 +33,41 @@ def test_the_prefect_server_answers_and_leaves_no_process_once_stopped(tmp_path)
     assert [p.pid for p in processes if p.is_running() and p.status() != "zombie"] == []
     assert server.process.returncode is not None
     assert took < PrefectServer.START_TIMEOUT_S
+
+
+def _basic(auth_string: str) -> dict[str, str]:
+    """The header Prefect's client sends for PREFECT_API_AUTH_STRING."""
+    return {"Authorization": "Basic " + base64.b64encode(auth_string.encode()).decode()}
+
+
+def test_with_auth_the_api_requires_the_auth_string_and_a_client_with_it_works(tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    with PrefectServer(tmp_path / "prefect", auth=True) as server:
+        auth_string = server.env()["PREFECT_API_AUTH_STRING"]
+        flows = f"{server.api_url}/flows/filter"
+        assert requests.post(flows, json={}, timeout=10).status_code == 401
+        wrong = _basic("admin:not-the-password")
+        assert requests.post(flows, json={}, headers=wrong, timeout=10).status_code == 401
+        assert requests.post(flows, json={}, headers=_basic(auth_string), timeout=10).json() == []
+        # The health check stays open, for probes.
+        assert requests.get(f"{server.api_url}/health", timeout=10).status_code == 200
+
+        with temporary_settings(
+            {PREFECT_API_URL: server.api_url, PREFECT_API_AUTH_STRING: auth_string}
+        ):
+            with get_client(sync_client=True) as client:
+                client.create_flow_from_name("hvdflow-auth-check")
+                assert [flow.name for flow in client.read_flows()] == ["hvdflow-auth-check"]
+        with temporary_settings(
+            {PREFECT_API_URL: server.api_url, PREFECT_API_AUTH_STRING: "admin:not-the-password"}
+        ):
+            with (
+                get_client(sync_client=True) as client,
+                pytest.raises(PrefectHTTPStatusError) as err,
+            ):
+                client.read_flows()
+        assert err.value.response.status_code == 401
+        assert auth_string.split(":")[1] not in str(err.value)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
 import pytest
 
 from infra.services import _process
-from infra.services._process import free_port, port_is_free, wait_until_ready
+from infra.services._process import (
+    check_bind_address,
+    free_port,
+    is_loopback,
+    port_is_free,
+    url_host,
+    wait_until_ready,
+)
+from infra.services._secrets import write_private
 from infra.services._service import Service, setting_name
 from infra.services.mlflow_server import MlflowServer
 from infra.services.prefect_server import PrefectServer
@@ -135,6 +144,7 @@ def test_start_rejects_a_setting_without_a_timeout_and_a_timeout_that_is_not_pos
 
 def test_the_prefect_server_command_and_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://elsewhere:4200/api")
+    monkeypatch.setenv("PREFECT_SERVER_API_AUTH_STRING", "someone:elses")
     server = PrefectServer(tmp_path / "prefect", port=4321)
     assert server._command()[1:] == [
         "server",
@@ -156,10 +166,29 @@ def test_the_prefect_server_command_and_environment(tmp_path, monkeypatch):
         "http://127.0.0.1:4321/api",
         tmp_path / "prefect" / "server.log",
     )
+    assert server.env() == {"PREFECT_API_URL": "http://127.0.0.1:4321/api"}
+    assert (server.auth, server.secret_sources()) == (False, {})
+    assert not (tmp_path / "prefect" / "credentials.json").exists()
+
+
+def test_the_prefect_server_with_auth_requires_a_generated_auth_string(tmp_path):
+    server = PrefectServer(tmp_path / "prefect", port=4321, auth=True)
+    auth_string = server.env()["PREFECT_API_AUTH_STRING"]
+    user, password = auth_string.split(":")
+    assert (user, len(password)) == ("admin", 43)
+    assert server._env()["PREFECT_SERVER_API_AUTH_STRING"] == auth_string
+    credentials = tmp_path / "prefect" / "credentials.json"
+    assert credentials.stat().st_mode & 0o777 == 0o600
+    assert server.secret_sources() == {"PREFECT_API_AUTH_STRING": f'"auth_string" in {credentials}'}
+    # The same string at the next start: it was kept, not generated again.
+    assert PrefectServer(tmp_path / "prefect", auth=True).env()["PREFECT_API_AUTH_STRING"] == (
+        auth_string
+    )
 
 
 def test_the_mlflow_server_command_and_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://elsewhere:5000")
+    monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "someone-elses")
     server = MlflowServer(tmp_path, "s3://b/artifacts", {"AWS_ENDPOINT_URL": "http://s3"}, 5123)
     assert server._command()[1:] == [
         "server",
@@ -176,7 +205,59 @@ def test_the_mlflow_server_command_and_environment(tmp_path, monkeypatch):
     ]
     env = server._env()
     assert "MLFLOW_TRACKING_URI" not in env and env["AWS_ENDPOINT_URL"] == "http://s3"
+    assert "MLFLOW_AUTH_ADMIN_PASSWORD" not in env and "MLFLOW_AUTH_CONFIG_PATH" not in env
     assert server.tracking_uri == server.url == "http://127.0.0.1:5123"
+    assert server.env() == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5123"}
+    assert (server.auth, server.secret_sources()) == (False, {})
+
+
+def test_the_mlflow_server_with_auth_runs_the_basic_auth_app_with_a_generated_admin(tmp_path):
+    server = MlflowServer(tmp_path, "s3://b/artifacts", {}, 5123, auth=True)
+    assert server._command()[-2:] == ["--app-name", "basic-auth"]
+    server._prepare()
+    env = server._env()
+    password = server.env()["MLFLOW_TRACKING_PASSWORD"]
+    assert server.env()["MLFLOW_TRACKING_USERNAME"] == "admin" and len(password) == 43
+    assert env["MLFLOW_AUTH_CONFIG_PATH"] == str(tmp_path / "basic_auth.ini")
+    assert len(env["MLFLOW_FLASK_SERVER_SECRET_KEY"]) == 43
+    assert (tmp_path / "basic_auth.ini").read_text() == (
+        "[mlflow]\n"
+        "default_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{tmp_path / 'basic_auth.db'}\n"
+        "admin_username = admin\n"
+        f"admin_password = {password}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "auth_cache_ttl_seconds = 60\n"
+    )
+    for name in ("basic_auth.ini", "credentials.json"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
+    assert server.secret_sources() == {
+        "MLFLOW_TRACKING_PASSWORD": f'"password" in {tmp_path / "credentials.json"}'
+    }
+
+
+def test_beyond_loopback_mlflow_and_prefect_require_credentials_whatever_auth_says(tmp_path):
+    address = "192.0.2.10"  # TEST-NET-1: a documentation address, not loopback
+    mlflow_server = MlflowServer(tmp_path / "m", "s3://b/a", {}, 5123, host=address)
+    prefect_server = PrefectServer(tmp_path / "p", 4321, host=address, auth=False)
+    assert mlflow_server.auth and prefect_server.auth
+    assert mlflow_server._command()[8:] == [
+        "--port",
+        "5123",
+        "--workers",
+        "1",
+        "--allowed-hosts",
+        "192.0.2.10,192.0.2.10:5123",
+        "--cors-allowed-origins",
+        "http://192.0.2.10:5123",
+        "--app-name",
+        "basic-auth",
+    ]
+    assert mlflow_server._command()[6:8] == ["--host", address]
+    assert mlflow_server.env()["MLFLOW_TRACKING_URI"] == "http://192.0.2.10:5123"
+    assert prefect_server._command()[3:5] == ["--host", address]
+    assert prefect_server.env()["PREFECT_API_URL"] == "http://192.0.2.10:4321/api"
+    assert prefect_server._env()["PREFECT_UI_API_URL"] == "http://192.0.2.10:4321/api"
 
 
 def test_seaweedfs_gets_no_aws_keys_and_ports_whose_grpc_neighbours_do_not_clash(
@@ -186,9 +267,99 @@ def test_seaweedfs_gets_no_aws_keys_and_ports_whose_grpc_neighbours_do_not_clash
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://elsewhere:5000")
     server = SeaweedServer(tmp_path, port=8333)
     assert not [k for k in server._env() if k.startswith(("AWS_", "MLFLOW_"))]
-    flags = dict(arg.split("=", 1) for arg in server._command()[2:] if "=" in arg)
+    command = server._command()
+    assert command[1:3] == [f"-config_dir={tmp_path / 'grpc-tls'}", "server"]
+    flags = dict(arg.split("=", 1) for arg in command[3:] if "=" in arg)
     assert flags["-s3.port"] == "8333" and flags["-dir"] == str(tmp_path / "data")
     http = [int(flags[f"-{name}.port"]) for name in ("master", "volume", "filer")]
     every_port = {8333, int(flags["-s3.port.grpc"])} | set(http) | {p + 10000 for p in http}
     assert len(every_port) == 2 + 2 * len(http)
     assert server.endpoint_url == server.env()["AWS_ENDPOINT_URL"] == "http://127.0.0.1:8333"
+
+
+def test_seaweedfs_checks_the_generated_keys_and_puts_s3_alone_on_its_bind_address(tmp_path):
+    server = SeaweedServer(tmp_path, port=8333, host="127.0.0.2")
+    flags = dict(arg.split("=", 1) for arg in server._command()[3:] if "=" in arg)
+    assert (flags["-ip"], flags["-ip.bind"], flags["-s3.ip.bind"]) == (
+        "127.0.0.1",
+        "127.0.0.1",
+        "127.0.0.2",
+    )
+    assert flags["-s3.config"] == str(tmp_path / "s3-identities.json")
+    server._prepare()
+    credentials = json.loads((tmp_path / "credentials.json").read_text())
+    assert json.loads((tmp_path / "s3-identities.json").read_text()) == {
+        "identities": [
+            {
+                "name": "hvdflow",
+                "credentials": [
+                    {
+                        "accessKey": credentials["access_key_id"],
+                        "secretKey": credentials["secret_access_key"],
+                    }
+                ],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    assert server.env() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.2:8333",
+        "AWS_ACCESS_KEY_ID": credentials["access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": credentials["secret_access_key"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "MLFLOW_S3_ENDPOINT_URL": "http://127.0.0.2:8333",
+    }
+    security = (tmp_path / "grpc-tls" / "security.toml").read_text()
+    assert security.startswith(f'[grpc]\nca = "{tmp_path / "grpc-tls" / "ca.crt"}"\n')
+    assert security.count("client_cert = ") == 4  # master, volume, filer, s3
+    private = ["credentials.json", "s3-identities.json", "grpc-tls/grpc.key"]
+    assert {name: (tmp_path / name).stat().st_mode & 0o777 for name in private} == dict.fromkeys(
+        private, 0o600
+    )
+    assert server.secret_sources() == {
+        "AWS_SECRET_ACCESS_KEY": f'"secret_access_key" in {tmp_path / "credentials.json"}'
+    }
+
+
+def test_a_secret_file_is_private_even_when_an_older_one_was_not(tmp_path):
+    path = tmp_path / "credentials.json"
+    path.write_text("{}")
+    path.chmod(0o644)
+    write_private(path, '{"password": "p"}')
+    assert (path.stat().st_mode & 0o777, path.read_text()) == (0o600, '{"password": "p"}')
+    assert [p.name for p in tmp_path.iterdir()] == ["credentials.json"]
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("10.0.0.5", False),
+        ("192.0.2.10", False),
+        ("fd00::2", False),
+        ("no-such-host.invalid", False),  # cannot tell: treated as reachable from elsewhere
+    ],
+)
+def test_what_counts_as_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_a_bind_address_must_be_one_of_this_machine_and_name_itself():
+    assert check_bind_address("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(ValueError) as err:
+        check_bind_address("0.0.0.0")
+    assert str(err.value) == (
+        "bind address '0.0.0.0' listens on every interface but names none that other hosts "
+        "can connect to: pass the address of this machine that they reach (e.g. 10.0.0.5), "
+        "or 127.0.0.1 for this machine only"
+    )
+    with pytest.raises(ValueError) as err:
+        check_bind_address("192.0.2.10")
+    assert str(err.value) == (
+        "bind address '192.0.2.10' is not an address of this machine (Cannot assign requested "
+        "address): pass one of its interfaces' addresses, or 127.0.0.1"
+    )
+    assert (url_host("10.0.0.5"), url_host("fd00::2")) == ("10.0.0.5", "[fd00::2]")
