@@ -29,14 +29,42 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         # Fail a barrier stage that cannot get its slots in seconds, not minutes.
         c.SPARK_BARRIER_CHECK_INTERVAL: "1s",
         c.SPARK_BARRIER_CHECK_MAX_FAILURES: "3",
+        # Whoever reaches the UI must not be able to stop a training run from it.
+        c.SPARK_UI_KILL_ENABLED: "false",
     }
     if master.startswith("local"):
         # The machine's hostname may resolve to an address other processes cannot reach.
-        host = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        host = os.environ.get(c.SPARK_LOCAL_IP, "127.0.0.1")
         conf[c.SPARK_DRIVER_HOST] = host
         conf[c.SPARK_DRIVER_BIND_ADDRESS] = host
     conf.update(extra or {})
     return conf
+
+
+def ui_bind_address(conf: Mapping[str, str]) -> str | None:
+    """The address the driver's web UI listens on: the driver's bind address.
+
+    Spark 4.0's UI takes it from ``$SPARK_LOCAL_IP`` alone and otherwise listens on every
+    interface; ``None`` when neither the conf nor the environment names the driver's address
+    (a cluster master with no address configured), which leaves Spark's default.
+    """
+    return (
+        conf.get(c.SPARK_DRIVER_BIND_ADDRESS)
+        or conf.get(c.SPARK_DRIVER_HOST)
+        or os.environ.get(c.SPARK_LOCAL_IP)
+        or None
+    )
+
+
+def launch_env(conf: Mapping[str, str]) -> dict[str, str]:
+    """The variables the driver's JVM and its Python workers start with, for ``conf``."""
+    # PySpark takes the executors' interpreter from PYSPARK_PYTHON when the context starts (the
+    # conf key only reaches spark-submit); it then travels with every Python function.
+    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    address = ui_bind_address(conf)
+    if address:
+        env[c.SPARK_LOCAL_IP] = address
+    return env
 
 
 def get_spark(
@@ -55,12 +83,17 @@ def get_spark(
         return existing
     master = master or default_master()
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in spark_conf(master, conf).items():
+    session_conf = spark_conf(master, conf)
+    for key, value in session_conf.items():
         builder = builder.config(key, value)
+    env = launch_env(session_conf)
+    if c.SPARK_LOCAL_IP not in env and session_conf.get(c.SPARK_UI_ENABLED, "true") != "false":
+        logger.warning(
+            "the Spark UI will listen on every interface: set SPARK_LOCAL_IP or "
+            "spark.driver.bindAddress to the driver's address to keep it to that one"
+        )
     logger.info("starting Spark session on %s", master)
-    # PySpark takes the executors' interpreter from PYSPARK_PYTHON when the context starts (the
-    # conf key above only reaches spark-submit); it then travels with every Python function.
-    with temporary_env({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}):
+    with temporary_env(env):
         return builder.getOrCreate()
 
 

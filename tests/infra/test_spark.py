@@ -1,0 +1,146 @@
+"""The Spark session's conf and the driver UI's exposure: exact values, and a real local session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from infra.spark import launch_env, spark_conf, ui_bind_address
+
+PY = sys.executable
+
+
+@pytest.mark.unit
+def test_a_local_session_binds_the_driver_to_loopback_and_turns_the_kill_links_off(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert spark_conf("local[2]") == {
+        "spark.pyspark.python": PY,
+        "spark.pyspark.driver.python": PY,
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
+        "spark.ui.killEnabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+    }
+
+
+@pytest.mark.unit
+def test_spark_local_ip_chooses_a_local_drivers_address_and_extra_wins(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
+    conf = spark_conf("local[1]", {"spark.ui.killEnabled": "true"})
+    assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "10.1.2.3"
+    assert conf["spark.ui.killEnabled"] == "true"
+
+
+@pytest.mark.unit
+def test_a_cluster_session_leaves_the_drivers_address_to_spark(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert spark_conf("spark://master:7077") == {
+        "spark.pyspark.python": PY,
+        "spark.pyspark.driver.python": PY,
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
+        "spark.ui.killEnabled": "false",
+    }
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("conf", "env", "expected"),
+    [
+        (
+            {"spark.driver.bindAddress": "10.0.0.5", "spark.driver.host": "10.0.0.6"},
+            None,
+            "10.0.0.5",
+        ),
+        ({"spark.driver.host": "10.0.0.6"}, "10.0.0.7", "10.0.0.6"),
+        ({}, "10.0.0.7", "10.0.0.7"),
+        ({}, None, None),
+    ],
+)
+def test_the_ui_binds_the_drivers_bind_address(monkeypatch, conf, env, expected):
+    if env is None:
+        monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    else:
+        monkeypatch.setenv("SPARK_LOCAL_IP", env)
+    assert ui_bind_address(conf) == expected
+
+
+@pytest.mark.unit
+def test_the_jvm_starts_with_the_ui_address_and_this_interpreter(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert launch_env(spark_conf("local[2]")) == {
+        "PYSPARK_PYTHON": PY,
+        "PYSPARK_DRIVER_PYTHON": PY,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    assert launch_env(spark_conf("spark://master:7077")) == {
+        "PYSPARK_PYTHON": PY,
+        "PYSPARK_DRIVER_PYTHON": PY,
+    }
+
+
+# Runs in its own process: one JVM per Python process, and the tests' shared session has no UI.
+UI_CHECK = textwrap.dedent(
+    """
+    import json, socket
+    import psutil
+    from infra.spark import get_spark
+
+    spark = get_spark("local[1]", "ui-check", {"spark.ui.enabled": "true", "spark.ui.port": "0"})
+    try:
+        sc = spark.sparkContext
+        port = int(sc.uiWebUrl.rsplit(":", 1)[1])
+        jvm = psutil.Process(sc._gateway.proc.pid)
+        listening = sorted(
+            conn.laddr.ip.removeprefix("::ffff:")  # Java's sockets are dual-stack
+            for proc in [jvm, *jvm.children(recursive=True)]
+            for conn in proc.net_connections("inet")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
+        )
+        others = [
+            a.address
+            for addrs in psutil.net_if_addrs().values()
+            for a in addrs
+            if a.family == socket.AF_INET and not a.address.startswith("127.")
+        ]
+        reachable = []
+        for address in others:
+            try:
+                socket.create_connection((address, port), timeout=2).close()
+                reachable.append(address)
+            except OSError:
+                pass
+        print(json.dumps({
+            "listening": listening,
+            "others": others,
+            "reachable": reachable,
+            "kill": sc.getConf().get("spark.ui.killEnabled"),
+        }))
+    finally:
+        spark.stop()
+    """
+)
+
+
+@pytest.mark.integration
+def test_a_local_sessions_ui_listens_on_loopback_only_without_kill_links(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    done = subprocess.run(
+        [PY, "-c", UI_CHECK],
+        env=env,
+        cwd=os.getcwd(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["listening"] == ["127.0.0.1"]  # not 0.0.0.0 or ::
+    assert found["reachable"] == []  # nor on this machine's other addresses, if it has any
+    assert found["kill"] == "false"
