@@ -20,11 +20,18 @@ def default_master() -> str:
     return os.environ.get(c.HVDFLOW_SPARK_MASTER) or f"local[{os.cpu_count() or 1}]"
 
 
+def executor_python() -> str:
+    """The executors' interpreter: ``$PYSPARK_PYTHON`` when set (e.g. ``./environment/bin/python``
+    of a packed environment shipped with ``spark.archives``), else this one."""
+    return os.environ.get("PYSPARK_PYTHON") or sys.executable
+
+
 def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The conf hvdflow sets on a new session; ``extra`` wins over every default."""
     conf = {
-        # Executors must run this interpreter, which has horovod, petastorm and hvdflow.
-        c.SPARK_PYSPARK_PYTHON: sys.executable,
+        # Executors must run an interpreter with horovod, petastorm and hvdflow: this one (a
+        # shared install), or the packed environment PYSPARK_PYTHON names.
+        c.SPARK_PYSPARK_PYTHON: executor_python(),
         c.SPARK_PYSPARK_DRIVER_PYTHON: sys.executable,
         # Fail a barrier stage that cannot get its slots in seconds, not minutes.
         c.SPARK_BARRIER_CHECK_INTERVAL: "1s",
@@ -60,7 +67,7 @@ def launch_env(conf: Mapping[str, str]) -> dict[str, str]:
     """The variables the driver's JVM and its Python workers start with, for ``conf``."""
     # PySpark takes the executors' interpreter from PYSPARK_PYTHON when the context starts (the
     # conf key only reaches spark-submit); it then travels with every Python function.
-    env = {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {"PYSPARK_PYTHON": executor_python(), "PYSPARK_DRIVER_PYTHON": sys.executable}
     address = ui_bind_address(conf)
     if address:
         env[c.SPARK_LOCAL_IP] = address

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +67,14 @@ def driver_env(cluster: NetnsSparkCluster, conf_dir: Path) -> dict[str, str]:
 
 
 def run_driver(
-    cluster: NetnsSparkCluster, *python_args: str, workdir: Path, timeout_s: float = 300.0
+    cluster: NetnsSparkCluster,
+    *python_args: str,
+    workdir: Path,
+    timeout_s: float = 300.0,
+    env: Mapping[str, str] | None = None,
 ) -> DriverRun:
-    """Run ``python *python_args`` (``-c CODE`` or ``-m MODULE ...``) as the cluster's driver.
+    """Run ``python *python_args`` (``-c CODE`` or ``-m MODULE ...``) as the cluster's driver,
+    with ``env`` on top of ``driver_env``.
 
     Bounded: past ``timeout_s`` its whole process group (its Spark JVM included) is killed and
     TimeoutError carries the tail of its output.
@@ -81,7 +87,7 @@ def run_driver(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=driver_env(cluster, workdir / "conf"),
+        env={**driver_env(cluster, workdir / "conf"), **(env or {})},
         cwd=str(PROJECT_ROOT),
         start_new_session=True,  # its own group: a timeout stops its JVM too
     )

@@ -144,3 +144,16 @@ def test_a_local_sessions_ui_listens_on_loopback_only_without_kill_links(tmp_pat
     assert found["listening"] == ["127.0.0.1"]  # not 0.0.0.0 or ::
     assert found["reachable"] == []  # nor on this machine's other addresses, if it has any
     assert found["kill"] == "false"
+
+
+@pytest.mark.unit
+def test_executors_run_the_interpreter_pyspark_python_names(monkeypatch):
+    from infra.spark import launch_env, spark_conf
+
+    monkeypatch.setenv("PYSPARK_PYTHON", "./environment/bin/python")
+    conf = spark_conf("spark://master:7077")
+    assert conf["spark.pyspark.python"] == "./environment/bin/python"
+    assert conf["spark.pyspark.driver.python"] == sys.executable
+    assert launch_env(conf)["PYSPARK_PYTHON"] == "./environment/bin/python"
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    assert spark_conf("spark://master:7077")["spark.pyspark.python"] == sys.executable
