@@ -1,19 +1,35 @@
-"""Executor side of preprocessing: one input item in, decoded images or quarantine records out.
+"""Executor side of preprocessing: input items in, encoded images or quarantine records out.
 
-Every failure becomes a ``Bad`` record with a reason a person can act on; nothing raises out
-of here, so one bad file never fails the job.
+``decode_records`` turns the input items of a partition into ``Row``s (the image resized,
+converted and PNG-encoded as Petastorm stores it) and ``Bad`` records. It fetches the bytes of
+its items (local reads, or ``s3://`` GETs on the partition's one boto3 client, FETCH_AHEAD in
+flight while the previous images decode) and decodes each image once.
+
+A bad *file* becomes a ``Bad`` record with a reason a person can act on, so one corrupt image
+never fails the job. An *environment* problem is not a bad file: an input folder this executor
+does not see, or an object store it cannot reach, raises ``InputUnreadableError`` naming the
+host and the path, and fails the job instead of quarantining every input.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import socket
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from tasks.preprocess.storage import S3Access, error_code, is_s3, split_s3
+
 # Modes Pillow converts to L/RGB without losing meaning. 32-bit integer/float and 16-bit modes
 # (medical, scientific images) need a scaling decision hvdflow does not guess.
 SUPPORTED_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr"}
+# Objects fetched ahead of the image being decoded, per partition (s3:// inputs).
+FETCH_AHEAD = 16
 
 
 class Good(NamedTuple):
@@ -27,12 +43,47 @@ class Bad(NamedTuple):
     reason: str
 
 
-def decode_item(item, image_size: tuple[int, int], color_mode: str, max_pixels: int):
-    """Yield Good/Bad records for a file item or an IDX record range."""
-    if item.index is None:
-        yield _decode_file(item, image_size, color_mode, max_pixels)
-    else:
-        yield from _decode_idx(item, image_size, color_mode)
+class Row(NamedTuple):
+    """A usable image, ready to store: its label index, split key and PNG bytes."""
+
+    source: str
+    label: int
+    key: int
+    image: bytes
+
+
+class InputUnreadableError(RuntimeError):
+    """An executor cannot read the input at all (not one bad file): the job must fail."""
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What every decode task needs, as plain values (it travels in the Spark closure)."""
+
+    image_size: tuple[int, int]
+    color_mode: str
+    max_pixels: int
+    seed: int
+    label_index: dict[str, int]
+    root: str  # the input folder (checked on every executor) or s3:// prefix
+    access: S3Access | None  # for s3:// inputs
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def check_input_root(root: str) -> None:
+    """Fail with the host and the path when this executor does not see the input folder."""
+    if not os.path.isdir(root):
+        raise InputUnreadableError(
+            f"input folder {root!r} does not exist on executor host {host()!r}: on a cluster "
+            "the input must be on a path every executor sees (a shared file system mounted at "
+            "the same path), or in object storage (s3://bucket/prefix/)"
+        )
+
+
+# --- decoding ------------------------------------------------------------------------------
 
 
 def _fit(image, image_size, color_mode) -> np.ndarray:
@@ -45,58 +96,238 @@ def _fit(image, image_size, color_mode) -> np.ndarray:
     return np.asarray(image, dtype=np.uint8)
 
 
-def _decode_file(item, image_size, color_mode, max_pixels):
+def decode_image(source: str, label: str, data: bytes, image_size, color_mode, max_pixels):
+    """One image file's bytes to a Good record, or a Bad one saying why not."""
     from PIL import Image, UnidentifiedImageError
 
-    try:
-        size = os.path.getsize(item.path)
-    except OSError as e:
-        return Bad(item.source, f"cannot read the file: {e.strerror}")
-    if size == 0:
-        return Bad(item.source, "empty file (0 bytes)")
+    if not data:
+        return Bad(source, "empty file (0 bytes)")
     # Pillow's own guard would raise or only warn depending on how far the limit is exceeded;
     # hvdflow checks the header's size itself before decoding anything.
     Image.MAX_IMAGE_PIXELS = None
     try:
-        with Image.open(item.path) as image:
+        with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             if width * height > max_pixels:
                 return Bad(
-                    item.source,
+                    source,
                     f"{width}x{height} = {width * height} pixels is above max_pixels="
                     f"{max_pixels} (decompression bomb guard): raise max_pixels if it is real",
                 )
             if image.mode not in SUPPORTED_MODES:
-                return Bad(item.source, f"unsupported image mode {image.mode!r}")
+                return Bad(source, f"unsupported image mode {image.mode!r}")
             image.load()  # a truncated file fails here, not at open
-            return Good(item.source, item.label, _fit(image, image_size, color_mode))
+            return Good(source, label, _fit(image, image_size, color_mode))
     except UnidentifiedImageError:
-        return Bad(item.source, "not an image file Pillow can read")
+        return Bad(source, "not an image file Pillow can read")
     except (OSError, SyntaxError, ValueError) as e:
-        return Bad(item.source, f"corrupt or truncated image: {e}")
+        return Bad(source, f"corrupt or truncated image: {e}")
 
 
-def _decode_idx(item, image_size, color_mode):
+def decode_idx(
+    name: str,
+    start: int,
+    count: int,
+    pixels: bytes,
+    labels: bytes,
+    rows,
+    cols,
+    image_size,
+    color_mode,
+):
+    """Good records for the complete IDX records in ``pixels``/``labels``, Bad for the rest."""
     from PIL import Image
 
-    from tasks.preprocess.sources import _open_idx, read_idx_header
-
-    try:
-        _, (_, rows, cols) = read_idx_header(item.path)
-        with _open_idx(item.path) as f:
-            f.seek(16 + item.index * rows * cols)
-            pixels = f.read(item.count * rows * cols)
-        with _open_idx(item.labels_path) as f:
-            f.seek(8 + item.index)
-            labels = f.read(item.count)
-    except (OSError, ValueError, EOFError) as e:
-        yield Bad(item.source, f"unreadable IDX records: {e}")
-        return
-    complete = min(len(pixels) // (rows * cols), len(labels))
+    complete = min(len(pixels) // (rows * cols), len(labels), count)
     images = np.frombuffer(pixels[: complete * rows * cols], np.uint8).reshape(-1, rows, cols)
     for i in range(complete):
-        source = f"{os.path.basename(item.path)}#{item.index + i}"
         image = Image.fromarray(images[i], mode="L")
-        yield Good(source, str(labels[i]), _fit(image, image_size, color_mode))
-    for i in range(complete, item.count):
-        yield Bad(f"{os.path.basename(item.path)}#{item.index + i}", "truncated IDX file")
+        yield Good(f"{name}#{start + i}", str(labels[i]), _fit(image, image_size, color_mode))
+    for i in range(complete, count):
+        yield Bad(f"{name}#{start + i}", "truncated IDX file")
+
+
+def decode_item(item, image_size: tuple[int, int], color_mode: str, max_pixels: int):
+    """Yield Good/Bad records for a local file item or IDX record range (single process)."""
+    fetcher = _Fetcher(None)
+    try:
+        yield from fetcher.decode(item, fetcher.fetch(item), image_size, color_mode, max_pixels)
+    finally:
+        fetcher.close()
+
+
+# --- fetching ------------------------------------------------------------------------------
+
+
+class _Fetcher:
+    """Reads the bytes of input items: local files, or objects through one boto3 client."""
+
+    def __init__(self, access: S3Access | None, client=None):
+        self._access = access
+        self._client = client
+        self._whole: dict[str, bytes] = {}  # gunzipped IDX objects, read once per partition
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = self._access.client(connections=FETCH_AHEAD)
+        return self._client
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def fetch_all(self, items):
+        """(item, fetched) in order; from object storage with up to FETCH_AHEAD in flight."""
+        if self._access is None:  # local files: threads would only compete with decoding
+            for item in items:
+                yield item, self.fetch(item)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="hvdflow-fetch")
+        pending: deque = deque()
+        for item in items:
+            pending.append((item, self._pool.submit(self.fetch, item)))
+            if len(pending) >= FETCH_AHEAD:
+                first, future = pending.popleft()
+                yield first, future.result()
+        while pending:
+            first, future = pending.popleft()
+            yield first, future.result()
+
+    def fetch(self, item):
+        """A file's bytes (or a Bad), or for an IDX range (pixels, labels, rows, cols)."""
+        if item.index is None:
+            return self._file_bytes(item.source, item.path)
+        try:
+            return self._idx_range(item)
+        except (OSError, ValueError, EOFError) as e:
+            return Bad(item.source, f"unreadable IDX records: {e}")
+
+    def decode(self, item, fetched, image_size, color_mode, max_pixels):
+        if isinstance(fetched, Bad):
+            yield fetched
+        elif item.index is None:
+            yield decode_image(item.source, item.label, fetched, image_size, color_mode, max_pixels)
+        else:
+            pixels, labels, rows, cols = fetched
+            name = item.source.rsplit("#", 1)[0]
+            yield from decode_idx(
+                name, item.index, item.count, pixels, labels, rows, cols, image_size, color_mode
+            )
+
+    def _file_bytes(self, source: str, path: str):
+        if not is_s3(path):
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                return Bad(source, f"cannot read the file: {e.strerror}")
+        data = self._get(path)
+        return Bad(source, "cannot read the object: it no longer exists") if data is None else data
+
+    def _get(self, uri: str, first: int | None = None, last: int | None = None) -> bytes | None:
+        """An object's bytes (a byte range of it), None when it does not exist."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = split_s3(uri)
+        kwargs = {"Bucket": bucket, "Key": key}
+        if first is not None:
+            kwargs["Range"] = f"bytes={first}-{last}"
+        try:
+            return self.client.get_object(**kwargs)["Body"].read()
+        except ClientError as e:
+            code = error_code(e)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return None
+            if code == "InvalidRange":
+                return b""
+            raise InputUnreadableError(
+                f"executor host {host()!r} cannot read {uri} at {self._access.where} ({code}): "
+                "give the executors credentials for the bucket (AWS_ACCESS_KEY_ID, "
+                "AWS_SECRET_ACCESS_KEY)"
+            ) from None
+        except BotoCoreError as e:
+            raise InputUnreadableError(
+                f"executor host {host()!r} cannot reach the object store at "
+                f"{self._access.where} to read {uri} ({type(e).__name__}): set AWS_ENDPOINT_URL "
+                "to an address the executors can reach"
+            ) from None
+
+    def _idx_range(self, item):
+        from tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header
+
+        if not is_s3(item.path):
+            with _open_idx(item.path) as f:
+                _, (_, rows, cols) = parse_idx_header(f.read(16), item.path)
+                f.seek(16 + item.index * rows * cols)
+                pixels = f.read(item.count * rows * cols)
+            with _open_idx(item.labels_path) as f:
+                f.seek(8 + item.index)
+                labels = f.read(item.count)
+            return pixels, labels, rows, cols
+        if item.path.endswith(".gz"):
+            # A gzip stream cannot be read from the middle: fetch and unpack it once per task.
+            images, labels_all = self._whole_idx(item.path), self._whole_idx(item.labels_path)
+            _, (_, rows, cols) = parse_idx_header(images[:16], item.path)
+            size = rows * cols
+            start = 16 + item.index * size
+            pixels = images[start : start + item.count * size]
+            return pixels, labels_all[8 + item.index : 8 + item.index + item.count], rows, cols
+        head = self._get(item.path, 0, 15)
+        if head is None:
+            raise OSError(f"{item.path} no longer exists")
+        _, (_, rows, cols) = parse_idx_header(head, item.path)
+        size = rows * cols
+        start = idx_header_size(3) + item.index * size
+        pixels = self._get(item.path, start, start + item.count * size - 1) or b""
+        first = idx_header_size(1) + item.index
+        labels = self._get(item.labels_path, first, first + item.count - 1) or b""
+        return pixels, labels, rows, cols
+
+    def _whole_idx(self, uri: str) -> bytes:
+        import gzip
+
+        if uri not in self._whole:
+            data = self._get(uri)
+            if data is None:
+                raise OSError(f"{uri} no longer exists")
+            self._whole[uri] = gzip.decompress(data)
+        return self._whole[uri]
+
+
+# --- a partition's records -----------------------------------------------------------------
+
+
+def decode_records(items, plan: DecodePlan, client=None):
+    """Row or Bad records for ``items`` (sources.Item), in order; ``client``: the partition's
+    boto3 client, if it has one already."""
+    from tasks.preprocess.schema import image_schema
+    from tasks.preprocess.split import split_key
+
+    if not is_s3(plan.root):
+        check_input_root(plan.root)
+    field = image_schema(plan.image_size, plan.color_mode).image
+    fetcher = _Fetcher(plan.access, client)
+    try:
+        for item, fetched in fetcher.fetch_all(items):
+            records = fetcher.decode(
+                item, fetched, plan.image_size, plan.color_mode, plan.max_pixels
+            )
+            for record in records:
+                if isinstance(record, Bad):
+                    yield record
+                    continue
+                label = plan.label_index.get(record.label)
+                if label is None:
+                    known = ", ".join(plan.label_index)
+                    yield Bad(
+                        record.source,
+                        f"label {record.label!r} is not one of the classes ({known})",
+                    )
+                    continue
+                image = bytes(field.codec.encode(field, record.image))
+                yield Row(record.source, label, split_key(plan.seed, record.source), image)
+    finally:
+        fetcher.close()

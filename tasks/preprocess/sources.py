@@ -1,7 +1,9 @@
 """What to preprocess: input listings for each format, and the dataset fingerprint.
 
-Listing happens on the driver and reads only names, sizes and modification times, so the
-fingerprint can say "nothing changed, reuse the dataset" before Spark decodes anything.
+Listing happens on the driver and reads only names, sizes and versions (modification times of
+local files, ETags of objects), so the fingerprint can say "nothing changed, reuse the dataset"
+before Spark decodes anything. An ``s3://`` input is listed with paginated ListObjectsV2 calls:
+no request per object on the driver; the executors fetch the bytes.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from tasks.preprocess.storage import S3Access, is_s3, list_objects, split_s3
 
 # Classic MNIST file names; the `-idx3-ubyte` part is what identifies the format.
 MNIST_FILES = {
@@ -29,7 +34,7 @@ class Item:
 
     source: str  # what the quarantine report and the dataset's `source` column show
     label: str
-    path: str
+    path: str  # a local path or an s3:// URI
     index: int | None = None  # first IDX record
     count: int = 1  # IDX records in this item
     labels_path: str | None = None
@@ -38,8 +43,10 @@ class Item:
 @dataclass(frozen=True)
 class Listing:
     items: list[Item]
-    files: list[tuple[str, int, int]]  # (path, size, mtime_ns) of every input file
+    # (path, size, version) of every input file: mtime_ns locally, the ETag of an object
+    files: list[tuple[str, int, int | str]]
     labels: list[str]  # class names; their order is the label index
+    root: str = ""  # the input folder or s3:// prefix, as the executors must see it
 
 
 def list_class_folders(root: str) -> Listing:
@@ -59,7 +66,32 @@ def list_class_folders(root: str) -> Listing:
                 stat = os.stat(path)
                 files.append((path, stat.st_size, stat.st_mtime_ns))
                 items.append(Item(os.path.relpath(path, base), name, path))
-    return Listing(items, files, classes)
+    return Listing(items, files, classes, str(base))
+
+
+def list_s3_class_folders(uri: str, access: S3Access) -> Listing:
+    """The same tree under an ``s3://bucket/prefix/``: ``<prefix>/<class>/<...>/<image>``.
+
+    Objects directly under the prefix, folder markers and names starting with a dot (at any
+    level) are ignored, as they are in a local tree.
+    """
+    bucket, prefix = split_s3(uri)
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    entries = []
+    for obj in list_objects(access.client(), uri, access):
+        relative = obj["Key"][len(prefix) :]
+        parts = relative.split("/")
+        if len(parts) < 2 or not parts[-1] or any(p.startswith(".") or not p for p in parts):
+            continue
+        entries.append((parts[0], relative, obj))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    items, files = [], []
+    for label, relative, obj in entries:
+        path = f"s3://{bucket}/{obj['Key']}"
+        files.append((path, int(obj["Size"]), str(obj.get("ETag", "")).strip('"')))
+        items.append(Item(relative, label, path))
+    classes = sorted({label for label, _, _ in entries})
+    return Listing(items, files, classes, f"s3://{bucket}/{prefix}")
 
 
 def _open_idx(path: str):
@@ -71,57 +103,140 @@ def _open_idx(path: str):
 def read_idx_header(path: str) -> tuple[int, tuple[int, ...]]:
     """(type code, dimensions) of an IDX file; ValueError when it is not one."""
     with _open_idx(path) as f:
-        magic = f.read(4)
-        if len(magic) != 4 or magic[:2] != b"\0\0":
-            raise ValueError(f"{path} is not an IDX file (bad magic number {magic!r})")
-        ndim = magic[3]
-        dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
-    return magic[2], dims
+        return parse_idx_header(f.read(64), path)
 
 
-def _find(root: Path, stem: str) -> str | None:
-    for candidate in (
-        stem,
-        stem + ".gz",
-        stem.replace("-idx", ".idx"),
-        stem.replace("-idx", ".idx") + ".gz",
-    ):
-        if (root / candidate).exists():
-            return str(root / candidate)
-    return None
+def parse_idx_header(head: bytes, name: str) -> tuple[int, tuple[int, ...]]:
+    """(type code, dimensions) from the first bytes of an (uncompressed) IDX file."""
+    magic = head[:4]
+    if len(magic) != 4 or magic[:2] != b"\0\0":
+        raise ValueError(f"{name} is not an IDX file (bad magic number {magic!r})")
+    ndim = magic[3]
+    if len(head) < 4 + 4 * ndim:
+        raise ValueError(f"{name} is not an IDX file (its header is cut short)")
+    return magic[2], struct.unpack(f">{ndim}I", head[4 : 4 + 4 * ndim])
 
 
-def list_mnist_idx(root: str) -> Listing:
-    """MNIST IDX files (train and/or t10k, gzipped or not) in ``root``."""
+def idx_header_size(ndim: int) -> int:
+    return 4 + 4 * ndim
+
+
+def gunzip_head(data: bytes) -> bytes:
+    """The first bytes of a gzip stream, from its first bytes."""
+    return zlib.decompressobj(wbits=31).decompress(data)
+
+
+def _idx_names(stem: str) -> tuple[str, ...]:
+    dotted = stem.replace("-idx", ".idx")
+    return (stem, stem + ".gz", dotted, dotted + ".gz")
+
+
+def _find(names: set[str], stem: str) -> str | None:
+    return next((n for n in _idx_names(stem) if n in names), None)
+
+
+def list_mnist_idx(root: str, access: S3Access | None = None) -> Listing:
+    """MNIST IDX files (train and/or t10k, gzipped or not) in a folder or an ``s3://`` prefix."""
+    if is_s3(root):
+        return _list_s3_mnist_idx(root, access or S3Access.from_env())
     base = Path(root)
+    names = {p.name for p in base.iterdir()} if base.is_dir() else set()
+
+    def describe(name: str):
+        path = str(base / name)
+        stat = os.stat(path)
+        return path, stat.st_size, stat.st_mtime_ns, read_idx_header(path)[1]
+
+    return _idx_listing(root, str(base), names, describe)
+
+
+def _list_s3_mnist_idx(root: str, access: S3Access) -> Listing:
+    bucket, prefix = split_s3(root)
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    client = access.client()
+    objects = {
+        o["Key"][len(prefix) :]: o for o in list_objects(client, root, access, delimiter="/")
+    }
+
+    def describe(name: str):
+        obj = objects[name]
+        # One ranged request per IDX file for its header (2 to 4 files), not per image.
+        head = client.get_object(Bucket=bucket, Key=obj["Key"], Range="bytes=0-4095")["Body"]
+        head = head.read()
+        if name.endswith(".gz"):
+            head = gunzip_head(head)
+        path = f"s3://{bucket}/{obj['Key']}"
+        etag = str(obj.get("ETag", "")).strip('"')
+        return path, int(obj["Size"]), etag, parse_idx_header(head, path)[1]
+
+    return _idx_listing(root, f"s3://{bucket}/{prefix}", set(objects), describe)
+
+
+def _idx_listing(root: str, where: str, names: set[str], describe) -> Listing:
     items, files = [], []
     for part, (images_stem, labels_stem) in MNIST_FILES.items():
-        images, labels = _find(base, images_stem), _find(base, labels_stem)
+        images, labels = _find(names, images_stem), _find(names, labels_stem)
         if images is None and labels is None:
             continue
         if images is None or labels is None:
             missing = images_stem if images is None else labels_stem
             raise ValueError(f"{root}: found the {part} files but not {missing}(.gz)")
-        _, image_dims = read_idx_header(images)
-        _, label_dims = read_idx_header(labels)
+        images_path, images_size, images_version, image_dims = describe(images)
+        labels_path, labels_size, labels_version, label_dims = describe(labels)
         if len(image_dims) != 3 or image_dims[0] != label_dims[0]:
             raise ValueError(
-                f"{images} holds {image_dims} images but {labels} holds {label_dims[0]} labels"
+                f"{images_path} holds {image_dims} images but {labels_path} holds "
+                f"{label_dims[0]} labels"
             )
-        for path in (images, labels):
-            stat = os.stat(path)
-            files.append((path, stat.st_size, stat.st_mtime_ns))
+        files.append((images_path, images_size, images_version))
+        files.append((labels_path, labels_size, labels_version))
         for start in range(0, image_dims[0], IDX_CHUNK):
             count = min(IDX_CHUNK, image_dims[0] - start)
-            items.append(
-                Item(f"{os.path.basename(images)}#{start}", "", images, start, count, labels)
-            )
+            items.append(Item(f"{images}#{start}", "", images_path, start, count, labels_path))
     if not items:
         raise ValueError(
             f"no MNIST IDX files in {root!r}: expected train-images-idx3-ubyte(.gz) and "
             "train-labels-idx1-ubyte(.gz), or the t10k pair"
         )
-    return Listing(items, files, [str(d) for d in range(10)])
+    return Listing(items, files, [str(d) for d in range(10)], where)
+
+
+def listed_records(listing: Listing, label_index: dict[str, int], access: S3Access | None):
+    """A function giving (item position, label index, source) for every listed record.
+
+    Files: one record per item, its label from its folder. IDX ranges: one per image, its label
+    from the labels file, read once here (one byte per image; a GET per labels object).
+    Records whose label is not a class are left out: the executors quarantine them.
+    """
+    labels_of: dict[str, bytes] = {}
+    for item in listing.items:
+        if item.index is not None and item.labels_path not in labels_of:
+            labels_of[item.labels_path] = _read_whole(item.labels_path, access)
+
+    def records():
+        for i, item in enumerate(listing.items):
+            if item.index is None:
+                yield i, label_index[item.label], item.source
+                continue
+            name = item.source.rsplit("#", 1)[0]
+            labels = labels_of[item.labels_path][8 + item.index : 8 + item.index + item.count]
+            for offset, value in enumerate(labels):
+                label = label_index.get(str(value))
+                if label is not None:
+                    yield i, label, f"{name}#{item.index + offset}"
+
+    return records
+
+
+def _read_whole(path: str, access: S3Access | None) -> bytes:
+    """A (small) file's content, gunzipped when it is gzip."""
+    if not is_s3(path):
+        with _open_idx(path) as f:
+            return f.read()
+    bucket, key = split_s3(path)
+    data = (access or S3Access.from_env()).client().get_object(Bucket=bucket, Key=key)["Body"]
+    data = data.read()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
 
 
 def write_digits_tree(root: str) -> str:
@@ -144,7 +259,7 @@ def write_digits_tree(root: str) -> str:
 
 
 def fingerprint(listing: Listing, params: dict) -> str:
-    """sha256 of the input listing (paths, sizes, mtimes) and the preprocessing parameters."""
+    """sha256 of the input listing (paths, sizes, mtimes or ETags) and the parameters."""
     digest = hashlib.sha256()
     digest.update(json.dumps(params, sort_keys=True).encode())
     for path, size, mtime_ns in sorted(listing.files):

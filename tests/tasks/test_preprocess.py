@@ -1,20 +1,32 @@
-"""Preprocessing on generated files in each input format, on the session's local[2] Spark."""
+"""Preprocessing on generated files in each input format, on the session's local[2] Spark,
+from local folders and from a bucket of the session's SeaweedFS."""
 
 from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import os
+import socket
 import struct
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tasks.preprocess import PreprocessConfig, preprocess_images
-from tasks.preprocess.job import stratified_val_sources
+from tasks.preprocess import PreprocessConfig, preprocess_images, sources
+from tasks.preprocess import job as preprocess_job
+from tasks.preprocess.split import (
+    choose_boundaries,
+    is_val,
+    split_key,
+    stratified_val_sources,
+)
+from tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV, plan_row_groups
 from training.reader import open_dataset
 
 
@@ -60,6 +72,43 @@ def read_rows(url, columns=("label", "source", "split")):
     return pq.read_table(url.replace("file://", ""), columns=list(columns)).to_pylist()
 
 
+def read_sources(url, rank=0, size=1):
+    """The `source` of every row Petastorm's reader gives this rank (local or s3://)."""
+    with open_dataset(
+        url,
+        rank=rank,
+        size=size,
+        batch_size=None,
+        num_epochs=1,
+        shuffle=False,
+        fields=("image", "source"),
+        normalize=False,
+    ) as ds:
+        return [row.source.numpy().decode() for row in ds]
+
+
+def good_sources(root, bad):
+    """Every file under `root` (class/name) that is not one of the `bad` ones."""
+    found = {str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file()}
+    return sorted(found - set(bad))
+
+
+def val_picks(root, bad, fraction, seed):
+    """The validation picks of the listed files, and those that are usable (sorted)."""
+    files = [p.relative_to(root) for p in Path(root).rglob("*") if p.is_file()]
+    chosen = stratified_val_sources([(str(f), f.parts[0]) for f in files], fraction, seed)
+    return chosen, sorted(chosen - set(bad))
+
+
+def upload_tree(store, root, prefix):
+    """The files under `root` as objects under `prefix`; returns the s3:// URI of the prefix."""
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file():
+            key = store.config.key(prefix, str(path.relative_to(root)))
+            store.upload_file(str(path), store.config.uri(key))
+    return store.config.uri(store.config.key(prefix)) + "/"
+
+
 @pytest.mark.integration
 def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path):
     root = make_class_tree(tmp_path / "images")
@@ -72,16 +121,24 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
         val_fraction=0.2,
         max_pixels=200 * 200,
         max_bad_fraction=0.2,
+        shards=2,  # 6 val rows: fewer than the default 8 ranks could share
     )
     manifest = preprocess_images(spark, config)
 
-    assert (manifest.train_rows, manifest.val_rows, manifest.quarantined) == (24, 6, 5)
+    chosen, expected_val = val_picks(root, expected_bad, 0.2, seed=0)
+    # Stratified over the listing: each class (12, 12 and 11 files) has 2 validation picks; a
+    # pick that is unusable is quarantined, not replaced.
+    assert Counter(source.split("/")[0] for source in chosen) == {"cat": 2, "dog": 2, "emu": 2}
+    assert (manifest.train_rows, manifest.val_rows, manifest.quarantined) == (
+        30 - len(expected_val),
+        len(expected_val),
+        5,
+    )
     assert manifest.label_map == {"cat": 0, "dog": 1, "emu": 2}
     assert manifest.image_shape == (12, 10, 3)
     train, val = read_rows(manifest.train_url), read_rows(manifest.val_url)
-    assert len(train) == 24 and len(val) == 6
-    # Stratified: every class keeps 2 of its 10 images for validation.
-    assert sorted(r["label"] for r in val) == [0, 0, 1, 1, 2, 2]
+    assert sorted(r["source"] for r in val) == expected_val
+    assert len(train) == manifest.train_rows
     assert {r["split"] for r in train} == {"train"} and {r["split"] for r in val} == {"val"}
     assert not {r["source"] for r in train} & {r["source"] for r in val}
     # The Petastorm schema is stored with the dataset, and the images decode to the shape.
@@ -94,14 +151,21 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
     assert set(report) == set(expected_bad)
     for source, reason in expected_bad.items():
         assert report[source].startswith(reason), (source, report[source])
-    labels = json.loads((tmp_path / "out" / manifest.fingerprint[:16] / "labels.json").read_text())
-    assert labels == manifest.label_map
+    attempt = tmp_path / "out" / manifest.fingerprint[:16] / manifest.attempt
+    assert manifest.path == str(attempt)
+    assert json.loads((attempt / "labels.json").read_text()) == manifest.label_map
+    assert manifest.quarantine_path == str(attempt / "quarantine.csv")
+    # Petastorm's metadata names the row groups the executors wrote: at least `shards`.
+    assert manifest.train_row_groups >= 2 and manifest.val_row_groups >= 2
+    assert not (attempt / "quarantine").exists()  # the executors' parts, merged into one
 
 
 @pytest.mark.integration
 def test_same_fingerprint_reuses_and_a_changed_input_writes_a_new_version(spark, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=4)
-    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), image_size=(8, 8))
+    config = PreprocessConfig(
+        input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), shards=2
+    )
     first = preprocess_images(spark, config)
     manifest_file = tmp_path / "out" / first.fingerprint[:16] / "manifest.json"
     written_at = manifest_file.stat().st_mtime_ns
@@ -125,7 +189,9 @@ def test_too_many_bad_files_fail_with_the_fraction_and_leave_no_dataset(spark, t
     add_bad_files_root = root / "a"
     for i in range(3):
         (add_bad_files_root / f"junk{i}.jpg").write_bytes(b"")
-    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), max_bad_fraction=0.5)
+    config = PreprocessConfig(
+        input=str(root), output=str(tmp_path / "out"), max_bad_fraction=0.5, shards=1
+    )
     with pytest.raises(ValueError) as err:
         preprocess_images(spark, config)
     assert "3 of 5 inputs (60%) are unusable, above max_bad_fraction=0.5" in str(err.value)
@@ -194,6 +260,96 @@ def test_mnist_idx_files(spark, tmp_path, gz):
 
 
 @pytest.mark.unit
+def test_the_two_pass_split_is_the_stratified_split():
+    """Histogram, then boundary buckets: exactly the images the in-memory rule chooses."""
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        classes = int(rng.integers(1, 6))
+        fraction = float(rng.choice([0.0, 0.1, 0.2, 0.25, 0.5, 0.9]))
+        count = int(rng.integers(0, 2000 if trial % 4 == 0 else 300))
+        good = [(f"{trial}/{i}.png", str(rng.integers(0, classes))) for i in range(count)]
+        rules = choose_boundaries(
+            lambda good=good: ((int(label), source) for source, label in good),
+            classes,
+            fraction,
+            seed=trial,
+        )
+        chosen = {s for s, label in good if is_val(rules, int(label), split_key(trial, s), s)}
+        assert chosen == stratified_val_sources(good, fraction, trial), trial
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("counts", "groups"),
+    [([10] * 8, 8), ([13, 0, 7, 1, 9], 8), ([100], 8), ([3, 3], 8), ([1] * 20, 8), ([50, 50], 3)],
+)
+def test_row_group_plan_gives_every_rank_a_non_empty_row_group(counts, groups):
+    plan = plan_row_groups(counts, groups)
+    assert [sum(sizes) for sizes in plan] == counts  # every row, once
+    assert all(size > 0 for sizes in plan for size in sizes)
+    assert sum(len(sizes) for sizes in plan) >= min(groups, sum(counts))
+    # Even: within a file, row groups differ by at most one row.
+    assert all(max(s) - min(s) <= 1 for s in plan if s)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("planned", "rows"), [([2, 2, 2, 2], 8), ([2, 2, 2, 2], 6), ([3, 3], 1)])
+def test_unusable_inputs_never_cost_a_rank_its_row_group(tmp_path, planned, rows):
+    """A file planned for the listed rows ends with min(planned groups, rows) row groups."""
+    from tasks.preprocess.decode import Row
+    from tasks.preprocess.write import _SplitFile
+
+    url = str(tmp_path / "part-00000.parquet")
+    split_file = _SplitFile(url, "train", planned, None, None)
+    for i in range(rows):
+        split_file.add(Row(f"c/{i}.png", 0, i, b"png"))
+    split_file.close()
+    metadata = pq.read_metadata(url)
+    assert metadata.num_row_groups == split_file.groups == min(len(planned), rows)
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sum(sizes) == rows and min(sizes) >= 1
+    assert pq.read_table(url).column("source").to_pylist() == [f"c/{i}.png" for i in range(rows)]
+
+
+@pytest.mark.unit
+def test_the_default_fingerprint_parameters_are_unchanged():
+    """shards=8 fingerprints like files_per_split=8 did: earlier datasets are reused."""
+    params = PreprocessConfig(input="x").params()
+    assert params == {
+        "input_format": "folders",
+        "image_size": (28, 28),
+        "color_mode": "L",
+        "val_fraction": 0.2,
+        "seed": 0,
+        "max_pixels": 50_000_000,
+        "max_bad_fraction": 0.1,
+        "files_per_split": 8,
+    }
+    assert PreprocessConfig(input="x", shards=16).params()["files_per_split"] == 16
+
+
+@pytest.mark.unit
+def test_more_ranks_than_a_split_can_share_fails_before_any_spark_work(tmp_path):
+    root = make_class_tree(tmp_path / "images", per_class=20)  # 48 train, 12 val rows
+    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), shards=16)
+    with pytest.raises(ValueError) as err:
+        preprocess_images(None, config)  # no Spark session: it must not be needed
+    message = str(err.value)
+    assert "np=16" in message and "48 train and 12 val rows" in message
+    assert "val has 12 < 16: use np <= 12, or add images, or raise val_fraction" in message
+    assert not (tmp_path / "out").exists()
+
+    with pytest.raises(ValueError, match=r"train has 48 < 50: use np <= 12, or add images$"):
+        preprocess_images(None, config.model_copy(update={"shards": 50}))
+
+
+@pytest.mark.unit
+def test_s3_inputs_are_validated_before_listing():
+    with pytest.raises(ValueError, match="'digits' writes the bundled digits to a local folder"):
+        PreprocessConfig(input="s3://bucket/digits", input_format="digits")
+
+
+@pytest.mark.unit
 def test_stratified_split_is_deterministic_for_a_seed():
     good = [(f"{label}/{i}", label) for label in "abc" for i in range(10)]
     first = stratified_val_sources(good, 0.3, seed=1)
@@ -217,12 +373,18 @@ def test_bundled_digits_go_through_the_same_path(spark, tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("size", [2, 3])
-def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(spark, tmp_path, size):
+@pytest.mark.parametrize(("size", "shards"), [(2, 8), (3, 8), (12, 12)])
+def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(
+    spark, tmp_path, size, shards
+):
     root = make_class_tree(tmp_path / "images", per_class=20)
     manifest = preprocess_images(
-        spark, PreprocessConfig(input=str(root), output=str(tmp_path / "out"), image_size=(8, 8))
+        spark,
+        PreprocessConfig(
+            input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), shards=shards
+        ),
     )
+    assert manifest.train_row_groups >= shards and manifest.val_row_groups >= shards
     seen = []
     for rank in range(size):
         with open_dataset(
@@ -238,18 +400,183 @@ def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(spark, t
     everything = sorted(r["source"] for r in read_rows(manifest.train_url))
     assert sorted(s for shard in seen for s in shard) == everything
     assert all(shard for shard in seen)  # every rank got rows
+    # ... of the validation split too (shards >= np: every rank has a row group of its own).
+    assert all(read_sources(manifest.val_url, rank, size) for rank in range(size))
 
 
 @pytest.mark.slow
 def test_output_to_the_object_store_is_readable_through_s3fs(spark, store, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=6)
     output = store.config.uri(store.config.key("datasets"))
-    config = PreprocessConfig(input=str(root), output=output, image_size=(8, 8))
+    config = PreprocessConfig(input=str(root), output=output, image_size=(8, 8), shards=2)
     manifest = preprocess_images(spark, config, store=store)
-    assert manifest.train_url == f"{output}/{manifest.fingerprint[:16]}/train"
+    version = f"{output}/{manifest.fingerprint[:16]}"
+    assert manifest.path == f"{version}/{manifest.attempt}"
+    assert manifest.train_url == f"{manifest.path}/train"
     keys = store.list_keys(store.config.key("datasets"))
     assert any(k.endswith("/manifest.json") for k in keys)
     assert any("/train/" in k and k.endswith(".parquet") for k in keys)
+    assert any(k.endswith("/train/_common_metadata") for k in keys)
     with open_dataset(manifest.train_url, batch_size=None, num_epochs=1, shuffle=False) as ds:
         assert sum(1 for _ in ds) == manifest.train_rows
     assert preprocess_images(spark, config, store=store).reused
+
+
+@pytest.mark.integration
+def test_class_folders_in_a_bucket_with_bad_objects(spark, store, tmp_path):
+    root = make_class_tree(tmp_path / "images", per_class=20)
+    expected_bad = add_bad_files(root)
+    expected_good = good_sources(root, expected_bad)
+    input_uri = upload_tree(store, root, "raw")
+    output = store.config.uri(store.config.key("datasets"))
+    config = PreprocessConfig(
+        input=input_uri,
+        output=output,
+        image_size=(12, 10),
+        color_mode="RGB",
+        max_pixels=200 * 200,
+        max_bad_fraction=0.2,
+    )
+    manifest = preprocess_images(spark, config, store=store)
+
+    _, expected_val = val_picks(root, expected_bad, 0.2, seed=0)
+    assert (manifest.train_rows, manifest.val_rows, manifest.quarantined) == (
+        60 - len(expected_val),
+        len(expected_val),
+        5,
+    )
+    assert manifest.label_map == {"cat": 0, "dog": 1, "emu": 2}
+    # Every good image exactly once across the splits, read back from the bucket.
+    train, val = read_sources(manifest.train_url), read_sources(manifest.val_url)
+    assert sorted(train + val) == expected_good
+    assert sorted(val) == expected_val  # 4 picks of each class's 22, 22 and 21 objects
+    # The quarantine report is in the bucket, next to the dataset it belongs to.
+    assert manifest.quarantine_path.startswith(f"{output}/{manifest.fingerprint[:16]}/")
+    text = store.get_bytes(manifest.quarantine_path).decode()
+    report = {row["source"]: row["reason"] for row in csv.DictReader(io.StringIO(text))}
+    assert set(report) == set(expected_bad)
+    for source, reason in expected_bad.items():
+        assert report[source].startswith(reason), (source, report[source])
+    assert list(report) == sorted(report)
+    keys = store.list_keys(store.config.key("datasets"))
+    attempt = f"/{manifest.fingerprint[:16]}/{manifest.attempt}/"
+    assert all(
+        attempt in k or k.endswith(f"{manifest.fingerprint[:16]}/manifest.json") for k in keys
+    )
+    assert preprocess_images(spark, config, store=store).reused
+
+
+@pytest.mark.integration
+def test_mnist_idx_files_in_a_bucket(spark, store, tmp_path):
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 255, (50, 28, 28), dtype=np.uint8)
+    labels = np.arange(50) % 10
+    (tmp_path / "idx").mkdir()
+    write_idx(tmp_path / "idx" / "train-images-idx3-ubyte", images, gz=True)
+    write_idx(tmp_path / "idx" / "train-labels-idx1-ubyte", labels, gz=True)
+    write_idx(tmp_path / "idx" / "t10k-images-idx3-ubyte", images[:30], gz=False)
+    write_idx(tmp_path / "idx" / "t10k-labels-idx1-ubyte", labels[:30], gz=False)
+    input_uri = upload_tree(store, tmp_path / "idx", "mnist")
+    config = PreprocessConfig(
+        input=input_uri,
+        input_format="mnist_idx",
+        output=str(tmp_path / "out"),
+        val_fraction=0.25,
+    )
+    manifest = preprocess_images(spark, config, store=store)
+    assert (manifest.train_rows, manifest.val_rows, manifest.quarantined) == (60, 20, 0)
+    rows = read_rows(manifest.train_url) + read_rows(manifest.val_url)
+    assert sorted(r["source"] for r in rows) == sorted(
+        [f"train-images-idx3-ubyte.gz#{i}" for i in range(50)]
+        + [f"t10k-images-idx3-ubyte#{i}" for i in range(30)]
+    )
+    assert all(r["label"] == int(r["source"].split("#")[1]) % 10 for r in rows)
+    with open_dataset(
+        manifest.val_url,
+        batch_size=None,
+        num_epochs=1,
+        shuffle=False,
+        normalize=False,
+        fields=("image", "source"),
+    ) as ds:
+        for row in ds:
+            name, index = row.source.numpy().decode().split("#")
+            assert np.array_equal(row.image.numpy(), images[int(index)]), name
+
+
+@pytest.mark.integration
+def test_the_fingerprint_of_an_s3_input_follows_the_objects_etags(store, tmp_path):
+    root = make_class_tree(tmp_path / "images", per_class=2)
+    input_uri = upload_tree(store, root, "raw")
+    config = PreprocessConfig(input=input_uri)
+
+    def fingerprint():
+        return sources.fingerprint(preprocess_job.list_inputs(config), config.params())
+
+    first = fingerprint()
+    listing = preprocess_job.list_inputs(config)
+    assert [item.source for item in listing.items][:2] == ["cat/0.jpg", "cat/1.png"]
+    assert fingerprint() == first  # listing again changes nothing
+
+    # Same key, same size, other bytes: only the ETag tells.
+    key = store.config.key("raw", "dog", "0.png")
+    data = bytearray(store.get_bytes(store.config.uri(key)))
+    data[-1] ^= 0xFF
+    store.put_bytes(bytes(data), store.config.uri(key), content_type="image/png")
+    assert fingerprint() != first
+    data[-1] ^= 0xFF
+    store.put_bytes(bytes(data), store.config.uri(key), content_type="image/png")
+    assert fingerprint() == first  # the same content again: the same ETag
+
+
+@pytest.mark.integration
+def test_a_retry_after_a_crash_mid_write_has_every_row_once(spark, tmp_path):
+    root = make_class_tree(tmp_path / "images", per_class=20)
+    expected = good_sources(root, {})
+    out = tmp_path / "out"
+    config = PreprocessConfig(input=str(root), output=str(out), image_size=(8, 8))
+    environment = spark.sparkContext.environment
+    # The write task of partition 1 dies (os._exit) right after its first file is complete.
+    environment[CRASH_AFTER_FIRST_FILE_ENV] = "1"
+    try:
+        # Spark reports the dead worker as a crash or as the broken pipe its writer saw.
+        with pytest.raises(Exception):  # noqa: B017 - the files below show what happened
+            preprocess_images(spark, config)
+    finally:
+        del environment[CRASH_AFTER_FIRST_FILE_ENV]
+    (version,) = out.iterdir()
+    (crashed,) = version.iterdir()  # the attempt, and no manifest
+    assert crashed.name.startswith("attempt-")
+    assert (crashed / "train" / "part-00001.parquet").exists()  # a real part file
+    assert not (crashed / "val" / "part-00001.parquet").exists()  # ... of a write cut short
+
+    manifest = preprocess_images(spark, config)
+    assert not manifest.reused and manifest.attempt != crashed.name
+    read = read_sources(manifest.train_url) + read_sources(manifest.val_url)
+    assert sorted(read) == expected  # every row once: nothing of the crashed attempt
+    assert manifest.train_rows + manifest.val_rows == len(expected)
+    assert sorted(p.name for p in version.iterdir()) == [manifest.attempt, "manifest.json"]
+
+
+@pytest.mark.integration
+def test_an_input_folder_missing_on_an_executor_fails_naming_host_and_path(
+    spark, tmp_path, monkeypatch
+):
+    root = make_class_tree(tmp_path / "images", per_class=10)
+    real_list_inputs = preprocess_job.list_inputs
+
+    def listed_on_the_driver_only(config, access=None):
+        # The driver lists the folder; then it is gone, as on executors that do not mount it.
+        listing = real_list_inputs(config, access)
+        root.rename(tmp_path / "elsewhere")
+        return listing
+
+    monkeypatch.setattr(preprocess_job, "list_inputs", listed_on_the_driver_only)
+    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), shards=2)
+    with pytest.raises(RuntimeError) as err:
+        preprocess_images(spark, config)
+    message = str(err.value)
+    assert f"input folder {str(root)!r} does not exist on executor host " in message
+    assert repr(socket.gethostname()) in message
+    assert "a path every executor sees" in message
+    assert not (tmp_path / "out").exists()  # nothing quarantined, nothing written

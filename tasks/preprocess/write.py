@@ -1,0 +1,346 @@
+"""Writing a dataset: Parquet part files from the executors, Petastorm metadata from the driver.
+
+``write_partition`` is the one Spark stage of preprocessing: each task gets the input items the
+driver planned for its partition (paths, not bytes), decodes each image once (decode.py), puts
+it in the split its class's Boundary says, and appends it to that split's Arrow row group; full
+row groups go straight to the attempt's folder (a shared local path or ``s3://``):
+``train/part-NNNNN.parquet`` and ``val/part-NNNNN.parquet`` in the row groups the driver planned
+from the listing, and ``quarantine/part-NNNNN.csv`` with its unusable inputs. Image bytes never
+reach the JVM or the driver; a task sends back a few ``Written`` tuples. File names are the
+partition's number, so a task that Spark retries rewrites the same files; each appears only
+once complete (storage.open_for_write).
+
+Then the driver adds what Petastorm's ``make_reader`` needs, with Petastorm's own utilities
+(what ``materialize_dataset`` does after a Spark write): the pickled Unischema and the row
+groups of every file in ``_common_metadata``, and checks that Petastorm sees every row group.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import io
+import json
+import math
+import os
+import pickle
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tasks.preprocess.storage import S3Access, is_s3, join, open_for_write
+
+SPLITS = ("train", "val")
+# Row groups hold at most about this much (what materialize_dataset(row_group_size_mb=64) gave
+# before): big enough for sequential reads, small enough for a reader worker's memory.
+ROW_GROUP_BYTES = 64 << 20
+QUARANTINE_HEADER = ("source", "reason")
+# Test hook, read on the executors only: the number of the partition whose write task dies
+# (os._exit, as a killed executor would) right after its first file is complete. Set it in the
+# executors' environment (Spark's executorEnv) to cause a real crash in the middle of a write.
+CRASH_AFTER_FIRST_FILE_ENV = "HVDFLOW_TEST_CRASH_PARTITION_AFTER_FIRST_FILE"
+# Distinct kinds of reasons a task reports for its unusable inputs (the rest: "other").
+MAX_REASON_KINDS = 20
+
+
+def part_name(partition: int, suffix: str = "parquet") -> str:
+    return f"part-{partition:05d}.{suffix}"
+
+
+def row_groups_for(rows: int, nbytes: int, shards: int) -> int:
+    """Row groups one split gets: at least ``shards`` (one per rank), more when they would
+    exceed ROW_GROUP_BYTES; never more than its rows."""
+    return min(rows, max(shards, math.ceil(nbytes / ROW_GROUP_BYTES)))
+
+
+def plan_row_groups(counts: list[int], groups: int) -> list[list[int]]:
+    """Row-group sizes for each partition's file of one split.
+
+    ``counts`` are the split's rows in each partition. When their sum is at least ``groups``,
+    the result has at least ``groups`` row groups, none empty, as even in size as partition
+    boundaries allow (a partition's share of ``groups`` is proportional to its rows).
+    """
+    total = sum(counts)
+    if total == 0:
+        return [[] for _ in counts]
+    groups = min(groups, total)
+    quotas = [count * groups / total for count in counts]
+    alloc = [min(c, max(1, math.floor(q))) if c else 0 for c, q in zip(counts, quotas, strict=True)]
+    short = groups - sum(alloc)
+    order = sorted(range(len(counts)), key=lambda i: (-(quotas[i] - math.floor(quotas[i])), i))
+    while short > 0:
+        for i in order:
+            if short and alloc[i] < counts[i]:
+                alloc[i] += 1
+                short -= 1
+    return [
+        [count // g + (1 if i < count % g else 0) for i in range(g)]
+        for count, g in zip(counts, alloc, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What every task needs, as plain values (it travels in the Spark closure)."""
+
+    decode: object  # decode.DecodePlan
+    attempt_url: str  # the attempt's folder: local path or s3:// URI
+    access: S3Access | None
+    rules: dict  # label -> split.Boundary: which records are validation
+    sizes: dict[int, dict[str, list[int]]]  # partition -> split -> row-group sizes (listed)
+
+
+def arrow_schema():
+    """The Parquet files' columns: Petastorm's Spark schema of the Unischema, in Arrow types."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("image", pa.binary(), nullable=False),
+            pa.field("label", pa.int32(), nullable=False),
+            pa.field("source", pa.string(), nullable=False),
+            pa.field("split", pa.string(), nullable=False),
+        ]
+    )
+
+
+# Parquet options: the images are PNG already, so compressing, dictionary-encoding or taking
+# min/max statistics of them again costs time and gives nothing.
+PARQUET_OPTIONS = {
+    "compression": {"image": "NONE", "label": "SNAPPY", "source": "SNAPPY", "split": "SNAPPY"},
+    "use_dictionary": ["label", "source", "split"],
+    "write_statistics": ["label", "source", "split"],
+}
+
+
+class _SplitFile:
+    """One partition's Parquet file of one split, cut into the planned row groups.
+
+    The plan counts every listed record, and some turn out unusable. So that they cannot cost
+    a row group (a rank its data), the file holds back one row for each planned group still to
+    come: it ends with ``min(planned groups, rows)`` row groups, the last ones shorter.
+    """
+
+    def __init__(self, url: str, split: str, sizes: list[int], access, client):
+        self.url, self.split, self.sizes = url, split, list(sizes)
+        self.access, self.client = access, client
+        self.sources: list[str] = []
+        self.labels: list[int] = []
+        self.images: list[bytes] = []
+        self.written = 0
+        self.groups = 0
+        self._context = None
+        self._writer = None
+
+    def add(self, row) -> None:
+        self.sources.append(row.source)
+        self.labels.append(row.label)
+        self.images.append(row.image)
+        while (left := len(self.sizes) - self.groups) > 1 and (
+            len(self.sources) - self.sizes[self.groups] >= left - 1
+        ):
+            self._flush(self.sizes[self.groups])
+
+    def _flush(self, rows: int) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            self._context = open_for_write(self.url, self.access, self.client)
+            self._writer = pq.ParquetWriter(
+                self._context.__enter__(), arrow_schema(), **PARQUET_OPTIONS
+            )
+        table = pa.Table.from_arrays(
+            [
+                pa.array(self.images[:rows], pa.binary()),
+                pa.array(self.labels[:rows], pa.int32()),
+                pa.array(self.sources[:rows], pa.string()),
+                pa.array([self.split] * rows, pa.string()),
+            ],
+            schema=arrow_schema(),
+        )
+        self._writer.write_table(table, row_group_size=rows)
+        self.written += rows
+        self.groups += 1
+        del self.images[:rows], self.labels[:rows], self.sources[:rows]
+
+    def close(self) -> None:
+        rows = len(self.sources)
+        groups = max(1, min(len(self.sizes) - self.groups, rows))
+        for i in range(groups if rows else 0):
+            self._flush(rows // groups + (1 if i < rows % groups else 0))
+        if self._writer is not None:
+            self._writer.close()
+            self._context.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        if self._context is not None:
+            import sys
+
+            self._context.__exit__(*sys.exc_info())
+
+
+def _crash_for_tests(partition: int) -> None:
+    """The test hook (CRASH_AFTER_FIRST_FILE_ENV): die like a killed executor, mid-write."""
+    if os.environ.get(CRASH_AFTER_FIRST_FILE_ENV) == str(partition):
+        os._exit(70)
+
+
+class Written(NamedTuple):
+    """What a write task reports: a part file (kind train, val or quarantine: its name, rows
+    and row groups), or its unusable inputs of one kind (kind "reason": name is the kind, rows
+    how many) and up to three of them (kind "example": name is "source\\0reason")."""
+
+    kind: str
+    name: str
+    rows: int
+    row_groups: int
+
+
+def write_partition(planned, plan: WritePlan):
+    """mapPartitions over (partition, items) pairs: decode, split and write every partition's
+    items; yield what was written (Written)."""
+    for partition, items in planned:
+        yield from _write_one(partition, items, plan)
+
+
+def _write_one(partition: int, items, plan: WritePlan):
+    from tasks.preprocess.decode import FETCH_AHEAD, Bad, decode_records
+    from tasks.preprocess.split import is_val
+
+    sizes = plan.sizes.get(partition, {})
+    # One boto3 client per partition, for reading the inputs and writing the files.
+    uses_s3 = is_s3(plan.attempt_url) or is_s3(plan.decode.root)
+    client = plan.access.client(connections=FETCH_AHEAD) if uses_s3 else None
+    files = {
+        split: _SplitFile(
+            join(plan.attempt_url, split, part_name(partition)),
+            split,
+            sizes.get(split, []),
+            plan.access,
+            client,
+        )
+        for split in SPLITS
+    }
+    bad: list[tuple[str, str]] = []
+    try:
+        for record in decode_records(items, plan.decode, client):
+            if isinstance(record, Bad):
+                bad.append((record.source, record.reason))
+            elif is_val(plan.rules, record.label, record.key, record.source):
+                files["val"].add(record)
+            else:
+                files["train"].add(record)
+        for split in SPLITS:
+            files[split].close()
+            if files[split].groups:
+                name = part_name(partition)
+                yield Written(split, name, files[split].written, files[split].groups)
+                _crash_for_tests(partition)
+        if bad:
+            bad.sort()
+            name = part_name(partition, "csv")
+            url = join(plan.attempt_url, "quarantine", name)
+            with open_for_write(url, plan.access, client) as f:
+                f.write(_csv_bytes(bad))
+            yield Written("quarantine", name, len(bad), 0)
+            yield from _reasons(bad)
+    except BaseException:
+        for split_file in files.values():
+            split_file.abort()
+        raise
+
+
+def _reasons(bad: list[tuple[str, str]]):
+    """How many unusable inputs of each kind, and the first three (for the driver's checks)."""
+    kinds: Counter = Counter()
+    for _, reason in bad:
+        kind = reason.split(":")[0]
+        if kind not in kinds and len(kinds) >= MAX_REASON_KINDS:
+            kind = "other"
+        kinds[kind] += 1
+    for kind, count in kinds.items():
+        yield Written("reason", kind, count, 0)
+    for source, reason in bad[:3]:
+        yield Written("example", f"{source}\0{reason}", 0, 0)
+
+
+def _csv_bytes(rows) -> bytes:
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(QUARANTINE_HEADER)
+    writer.writerows(rows)
+    return text.getvalue().encode()
+
+
+# --- the driver, after the executors ------------------------------------------------------
+
+
+def write_empty_split(split_url: str, schema, access) -> str:
+    """An empty split (val_fraction=0): one file with no rows, so the dataset still opens."""
+    import pyarrow.parquet as pq
+
+    name = part_name(0)
+    with open_for_write(join(split_url, name), access) as f:
+        pq.ParquetWriter(f, schema).close()
+    return name
+
+
+def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, int]) -> int:
+    """``_common_metadata`` with the pickled Unischema and the row groups per file, written
+    with Petastorm's utilities through the filesystem its reader uses; returns the row groups
+    Petastorm then sees (checked against ``row_groups``)."""
+    import pyarrow.parquet as pq
+    from petastorm.etl.dataset_metadata import (
+        ROW_GROUPS_PER_FILE_KEY,
+        UNISCHEMA_KEY,
+        load_row_groups,
+    )
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+    from petastorm.utils import add_to_dataset_metadata
+
+    from tasks.preprocess.storage import dataset_url
+    from training.reader import filesystem_for
+
+    url = dataset_url(split_url)
+    fs, path = get_filesystem_and_path_or_paths(url, filesystem=filesystem_for(url))
+    if is_s3(url) and hasattr(fs, "fs"):
+        fs.fs.invalidate_cache()  # the executors wrote behind s3fs' back
+
+    def open_dataset():
+        return pq.ParquetDataset(path, filesystem=fs, validate_schema=False)
+
+    with warnings.catch_warnings():
+        # pyarrow's legacy dataset API, deprecated, is the one petastorm 0.13 reads with.
+        warnings.simplefilter("ignore", FutureWarning)
+        dataset = open_dataset()
+        add_to_dataset_metadata(dataset, UNISCHEMA_KEY, pickle.dumps(unischema))
+        add_to_dataset_metadata(dataset, ROW_GROUPS_PER_FILE_KEY, json.dumps(row_groups).encode())
+        seen = len(load_row_groups(open_dataset()))
+    expected = sum(row_groups.values())
+    if seen != expected:
+        raise RuntimeError(
+            f"{url}: Petastorm sees {seen} row groups, the executors wrote {expected}: files "
+            "changed while the metadata was written; run the preprocessing again"
+        )
+    return seen
+
+
+def merge_quarantine(location, parts: list[str], name: str) -> None:
+    """The executors' quarantine parts (each sorted) merged into one sorted CSV, streamed."""
+
+    def rows(part: str):
+        lines = location.iter_lines(f"quarantine/{part}")
+        reader = csv.reader(lines)
+        next(reader, None)  # header
+        yield from (tuple(row) for row in reader)
+
+    with location.open_for_write(name) as f:
+        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+        writer = csv.writer(text)
+        writer.writerow(QUARANTINE_HEADER)
+        for row in heapq.merge(*(rows(p) for p in parts)):
+            writer.writerow(row)
+        text.flush()
+        text.detach()
