@@ -18,6 +18,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bench.conditions import parse_condition
+from infra.secrets import tracking_login
 from infra.services.local import hvdflow_home
 from infra.tracking import tracking_uri
 from tasks.config import DataParams, LauncherParams, TrainingParams
@@ -31,7 +32,8 @@ class BenchParams(BaseModel):
     ``launcher`` gives the Spark master and Horovod's knobs; the conditions give np.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Errors never repeat an input as given (a weights URL or extra_env may hold a secret).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     data: DataParams = DataParams(image_size=(28, 28))
     training: TrainingParams = TrainingParams(
@@ -92,20 +94,22 @@ def measure_step(
 @flow(name="hvdflow-benchmark")
 def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
     logger = get_run_logger()
-    uri = tracking_uri()
-    check_tracking_step(uri)
-    if params.training.model == "gcn":
-        trainer, train_kwargs, dataset_info = "gcn", *_graph_inputs(params)
-    else:
-        trainer = "classifier"
-        train_kwargs, dataset_info = _image_inputs(params)
-    measurements = []
-    for repetition in range(params.repetitions):
-        for condition in params.conditions:
-            measurements.append(
-                measure_step(condition, repetition, train_kwargs, params.launcher, trainer)
-            )
-    return _report(params, measurements, dataset_info, uri, logger)
+    # A user:password in the tracking URI goes to MLflow's login variables for the run: no task
+    # input, result or printed link carries it.
+    with tracking_login(tracking_uri()) as uri:
+        check_tracking_step(uri)
+        if params.training.model == "gcn":
+            trainer, train_kwargs, dataset_info = "gcn", *_graph_inputs(params)
+        else:
+            trainer = "classifier"
+            train_kwargs, dataset_info = _image_inputs(params)
+        measurements = []
+        for repetition in range(params.repetitions):
+            for condition in params.conditions:
+                measurements.append(
+                    measure_step(condition, repetition, train_kwargs, params.launcher, trainer)
+                )
+        return _report(params, measurements, dataset_info, uri, logger)
 
 
 def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
@@ -131,7 +135,9 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     from tasks.train import training_kwargs
 
     training = params.training
-    dataset = preprocess_step(params.data.preprocess_config(), params.launcher.spark_master)
+    most_ranks = max(parse_condition(c)[1] for c in params.conditions)
+    data = params.data.preprocess_config(ranks=most_ranks)
+    dataset = preprocess_step(data, params.launcher.spark_master)
     staged = None
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.

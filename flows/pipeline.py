@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from infra.secrets import redact_url, tracking_login
 from infra.tracking import tracking_uri
 from tasks.config import GRAPH_MODELS, DataParams, LauncherParams, TrackingParams, TrainingParams
 from tasks.steps import check_tracking_step, preprocess_step, stage_weights_for, train_step
@@ -20,7 +21,8 @@ from tasks.train import TrainConfig
 class PipelineParams(BaseModel):
     """Everything one pipeline run needs; the defaults train on the bundled digits."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Errors never repeat an input as given (a weights URL or extra_env may hold a secret).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     data: DataParams = DataParams()
     training: TrainingParams = TrainingParams()
@@ -47,14 +49,20 @@ DEFAULT_PARAMS = PipelineParams()
 def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
     """Preprocess images, stage weights, train with Horovod on Spark, log and register."""
     logger = get_run_logger()
-    uri = tracking_uri()
-    check_tracking_step(uri)
-    master = params.launcher.spark_master
-    dataset = preprocess_step(params.data.preprocess_config(), master)
-    weights = None
-    if params.training.weights_source:
-        weights = stage_weights_for(params.training.model, params.training.weights_source, dataset)
-    result = train_step(params.train_config(), dataset, weights, uri, master)
+    # A user:password in the tracking URI goes to MLflow's login variables for the run: no task
+    # input, result or printed link carries it.
+    with tracking_login(tracking_uri()) as uri:
+        check_tracking_step(uri)
+        master = params.launcher.spark_master
+        data = params.data.preprocess_config(ranks=params.launcher.np)
+        dataset = preprocess_step(data, master)
+        weights = None
+        if params.training.weights_source:
+            # A reference (env:NAME, secret:block-name) is resolved inside the task, on the driver.
+            weights = stage_weights_for(
+                params.training.model, params.training.weights_source, dataset
+            )
+        result = train_step(params.train_config(), dataset, weights, uri, master)
     summary = _summary(params, dataset, weights, result)
     _publish_artifacts(summary, result)
     logger.info(
@@ -64,7 +72,7 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
 
 
 def _summary(params, dataset, weights, result) -> dict:
-    base = result.tracking_uri.rstrip("/")
+    base = redact_url(result.tracking_uri).rstrip("/")
     http = base.startswith("http")
     name = params.tracking.registered_model_name
     return {

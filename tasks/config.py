@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.launcher.options import HorovodOptions
+from infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
 from infra.storage.object_store import parse_uri
 from tasks.preprocess import PreprocessConfig
 from tasks.stage_weights import OFFLINE_SOURCE, redact
@@ -27,6 +28,7 @@ IMAGE_SIDE_RANGE = (2, 4096)
 # Models trained on graphs rather than images; only the benchmark runs them.
 GRAPH_MODELS = ("gcn",)
 DEFAULT_REGISTERED_MODEL = "hvdflow-classifier"
+DEFAULT_SHARDS = 8
 
 
 def image_models() -> list[str]:
@@ -78,11 +80,19 @@ class DataParams(BaseModel):
 
     @model_validator(mode="after")
     def _input_exists(self) -> DataParams:
-        if self.input.startswith("s3://") or "://" in self.input:
+        if self.input.startswith("s3://"):
+            _check_s3_uri(self.input, "input")
+            if self.input_format == "digits":
+                raise ValueError(
+                    f"input {self.input!r}: input_format 'digits' writes the bundled digits to "
+                    "a local folder; use 'folders' (class sub-folders) or 'mnist_idx' for "
+                    "images in a bucket"
+                )
+            return self  # listed (and its existence checked) when preprocessing starts
+        if "://" in self.input:
             raise ValueError(
-                f"input {self.input!r}: raw images are read from a local or shared folder; "
-                "reading them from a URL is not supported yet: copy them to a path every "
-                "Spark executor can read"
+                f"input {self.input!r}: expected a folder every Spark executor can read (a "
+                "shared file system), or s3://bucket/prefix"
             )
         if self.input_format == "digits":
             return self  # the bundled digits are written there on first use
@@ -98,8 +108,9 @@ class DataParams(BaseModel):
             )
         return self
 
-    def preprocess_config(self) -> PreprocessConfig:
-        """The preprocessing step's config; empty paths mean HVDFLOW_HOME's."""
+    def preprocess_config(self, ranks: int = 1) -> PreprocessConfig:
+        """The preprocessing step's config for training with ``ranks`` ranks (every rank needs a
+        row group of each split); empty paths mean HVDFLOW_HOME's."""
         from infra.services.local import hvdflow_home
 
         home = hvdflow_home()
@@ -112,13 +123,16 @@ class DataParams(BaseModel):
             val_fraction=self.val_fraction,
             max_bad_fraction=self.max_bad_fraction,
             seed=self.split_seed,
+            # At least 8, as before np mattered: datasets built for np <= 8 stay reusable.
+            shards=max(DEFAULT_SHARDS, abs(ranks)),
         )
 
 
 class TrainingParams(BaseModel):
     """What to train and how: the same for every rank and for the benchmark's baseline."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A rejected weights_source may hold a password: errors name it redacted, never as given.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     model: str = "digits_mlp"
     epochs: int = Field(default=3, ge=1)
@@ -129,7 +143,10 @@ class TrainingParams(BaseModel):
     weights_source: str = Field(
         default=OFFLINE_SOURCE,
         description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
-        f"{OFFLINE_SOURCE!r}; '' trains from scratch",
+        f"{OFFLINE_SOURCE!r}; '' trains from scratch. A URL with a password or a signed query "
+        "belongs in a reference, 'env:NAME' (the driver's variable NAME) or 'secret:block-name' "
+        "(a Prefect Secret block): parameters and logs then hold only the reference; a literal "
+        "is recorded as given",
     )
 
     @field_validator("model")
@@ -156,24 +173,42 @@ class TrainingParams(BaseModel):
     def _weights_source_syntax(cls, source: str) -> str:
         if source in ("", OFFLINE_SOURCE):
             return source
-        parts = urlsplit(source)
-        if parts.scheme in ("http", "https"):
-            if not parts.hostname:
-                raise ValueError(f"weights_source {redact(source)!r}: the URL has no host")
+        if not is_reference(source):
+            _check_weights_source(source, shown=repr(redact(source)))
             return source
-        local = parts.path if parts.scheme == "file" else source
-        if parts.scheme not in ("", "file") or not os.path.isfile(local):
-            raise ValueError(
-                f"weights_source {redact(source)!r} is neither an http(s) URL, an existing "
-                f"file, nor {OFFLINE_SOURCE!r} ('' trains from scratch)"
-            )
+        check_reference(source, "weights_source")
+        if source.startswith(ENV_PREFIX):
+            # Checked now, where the flow runs; a Secret block is read only when staging.
+            try:
+                value = resolve(source, "weights_source")
+            except RuntimeError as e:
+                raise ValueError(str(e)) from None
+            _check_weights_source(value, shown=f"{source!r} (= {redact(value)!r})")
         return source
+
+
+def _check_weights_source(source: str, shown: str) -> None:
+    """ValueError unless ``source`` is an http(s) URL with a host or an existing file."""
+    if source == OFFLINE_SOURCE:
+        return
+    parts = urlsplit(source)
+    if parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            raise ValueError(f"weights_source {shown}: the URL has no host")
+        return
+    local = parts.path if parts.scheme == "file" else source
+    if parts.scheme not in ("", "file") or not os.path.isfile(local):
+        raise ValueError(
+            f"weights_source {shown} is neither an http(s) URL, an existing file, nor "
+            f"{OFFLINE_SOURCE!r} ('' trains from scratch; 'env:NAME' or 'secret:block-name' "
+            "name a secret URL)"
+        )
 
 
 class LauncherParams(BaseModel):
     """How many ranks, on which Spark, with which Horovod knobs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     np: int = Field(default=2, description="ranks: > 0 on Spark, < 0 that many on the driver")
     spark_master: str | None = Field(

@@ -19,8 +19,9 @@ import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from infra.secrets import redact_url, resolve, split_userinfo
 from infra.storage.locks import cache_root, machine_lock
 from infra.storage.object_store import ObjectStore, file_suffix, sha256_file
 
@@ -42,14 +43,9 @@ class StagedWeights:
 
 
 def redact(source: str) -> str:
-    """The source without user:password and query strings (presigned URLs carry tokens)."""
-    parts = urlsplit(source)
-    if parts.scheme not in ("http", "https"):
-        return source
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "<redacted>" if parts.query else "", ""))
+    """The source as every record shows it: no user:password, no query string (presigned URLs
+    carry tokens there). ``infra.secrets.redact_url``."""
+    return redact_url(source)
 
 
 def stage_weights(
@@ -62,8 +58,14 @@ def stage_weights(
     """Fetch ``source`` once, store it under its sha256, and return where it lives.
 
     ``source``: an http(s) URL, a local path (or file:// URL), or ``keras:weights=None`` to build
-    ``model`` offline. Concurrent calls for one source on this machine download once.
+    ``model`` offline; or a reference to one of them (``env:NAME``, ``secret:block-name``, see
+    ``infra.secrets``), resolved here and nowhere else. Concurrent calls for one source on this
+    machine download once. The returned sha256 is what ranks verify the file against
+    (``training.weights.fetch_weights``): pass it to them, never one read from the object's
+    metadata. It is computed here when the file is fetched; a later call takes it from the
+    source's index object, so the bucket is trusted between the first staging and the next.
     """
+    source = resolve(source, "weights source")
     shape = tuple(input_shape) if input_shape else None
     built = f"\0{shape}\0{num_classes}" if source == OFFLINE_SOURCE else ""
     source_id = hashlib.sha256(f"{model}\0{source}{built}".encode()).hexdigest()
@@ -90,12 +92,10 @@ def stage_weights(
 
 def _request(url: str) -> urllib.request.Request:
     """A request for ``url``; user:password in it becomes a Basic auth header."""
-    parts = urlsplit(url)
-    if not parts.username:
+    bare, user, password = split_userinfo(url)
+    if user is None and password is None:
         return urllib.request.Request(url)
-    netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-    bare = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
+    token = base64.b64encode(f"{user or ''}:{password or ''}".encode())
     return urllib.request.Request(bare, headers={"Authorization": f"Basic {token.decode()}"})
 
 
@@ -138,7 +138,7 @@ def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=
     local = urlsplit(source).path if scheme == "file" else source
     if not os.path.isfile(local):
         raise ValueError(
-            f"weights source {source!r} is neither an http(s) URL, an existing file, nor "
+            f"weights source {redact(source)!r} is neither an http(s) URL, an existing file, nor "
             f"{OFFLINE_SOURCE!r}"
         )
     path = os.path.join(workdir, os.path.basename(local))

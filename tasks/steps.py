@@ -9,9 +9,10 @@ Inputs are configs and paths, never Spark sessions or clients: Prefect hashes th
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
 from infra.launcher import CALLBACK, STDOUT
 from infra.storage.object_store import ObjectStoreConfig
@@ -61,11 +62,27 @@ def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -
     return manifest
 
 
+def resolved_source_key(context, parameters) -> str:
+    """A cache key part that follows what the weights source refers to now.
+
+    The source may be a reference (``env:NAME``, ``secret:block-name``): one whose value changed
+    must not reuse the weights staged from the old value. Only a hash of the value goes into the
+    key; a reference that does not resolve gets a key of its own, so the task runs and says why.
+    """
+    from infra.secrets import resolve
+
+    try:
+        value = resolve(parameters["source"], "training.weights_source")
+    except Exception:
+        return f"unresolved-{uuid.uuid4().hex}"
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
 @task(
     name="stage-weights",
     retries=EDGE_RETRIES,
     retry_delay_seconds=EDGE_RETRY_DELAYS_S,
-    cache_policy=INPUTS + TASK_SOURCE,
+    cache_policy=INPUTS + TASK_SOURCE + CacheKeyFnPolicy(cache_key_fn=resolved_source_key),
     persist_result=True,
 )
 def stage_weights_step(
@@ -80,6 +97,8 @@ def stage_weights_step(
 
     object_store = ObjectStore(store)
     object_store.ensure_bucket()
+    # ``source`` may be a reference: stage_weights resolves it, here on the driver, and records
+    # only the redacted URL.
     staged = stage_weights(model, source, object_store, input_shape, num_classes)
     get_run_logger().info("weights for %s at %s (sha256 %s)", model, staged.uri, staged.sha256[:12])
     return staged

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.secrets import redact_url
 from infra.tracking import check_reachable
 from tasks.config import LauncherParams, TrackingParams, TrainingParams
 from training.epoch_log import epoch_times_from_log
@@ -28,7 +29,7 @@ CHAMPION_METRIC = "val_accuracy"
 class TrainConfig(BaseModel):
     """The training step's share of a flow's parameters."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     training: TrainingParams = TrainingParams()
     launcher: LauncherParams = LauncherParams()
@@ -122,7 +123,7 @@ def train_and_track(
     return TrainResult(
         run_id=run_id,
         experiment_id=experiment.experiment_id,
-        tracking_uri=tracking_uri,
+        tracking_uri=redact_url(tracking_uri),  # the result is persisted: no login in it
         model_version=result["model_version"],
         aliases=aliases,
         wall_clock_s=wall,

@@ -15,8 +15,11 @@ logger = logging.getLogger(__name__)
 def fetch_weights(uri: str, sha256: str, store: ObjectStore | None = None) -> str:
     """A local path to the object at ``uri``, verified against ``sha256``.
 
-    Ranks on one machine share the cache and download once. A checksum mismatch downloads once
-    more, then fails naming the URI; the source the weights came from is never contacted.
+    ``sha256`` is the one the driver computed when it staged the weights (``StagedWeights``,
+    passed in the rank's arguments), never one read from the bucket: an object replaced there,
+    metadata and all, fails the check. Ranks on one machine share the cache and download once. A
+    checksum mismatch downloads once more, then fails naming the URI; the source the weights came
+    from is never contacted.
     """
     store = store or ObjectStore()
     suffix = file_suffix(uri)

@@ -75,9 +75,27 @@ def test_input_folders_must_exist(tmp_path):
     assert DataParams(input=str(missing), input_format="digits").input == str(missing)
 
 
-def test_a_url_input_is_refused_with_what_to_do():
-    message = error_of(DataParams, input="s3://bucket/images", input_format="folders")
-    assert "copy them to a path every Spark executor can read" in message
+def test_a_bucket_input_is_accepted_and_other_urls_refused():
+    assert DataParams(input="s3://bucket/images/", input_format="folders").input.startswith("s3")
+    assert "bucket names have at least 3 characters" in error_of(
+        DataParams, input="s3://b/x", input_format="folders"
+    )
+    assert "'digits' writes the bundled digits to a local folder" in error_of(
+        DataParams, input="s3://bucket/x", input_format="digits"
+    )
+    assert "expected a folder every Spark executor can read" in error_of(
+        DataParams, input="gs://bucket/x", input_format="folders"
+    )
+
+
+def test_every_rank_gets_row_groups_and_small_np_keeps_the_default():
+    data = DataParams()
+    assert data.preprocess_config(ranks=2).shards == 8
+    assert data.preprocess_config(ranks=-12).shards == 12
+    assert data.preprocess_config(ranks=16).params() == {
+        **data.preprocess_config(ranks=2).params(),
+        "files_per_split": 16,
+    }
 
 
 @pytest.mark.parametrize(
@@ -121,3 +139,40 @@ def test_the_benchmark_takes_np_from_its_conditions():
 
 def test_unknown_parameters_are_refused():
     assert "Extra inputs are not permitted" in error_of(PipelineParams, training={"optimiser": 1})
+
+
+def test_a_weights_url_can_be_a_reference_and_stays_one(monkeypatch):
+    monkeypatch.setenv("HVDFLOW_TEST_WEIGHTS", "https://ann:hunter2@host/w.h5?sig=tok3n")
+    for source in ("env:HVDFLOW_TEST_WEIGHTS", "secret:weights-url"):
+        params = PipelineParams(training={"weights_source": source})
+        assert params.training.weights_source == source
+        assert "hunter2" not in params.model_dump_json()
+
+
+def test_an_env_reference_is_checked_where_the_flow_runs_without_echoing_it(monkeypatch):
+    monkeypatch.delenv("HVDFLOW_TEST_UNSET", raising=False)
+    assert (
+        "training.weights_source 'env:HVDFLOW_TEST_UNSET' refers to the environment variable "
+        "HVDFLOW_TEST_UNSET, which is not set on the driver: export it where the flow runs"
+    ).removeprefix("training.") in error_of(TrainingParams, weights_source="env:HVDFLOW_TEST_UNSET")
+    monkeypatch.setenv("HVDFLOW_TEST_WEIGHTS", "ftp://ann:hunter2@host/w.h5?sig=tok3n")
+    message = error_of(TrainingParams, weights_source="env:HVDFLOW_TEST_WEIGHTS")
+    assert (
+        "weights_source 'env:HVDFLOW_TEST_WEIGHTS' (= 'ftp://host/w.h5?<redacted>') is neither "
+        "an http(s) URL, an existing file, nor 'keras:weights=None'"
+    ) in message
+    assert "hunter2" not in message and "tok3n" not in message
+    assert "'secret:' (lower-case letters" in error_of(
+        TrainingParams, weights_source="secret:Weights_URL"
+    )
+
+
+def test_a_rejected_literal_is_never_repeated_as_given():
+    for model, values in (
+        (TrainingParams, {"weights_source": "https://user:hunter2@/w.h5?sig=tok3n"}),
+        (PipelineParams, {"training": {"weights_source": "https://user:hunter2@/w.h5?sig=tok3n"}}),
+        (BenchParams, {"training": {"weights_source": "https://user:hunter2@/w.h5?sig=tok3n"}}),
+        (LauncherParams, {"horovod": {"extra_env": {"TOKEN": "env:"}, "autotune": "hunter2"}}),
+    ):
+        message = error_of(model, **values)
+        assert "hunter2" not in message and "tok3n" not in message, message

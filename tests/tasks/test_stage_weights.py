@@ -179,3 +179,67 @@ def test_cached_weights_are_verified_and_reused(store, weights_file, tmp_path):
     first = fetch_weights(staged.uri, staged.sha256, store)
     store.put_bytes(b"replaced", staged.uri)  # the cache, not the bucket, serves the next call
     assert fetch_weights(staged.uri, staged.sha256, store) == first
+
+
+@pytest.mark.integration
+def test_a_replaced_object_fails_the_drivers_checksum_even_with_matching_metadata(
+    store, weights_file, tmp_path
+):
+    import hashlib
+    from dataclasses import asdict
+
+    path = tmp_path / "w.h5"
+    path.write_bytes(weights_file)
+    staged = stage_weights("m6", str(path), store)
+    # Someone who can write the bucket swaps the object, with metadata to match the swap.
+    forged = tmp_path / "forged.h5"
+    forged.write_bytes(b"weights that were never staged")
+    forged_sha = hashlib.sha256(forged.read_bytes()).hexdigest()
+    store.upload_file(str(forged), staged.uri, metadata={**asdict(staged), "sha256": forged_sha})
+    assert store.head(staged.uri)["metadata"]["sha256"] == forged_sha
+
+    # What a rank does with what the driver gave it (training_kwargs: weights_sha256).
+    with pytest.raises(ObjectStoreError) as err:
+        fetch_weights(staged.uri, staged.sha256, store)
+    assert str(err.value) == (
+        f"{staged.uri} does not match its checksum after two downloads (expected sha256 "
+        f"{staged.sha256}, got {forged_sha}): the object in the bucket is corrupt or was "
+        "replaced; stage the weights again"
+    )
+    assert not list((tmp_path / "cache" / "weights").glob(f"{staged.sha256}*.h5"))
+
+
+@pytest.mark.unit
+def test_ranks_are_given_the_checksum_the_driver_computed():
+    from types import SimpleNamespace
+
+    from tasks.config import TrainingParams
+    from tasks.stage_weights import StagedWeights
+    from tasks.train import training_kwargs
+
+    staged = StagedWeights("digits_mlp", "/w.h5", "s3://b/weights/digits_mlp/ab.h5", "ab" * 32, 9)
+    dataset = SimpleNamespace(
+        train_url="file:///t",
+        val_url="file:///v",
+        train_rows=10,
+        val_rows=2,
+        num_classes=10,
+        image_shape=(8, 8, 1),
+    )
+    kwargs = training_kwargs(TrainingParams(), dataset, staged)
+    assert (kwargs["weights_uri"], kwargs["weights_sha256"]) == (staged.uri, "ab" * 32)
+
+
+@pytest.mark.integration
+def test_a_reference_is_resolved_when_staging_and_only_the_redacted_url_is_kept(
+    store, weights_file, monkeypatch
+):
+    with counting_http_server({"/w.h5": weights_file}) as (url, requests):
+        secret_url = url.replace("http://", "http://alice:hunter2@") + "/w.h5?X-Amz-Signature=s1g"
+        monkeypatch.setenv("HVDFLOW_TEST_WEIGHTS_URL", secret_url)
+        staged = stage_weights("m7", "env:HVDFLOW_TEST_WEIGHTS_URL", store)
+    assert requests == ["/w.h5?X-Amz-Signature=s1g"]
+    assert staged.source == f"{url}/w.h5?<redacted>"
+    assert store.get_bytes(staged.uri) == weights_file
+    for record in (str(staged), str(store.head(staged.uri))):
+        assert "hunter2" not in record and "s1g" not in record
