@@ -70,8 +70,12 @@ def test_the_admin_logs_a_run_and_an_artifact_and_registers_a_version_with_an_al
         champion = client.get_model_version_by_alias("tests-auth-model", "champion")
         assert (champion.version, champion.run_id) == (version.version, run.info.run_id)
         assert client.get_run(run.info.run_id).data.params == {"np": "2"}
+        # Through this server, whatever tracking URI an earlier test left in mlflow's globals.
         downloaded = mlflow.artifacts.download_artifacts(
-            run_id=run.info.run_id, artifact_path="notes/notes.txt", dst_path=str(tmp_path / "dl")
+            run_id=run.info.run_id,
+            artifact_path="notes/notes.txt",
+            dst_path=str(tmp_path / "dl"),
+            tracking_uri=auth_server.tracking_uri,
         )
         assert open(downloaded).read() == "logged through the login\n"
 
