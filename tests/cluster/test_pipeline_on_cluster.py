@@ -1,0 +1,147 @@
+"""The whole pipeline on the multi-host harness, with its data in a bucket.
+
+Raw images (some of them bad) sit in the embedded S3 bound to the driver's address with keys
+enforced; MLflow and Prefect run beside it with their logins (``hvdflow up --bind``). A user's
+``hvdflow run`` on the driver preprocesses on the two worker hosts straight from and into the
+bucket, trains np=2 with one rank per host and registers the model. A second job then reads the
+training split the way ranks do, one rank per host, to show the shards are disjoint and cover
+every row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import textwrap
+
+import pytest
+
+from tests.cluster.driver import run_driver
+from tests.helpers import wait_for_no_ranks
+
+pytestmark = pytest.mark.slow
+
+IMAGES_PER_CLASS = 12
+BAD = {
+    "3/truncated.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",  # a PNG cut off in its header
+    "7/saved-page.jpg": b"<!DOCTYPE html><html><body>Too Many Requests</body></html>",
+}
+
+READ_SHARDS = textwrap.dedent(
+    """
+    import json, sys
+    from infra import HorovodRunner
+
+    def read(train_url):
+        import socket
+        import horovod.tensorflow as hvd
+        from training.reader import open_dataset
+
+        hvd.init()
+        with open_dataset(
+            train_url, rank=hvd.rank(), size=hvd.size(), batch_size=None, num_epochs=1,
+            shuffle=False, fields=("source",), normalize=False,
+        ) as rows:
+            mine = sorted(row.source.numpy().decode() for row in rows)
+        return hvd.allgather_object({"host": socket.gethostname(), "sources": mine})
+
+    print("SHARDS " + json.dumps(HorovodRunner(np=2).run(read, train_url=sys.argv[1])))
+    """
+)
+
+
+def upload_raw_images(store, prefix: str) -> int:
+    """A class-folder tree of real digits (PNG) plus the bad objects; returns the good count."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    counts: dict[int, int] = {}
+    for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+        if counts.get(label, 0) == IMAGES_PER_CLASS:
+            continue
+        counts[label] = counts.get(label, 0) + 1
+        buffer = io.BytesIO()
+        Image.fromarray((image * 255 / 16).astype("uint8"), mode="L").save(buffer, "PNG")
+        store.put_bytes(buffer.getvalue(), f"{prefix}{label}/digit_{i:04d}.png", "image/png")
+    for name, data in BAD.items():
+        store.put_bytes(data, prefix + name, "application/octet-stream")
+    return sum(counts.values())
+
+
+@pytest.mark.timeout(1500)
+def test_the_pipeline_runs_on_two_hosts_from_and_into_the_bucket(
+    netns_cluster, tmp_path, monkeypatch
+):
+    from mlflow import MlflowClient
+
+    from infra._env import temporary_env
+    from infra.services.local import LocalServices
+    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+
+    for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
+        monkeypatch.delenv(name, raising=False)  # the cluster's own services, not the session's
+    home = tmp_path / "home"
+    services = LocalServices(home)
+    try:
+        env = services.up(bind=netns_cluster.driver_ip)
+        with temporary_env(env):
+            store = ObjectStore(ObjectStoreConfig.from_env(bucket="hvdflow"))
+            store.ensure_bucket()
+            good = upload_raw_images(store, "s3://hvdflow/raw/digits/")
+
+        run = run_driver(
+            netns_cluster,
+            "-m",
+            "flows.cli",
+            "run",
+            *("--np", "2", "--epochs", "1", "--input-format", "folders"),
+            *("--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"),
+            workdir=tmp_path / "driver",
+            timeout_s=1200,
+            env={"HVDFLOW_HOME": str(home)},
+        )
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+        dataset = re.search(r"dataset\s+(s3://\S+) \((\d+) quarantined\)", run.stdout)
+        assert dataset, run.stdout[-3000:]
+        assert int(dataset.group(2)) == len(BAD)
+        version = re.search(r"model version\s+models:/hvdflow-classifier/(\d+)", run.stdout)
+        assert version, run.stdout[-3000:]
+
+        with temporary_env(env):
+            # The quarantine report sits in the bucket, one row per bad object, with its reason.
+            report = store.get_bytes(f"{dataset.group(1)}/quarantine.csv").decode()
+            rows = list(csv.DictReader(io.StringIO(report)))
+            assert sorted(r["source"] for r in rows) == sorted(BAD)
+            # The model is registered, behind the MLflow login the services require.
+            registered = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_model_version_by_alias(
+                "hvdflow-classifier", "candidate"
+            )
+            assert registered.version == version.group(1)
+            manifest = json.loads(
+                store.get_bytes(dataset.group(1).rsplit("/", 1)[0] + "/manifest.json")
+            )
+        assert manifest["train_rows"] + manifest["val_rows"] == good
+
+        # Every rank reads its own shard of the training split, one rank per host.
+        shards = run_driver(
+            netns_cluster,
+            "-c",
+            READ_SHARDS,
+            manifest["train_url"],
+            workdir=tmp_path / "reader",
+            timeout_s=600,
+            env={k: env[k] for k in env if k.startswith("AWS_")},
+        )
+        assert shards.returncode == 0, shards.stderr[-5000:]
+        line = next(ln for ln in shards.stdout.splitlines() if ln.startswith("SHARDS "))
+        per_rank = json.loads(line.removeprefix("SHARDS "))
+        assert sorted(r["host"] for r in per_rank) == sorted(h.name for h in netns_cluster.hosts)
+        first, second = (set(r["sources"]) for r in per_rank)
+        assert first and second and not first & second
+        assert len(first | second) == manifest["train_rows"]
+    finally:
+        services.down()
+    assert wait_for_no_ranks(30) == []
