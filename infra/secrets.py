@@ -38,22 +38,28 @@ def is_reference(value: str) -> bool:
     return value.startswith((ENV_PREFIX, SECRET_PREFIX))
 
 
+# Each kind of reference: its prefix, what may follow it, and how to say so.
+_REFERENCE_SYNTAX = (
+    (
+        ENV_PREFIX,
+        _ENV_NAME,
+        "an environment variable name follows 'env:' (letters, digits and '_', not starting "
+        "with a digit), e.g. 'env:WEIGHTS_URL'",
+    ),
+    (
+        SECRET_PREFIX,
+        _BLOCK_NAME,
+        "a Prefect Secret block name follows 'secret:' (lower-case letters, digits and '-'), "
+        "e.g. 'secret:weights-url'",
+    ),
+)
+
+
 def check_reference(value: str, what: str) -> str:
     """``value`` if it is a literal or a well-formed reference; else ValueError naming ``what``."""
-    if value.startswith(ENV_PREFIX):
-        name = value[len(ENV_PREFIX) :]
-        if not _ENV_NAME.fullmatch(name):
-            raise ValueError(
-                f"{what} {value!r}: an environment variable name follows 'env:' (letters, "
-                "digits and '_', not starting with a digit), e.g. 'env:WEIGHTS_URL'"
-            )
-    elif value.startswith(SECRET_PREFIX):
-        name = value[len(SECRET_PREFIX) :]
-        if not _BLOCK_NAME.fullmatch(name):
-            raise ValueError(
-                f"{what} {value!r}: a Prefect Secret block name follows 'secret:' (lower-case "
-                "letters, digits and '-'), e.g. 'secret:weights-url'"
-            )
+    for prefix, pattern, syntax in _REFERENCE_SYNTAX:
+        if value.startswith(prefix) and not pattern.fullmatch(value[len(prefix) :]):
+            raise ValueError(f"{what} {value!r}: {syntax}")
     return value
 
 

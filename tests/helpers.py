@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 
@@ -38,3 +42,31 @@ def wait_for_no_ranks(timeout_s: float = 10.0) -> list[psutil.Process]:
     while (alive := rank_processes()) and time.monotonic() < deadline:
         time.sleep(0.2)
     return alive
+
+
+@contextmanager
+def http_server(respond: Callable[[BaseHTTPRequestHandler], bytes | None]):
+    """A GET-only HTTP server on 127.0.0.1; yields its port. ``respond(request)`` returns the
+    body to send with 200, or None for a refusal (``refuse_with``, 404 by default)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = respond(self)
+            status = 200 if body is not None else getattr(respond, "refuse_with", 404)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            if body:
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass  # the tests look at what the server saw, not at its log
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

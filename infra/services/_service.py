@@ -67,10 +67,23 @@ class Service(abc.ABC):
         """The variables a client sets to use this server, credentials included."""
         return {}
 
+    # Each variable of ``env()`` that holds a secret -> its key in ``credentials_path``.
+    SECRET_VARIABLES: ClassVar[dict[str, str]] = {}
+
+    @property
+    def credentials_path(self) -> Path:
+        """The 0600 file that keeps this server's generated secrets."""
+        return self.home / "credentials.json"
+
     def secret_sources(self) -> dict[str, str]:
         """For each variable of ``env()`` that holds a secret, where it is kept: what to show
         instead of the value (``'"password" in /home/u/.hvdflow/mlflow/credentials.json'``)."""
-        return {}
+        if not self.auth:
+            return {}
+        return {
+            variable: f'"{key}" in {self.credentials_path}'
+            for variable, key in self.SECRET_VARIABLES.items()
+        }
 
     @abc.abstractmethod
     def _command(self) -> list[str]:

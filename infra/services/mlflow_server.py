@@ -43,6 +43,7 @@ class MlflowServer(Service):
 
     name = "MLflow server"
     log_name = "mlflow-server.log"
+    SECRET_VARIABLES = {c.MLFLOW_TRACKING_PASSWORD: "password"}
     START_TIMEOUT_S = 90.0
     STOP_TIMEOUT_S = 10.0
     POLL_INTERVAL_S = 0.5
@@ -80,10 +81,6 @@ class MlflowServer(Service):
         return self.url
 
     @property
-    def credentials_path(self) -> Path:
-        return self.home / "credentials.json"
-
-    @property
     def auth_config_path(self) -> Path:
         return self.home / "basic_auth.ini"
 
@@ -94,11 +91,6 @@ class MlflowServer(Service):
             env[c.MLFLOW_TRACKING_USERNAME] = self._secrets["username"]
             env[c.MLFLOW_TRACKING_PASSWORD] = self._secrets["password"]
         return env
-
-    def secret_sources(self) -> dict[str, str]:
-        if not self.auth:
-            return {}
-        return {c.MLFLOW_TRACKING_PASSWORD: f'"password" in {self.credentials_path}'}
 
     def _prepare(self) -> None:
         super()._prepare()

@@ -29,6 +29,7 @@ class PrefectServer(Service):
 
     name = "Prefect server"
     log_name = "server.log"
+    SECRET_VARIABLES = {c.PREFECT_API_AUTH_STRING: "auth_string"}
     # The first start creates and migrates its database.
     START_TIMEOUT_S = 120.0
     STOP_TIMEOUT_S = 10.0
@@ -59,21 +60,12 @@ class PrefectServer(Service):
         """What clients set as ``PREFECT_API_URL``; the UI is at ``url``."""
         return f"{self.url}/api"
 
-    @property
-    def credentials_path(self) -> Path:
-        return self.home / "credentials.json"
-
     def env(self) -> dict[str, str]:
         """PREFECT_API_URL, and the auth string when the server requires one."""
         env = {c.PREFECT_API_URL: self.api_url}
         if self.auth:
             env[c.PREFECT_API_AUTH_STRING] = self._secrets["auth_string"]
         return env
-
-    def secret_sources(self) -> dict[str, str]:
-        if not self.auth:
-            return {}
-        return {c.PREFECT_API_AUTH_STRING: f'"auth_string" in {self.credentials_path}'}
 
     def _command(self) -> list[str]:
         prefect = str(Path(sys.executable).parent / "prefect")

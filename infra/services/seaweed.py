@@ -184,6 +184,7 @@ class SeaweedServer(Service):
 
     name = "SeaweedFS"
     log_name = "weed.log"
+    SECRET_VARIABLES = {c.AWS_SECRET_ACCESS_KEY: "secret_access_key"}
     START_TIMEOUT_S = 60.0
     # SeaweedFS ignores SIGTERM for a while; after this it gets SIGKILL.
     STOP_TIMEOUT_S = 5.0
@@ -215,9 +216,6 @@ class SeaweedServer(Service):
             c.AWS_DEFAULT_REGION: "us-east-1",
             c.MLFLOW_S3_ENDPOINT_URL: self.endpoint_url,
         }
-
-    def secret_sources(self) -> dict[str, str]:
-        return {c.AWS_SECRET_ACCESS_KEY: f'"secret_access_key" in {credentials_path(self.home)}'}
 
     def _prepare(self) -> None:
         (self.home / "data").mkdir(parents=True, exist_ok=True)

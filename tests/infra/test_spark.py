@@ -13,17 +13,21 @@ import pytest
 from infra.spark import launch_env, spark_conf, ui_bind_address
 
 PY = sys.executable
+# What every session hvdflow starts gets, local or not.
+EVERY_SESSION = {
+    "spark.pyspark.python": PY,
+    "spark.pyspark.driver.python": PY,
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
+    "spark.ui.killEnabled": "false",
+}
 
 
 @pytest.mark.unit
 def test_a_local_session_binds_the_driver_to_loopback_and_turns_the_kill_links_off(monkeypatch):
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     assert spark_conf("local[2]") == {
-        "spark.pyspark.python": PY,
-        "spark.pyspark.driver.python": PY,
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
-        "spark.ui.killEnabled": "false",
+        **EVERY_SESSION,
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
     }
@@ -40,13 +44,7 @@ def test_spark_local_ip_chooses_a_local_drivers_address_and_extra_wins(monkeypat
 @pytest.mark.unit
 def test_a_cluster_session_leaves_the_drivers_address_to_spark(monkeypatch):
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
-    assert spark_conf("spark://master:7077") == {
-        "spark.pyspark.python": PY,
-        "spark.pyspark.driver.python": PY,
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
-        "spark.ui.killEnabled": "false",
-    }
+    assert spark_conf("spark://master:7077") == EVERY_SESSION
 
 
 @pytest.mark.unit

@@ -12,12 +12,10 @@ files, the bucket, the process's stdout and stderr and a failed run's exception.
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
 import secrets
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,7 +25,7 @@ import pytest
 
 from flows.benchmark import BenchParams, benchmark
 from flows.pipeline import PipelineParams, pipeline
-from tests.helpers import wait_for_no_ranks
+from tests.helpers import http_server, wait_for_no_ranks
 
 # Larger files are not read back from the bucket: weights and Parquet, no text records.
 MAX_OBJECT_BYTES = 20 * 1024 * 1024
@@ -70,34 +68,17 @@ def weights_host(body: bytes, user: str, password: str, signature: str):
     """A host that serves ``body`` at /digits_mlp.weights.h5 only with that login and signature."""
     seen: list[tuple[str, bool]] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            authorized = self.headers.get("Authorization") == f"Basic {basic(user, password)}"
-            signed = (
-                self.path == f"/digits_mlp.weights.h5?X-Amz-Signature={signature}&X-Amz-Expires=60"
-            )
-            seen.append((self.path.split("?")[0], authorized and signed))
-            if not (authorized and signed):
-                self.send_response(401)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def respond(request):
+        authorized = request.headers.get("Authorization") == f"Basic {basic(user, password)}"
+        signed = (
+            request.path == f"/digits_mlp.weights.h5?X-Amz-Signature={signature}&X-Amz-Expires=60"
+        )
+        seen.append((request.path.split("?")[0], authorized and signed))
+        return body if authorized and signed else None
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    respond.refuse_with = 401
+    with http_server(respond) as port:
+        yield port, seen
 
 
 def files_under(root: Path, since: float = 0.0, label: str = "") -> Iterator[tuple[str, bytes]]:

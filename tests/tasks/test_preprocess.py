@@ -72,18 +72,23 @@ def read_rows(url, columns=("label", "source", "split")):
     return pq.read_table(url.replace("file://", ""), columns=list(columns)).to_pylist()
 
 
-def read_sources(url, rank=0, size=1):
-    """The `source` of every row Petastorm's reader gives this rank (local or s3://)."""
-    with open_dataset(
+def stored_rows(url, rank=0, size=1, fields=("image", "source")):
+    """Petastorm's reader over this rank's rows, once, in order, as stored (local or s3://)."""
+    return open_dataset(
         url,
         rank=rank,
         size=size,
         batch_size=None,
         num_epochs=1,
         shuffle=False,
-        fields=("image", "source"),
+        fields=fields,
         normalize=False,
-    ) as ds:
+    )
+
+
+def read_sources(url, rank=0, size=1):
+    """The `source` of every row Petastorm's reader gives this rank (local or s3://)."""
+    with stored_rows(url, rank, size) as ds:
         return [row.source.numpy().decode() for row in ds]
 
 
@@ -244,14 +249,7 @@ def test_mnist_idx_files(spark, tmp_path, gz):
     name = "train-images-idx3-ubyte" + (".gz" if gz else "")
     assert by_source[f"{name}#13"] == 3
     # Pixels survive unchanged at the native size (PNG is lossless).
-    with open_dataset(
-        manifest.train_url,
-        batch_size=None,
-        num_epochs=1,
-        shuffle=False,
-        normalize=False,
-        fields=("image", "source"),
-    ) as ds:
+    with stored_rows(manifest.train_url) as ds:
         row = next(iter(ds))
     source = row.source.numpy().decode()
     index = int(source.split("#")[1])
@@ -491,14 +489,7 @@ def test_mnist_idx_files_in_a_bucket(spark, store, tmp_path):
         + [f"t10k-images-idx3-ubyte#{i}" for i in range(30)]
     )
     assert all(r["label"] == int(r["source"].split("#")[1]) % 10 for r in rows)
-    with open_dataset(
-        manifest.val_url,
-        batch_size=None,
-        num_epochs=1,
-        shuffle=False,
-        normalize=False,
-        fields=("image", "source"),
-    ) as ds:
+    with stored_rows(manifest.val_url) as ds:
         for row in ds:
             name, index = row.source.numpy().decode().split("#")
             assert np.array_equal(row.image.numpy(), images[int(index)]), name

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import logging
 import sys
 import threading
@@ -14,7 +13,7 @@ import pytest
 from infra import HorovodRunner
 from infra.storage.object_store import ObjectStoreError
 from tasks.stage_weights import OFFLINE_SOURCE, redact, stage_weights
-from tests.helpers import wait_for_no_ranks
+from tests.helpers import http_server, wait_for_no_ranks
 from training.weights import fetch_weights
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -25,30 +24,12 @@ def counting_http_server(files: dict[str, bytes]):
     """Serves ``files`` on 127.0.0.1 and counts every request, like a rate-limited public host."""
     requests: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            requests.append(self.path)
-            body = files.get(self.path.split("?")[0])
-            if body is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def respond(request):
+        requests.append(request.path)
+        return files.get(request.path.split("?")[0])
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", requests
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(respond) as port:
+        yield f"http://127.0.0.1:{port}", requests
 
 
 @pytest.fixture(scope="module")
