@@ -15,59 +15,15 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bench.conditions import parse_condition
+from flows.params import BenchParams
 from infra.secrets import tracking_login
 from infra.services.local import hvdflow_home
 from infra.tracking import tracking_uri
-from tasks.config import DataParams, LauncherParams, TrainingParams
+from tasks.config import LauncherParams
 from tasks.stage_weights import redact
-from tasks.steps import check_tracking_step, preprocess_step
-
-
-class BenchParams(BaseModel):
-    """The study: one model and dataset, conditions x repetitions x epochs.
-
-    ``launcher`` gives the Spark master and Horovod's knobs; the conditions give np.
-    """
-
-    # Errors never repeat an input as given (a weights URL or extra_env may hold a secret).
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    data: DataParams = DataParams(image_size=(28, 28))
-    training: TrainingParams = TrainingParams(
-        model="mnist_cnn",
-        batch_size=64,
-        # Adadelta at its customary rate, as in the Databricks MNIST example.
-        learning_rate=1.0,
-        optimizer="adadelta",
-        # '' trains from scratch; a source is staged once and loaded by every rank.
-        weights_source="",
-    )
-    launcher: LauncherParams = LauncherParams()
-    conditions: list[str] = ["keras", "1", "2"]
-    repetitions: int = Field(default=3, ge=1)
-    experiment: str = Field(default="hvdflow-benchmark", min_length=1)
-
-    @field_validator("conditions")
-    @classmethod
-    def _valid_conditions(cls, conditions: list[str]) -> list[str]:
-        if not conditions:
-            raise ValueError("conditions is empty: expected e.g. ['keras', '1', '2']")
-        for condition in conditions:
-            parse_condition(condition)
-        return conditions
-
-    @model_validator(mode="after")
-    def _np_from_conditions(self) -> BenchParams:
-        if "np" in self.launcher.model_fields_set:
-            raise ValueError(
-                f"launcher.np={self.launcher.np}: the benchmark takes np from conditions (e.g. "
-                "['keras', '1', '2']); leave launcher.np unset"
-            )
-        return self
-
+from tasks.steps import check_tracking_step, preprocessed
 
 DEFAULT_BENCH = BenchParams()
 
@@ -137,7 +93,7 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     training = params.training
     most_ranks = max(parse_condition(c)[1] for c in params.conditions)
     data = params.data.preprocess_config(ranks=most_ranks)
-    dataset = preprocess_step(data, params.launcher.spark_master)
+    dataset = preprocessed(data, params.launcher.spark_master)
     staged = None
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.

@@ -15,6 +15,7 @@ import sys
 from flows.cli_support import (
     FailedRun,
     InvalidParameters,
+    adopt_prefect_logging,
     configure_logging,
     nested_params,
     one_line,
@@ -33,13 +34,15 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _use_services(prefect: bool = True) -> dict[str, str]:
-    """Start the embedded services that the environment does not already point elsewhere."""
+    """Start the embedded services that the environment does not already point elsewhere, and
+    point this process at them, Prefect included (it reads its settings once, at import)."""
     import os
 
     from infra.services.local import LocalServices
 
     env = LocalServices().up(prefect=prefect)
     os.environ.update(env)
+    adopt_prefect_logging()
     return env
 
 
@@ -98,7 +101,7 @@ BENCH_FLAGS = {
 
 
 def _pipeline_params(args: argparse.Namespace):
-    from flows.pipeline import PipelineParams
+    from flows.params import PipelineParams  # no Prefect yet: it must see the services first
 
     return nested_params(PipelineParams, args, PIPELINE_FLAGS)
 
@@ -145,12 +148,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from flows.benchmark import BenchParams, benchmark
+    from flows.params import BenchParams
 
     if args.conditions:
         args.conditions = args.conditions.split(",")
     params = nested_params(BenchParams, args, BENCH_FLAGS)
     _use_services()
+    from flows.benchmark import benchmark
+
     result = benchmark(params)
     print(result["table"])
     print("\nplots: " + ", ".join(result["plots"]))

@@ -104,14 +104,20 @@ def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
     return list(model.model_fields)
 
 
-def configure_logging(level: str, command: str, *, show_tracebacks: bool) -> Path | None:
+# What configure_logging was last asked for, so that adopt_prefect_logging can do it again.
+_configured: dict = {}
+
+
+def configure_logging(
+    level: str, command: str, *, show_tracebacks: bool, log_path: Path | None = None
+) -> Path | None:
     """Log to the terminal at ``level`` and everything from INFO to a file; return its path.
 
-    The file sits in ``$HVDFLOW_HOME/logs``. Without ``--debug`` the terminal gets no
-    tracebacks (Prefect logs one for every failed task): the file keeps them.
+    The file sits in ``$HVDFLOW_HOME/logs`` (``log_path``: keep writing to that one). Without
+    ``--debug`` the terminal gets no tracebacks (Prefect logs one for every failed task): the
+    file keeps them.
     """
-    if command in ("run", "serve", "bench"):
-        import prefect.main  # noqa: F401  (Prefect puts its console handler on the root logger)
+    _configured.update(level=level, command=command, show_tracebacks=show_tracebacks)
     root = logging.getLogger()
     _remove_our_handlers()  # main() may run twice in one process (tests, notebooks)
     terminal = getattr(logging, level.upper())
@@ -126,7 +132,8 @@ def configure_logging(level: str, command: str, *, show_tracebacks: bool) -> Pat
     for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    log_path = _log_file_path(command)
+    log_path = log_path or _log_file_path(command)
+    _configured["log_path"] = log_path
     if log_path is not None:
         to_file = logging.FileHandler(log_path, encoding="utf-8")
         to_file._hvdflow = True
@@ -141,6 +148,24 @@ def configure_logging(level: str, command: str, *, show_tracebacks: bool) -> Pat
             inner = inner.inner
         handler.setFormatter(inner if show_tracebacks else _WithoutTraceback(inner))
     return log_path
+
+
+def adopt_prefect_logging() -> None:
+    """Import Prefect, then put back what configure_logging set up.
+
+    Call it once the environment points at the services: Prefect reads its settings (such as
+    PREFECT_API_URL) when first imported, and its logging set-up replaces the root logger's
+    handlers with its own console handler.
+    """
+    import prefect.main  # noqa: F401
+
+    if _configured:
+        configure_logging(
+            _configured["level"],
+            _configured["command"],
+            show_tracebacks=_configured["show_tracebacks"],
+            log_path=_configured.get("log_path"),
+        )
 
 
 def _remove_our_handlers() -> None:

@@ -9,38 +9,11 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, model_validator
 
+from flows.params import PipelineParams
 from infra.secrets import redact_url, tracking_login
 from infra.tracking import tracking_uri
-from tasks.config import GRAPH_MODELS, DataParams, LauncherParams, TrackingParams, TrainingParams
-from tasks.steps import check_tracking_step, preprocess_step, stage_weights_for, train_step
-from tasks.train import TrainConfig
-
-
-class PipelineParams(BaseModel):
-    """Everything one pipeline run needs; the defaults train on the bundled digits."""
-
-    # Errors never repeat an input as given (a weights URL or extra_env may hold a secret).
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    data: DataParams = DataParams()
-    training: TrainingParams = TrainingParams()
-    launcher: LauncherParams = LauncherParams()
-    tracking: TrackingParams = TrackingParams()
-
-    @model_validator(mode="after")
-    def _image_model(self) -> PipelineParams:
-        if self.training.model in GRAPH_MODELS:
-            raise ValueError(
-                f"training.model {self.training.model!r} trains on graphs: the pipeline trains "
-                "image models; run it with `hvdflow bench --model gcn`"
-            )
-        return self
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(training=self.training, launcher=self.launcher, tracking=self.tracking)
-
+from tasks.steps import check_tracking_step, preprocessed, stage_weights_for, train_step
 
 DEFAULT_PARAMS = PipelineParams()
 
@@ -55,7 +28,7 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
         check_tracking_step(uri)
         master = params.launcher.spark_master
         data = params.data.preprocess_config(ranks=params.launcher.np)
-        dataset = preprocess_step(data, master)
+        dataset = preprocessed(data, master)
         weights = None
         if params.training.weights_source:
             # A reference (env:NAME, secret:block-name) is resolved inside the task, on the driver.

@@ -141,13 +141,40 @@ def train_step(
 
 
 def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> StagedWeights:
-    """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task)."""
+    """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task).
+
+    A cached result whose object is gone (a bucket emptied, a server replaced at the same
+    address) is staged again rather than handed to the ranks to fail on.
+    """
+    from infra.storage.object_store import ObjectStore
     from training.models import model_input_shape
 
-    return stage_weights_step(
-        model,
-        source,
-        ObjectStoreConfig.from_env(),
-        model_input_shape(dataset.image_shape),
-        dataset.num_classes,
-    )
+    store = ObjectStoreConfig.from_env()
+    args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)
+    staged = stage_weights_step(*args)
+    if ObjectStore(store).head(staged.uri) is None:
+        get_run_logger().warning("cached weights %s are gone: staging them again", staged.uri)
+        staged = stage_weights_step.with_options(refresh_cache=True)(*args)
+    return staged
+
+
+def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
+    """The preprocessing task's dataset; a cached one whose manifest is gone is built again."""
+    dataset = preprocess_step(config, spark_master)
+    if not _manifest_exists(dataset):
+        get_run_logger().warning("cached dataset %s is gone: preprocessing again", dataset.path)
+        dataset = preprocess_step.with_options(refresh_cache=True)(config, spark_master)
+    return dataset
+
+
+def _manifest_exists(dataset: DatasetManifest) -> bool:
+    import os
+
+    from tasks.preprocess.job import MANIFEST
+
+    version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt
+    if not version.startswith("s3://"):
+        return os.path.exists(os.path.join(version, MANIFEST))
+    from infra.storage.object_store import ObjectStore
+
+    return ObjectStore().head(f"{version}/{MANIFEST}") is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import textwrap
 
@@ -71,77 +72,160 @@ def upload_raw_images(store, prefix: str) -> int:
     return sum(counts.values())
 
 
-@pytest.mark.timeout(1500)
-def test_the_pipeline_runs_on_two_hosts_from_and_into_the_bucket(
-    netns_cluster, tmp_path, monkeypatch
-):
-    from mlflow import MlflowClient
-
+@pytest.fixture(scope="module")
+def cluster_services(netns_cluster, tmp_path_factory):
+    """hvdflow up --bind on the driver's address: S3, MLflow and Prefect with credentials,
+    and raw images (some bad) in the bucket. Yields (home, env, good images)."""
     from infra._env import temporary_env
     from infra.services.local import LocalServices
     from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
-    for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
-        monkeypatch.delenv(name, raising=False)  # the cluster's own services, not the session's
-    home = tmp_path / "home"
+    home = tmp_path_factory.mktemp("cluster-home")
     services = LocalServices(home)
+    # The cluster's own services, not the session's: LocalServices skips what these name.
+    hidden = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+    saved = {k: os.environ.pop(k) for k in hidden if k in os.environ}
     try:
         env = services.up(bind=netns_cluster.driver_ip)
+    finally:
+        os.environ.update(saved)
+    try:
         with temporary_env(env):
             store = ObjectStore(ObjectStoreConfig.from_env(bucket="hvdflow"))
             store.ensure_bucket()
             good = upload_raw_images(store, "s3://hvdflow/raw/digits/")
-
-        run = run_driver(
-            netns_cluster,
-            "-m",
-            "flows.cli",
-            "run",
-            *("--np", "2", "--epochs", "1", "--input-format", "folders"),
-            *("--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"),
-            workdir=tmp_path / "driver",
-            timeout_s=1200,
-            env={"HVDFLOW_HOME": str(home)},
-        )
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
-        dataset = re.search(r"dataset\s+(s3://\S+) \((\d+) quarantined\)", run.stdout)
-        assert dataset, run.stdout[-3000:]
-        assert int(dataset.group(2)) == len(BAD)
-        version = re.search(r"model version\s+models:/hvdflow-classifier/(\d+)", run.stdout)
-        assert version, run.stdout[-3000:]
-
-        with temporary_env(env):
-            # The quarantine report sits in the bucket, one row per bad object, with its reason.
-            report = store.get_bytes(f"{dataset.group(1)}/quarantine.csv").decode()
-            rows = list(csv.DictReader(io.StringIO(report)))
-            assert sorted(r["source"] for r in rows) == sorted(BAD)
-            # The model is registered, behind the MLflow login the services require.
-            registered = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_model_version_by_alias(
-                "hvdflow-classifier", "candidate"
-            )
-            assert registered.version == version.group(1)
-            manifest = json.loads(
-                store.get_bytes(dataset.group(1).rsplit("/", 1)[0] + "/manifest.json")
-            )
-        assert manifest["train_rows"] + manifest["val_rows"] == good
-
-        # Every rank reads its own shard of the training split, one rank per host.
-        shards = run_driver(
-            netns_cluster,
-            "-c",
-            READ_SHARDS,
-            manifest["train_url"],
-            workdir=tmp_path / "reader",
-            timeout_s=600,
-            env={k: env[k] for k in env if k.startswith("AWS_")},
-        )
-        assert shards.returncode == 0, shards.stderr[-5000:]
-        line = next(ln for ln in shards.stdout.splitlines() if ln.startswith("SHARDS "))
-        per_rank = json.loads(line.removeprefix("SHARDS "))
-        assert sorted(r["host"] for r in per_rank) == sorted(h.name for h in netns_cluster.hosts)
-        first, second = (set(r["sources"]) for r in per_rank)
-        assert first and second and not first & second
-        assert len(first | second) == manifest["train_rows"]
+        yield home, env, good
     finally:
         services.down()
+
+
+@pytest.mark.timeout(1500)
+def test_the_pipeline_runs_on_two_hosts_from_and_into_the_bucket(
+    netns_cluster, cluster_services, tmp_path
+):
+    from mlflow import MlflowClient
+
+    from infra._env import temporary_env
+    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+
+    home, env, good = cluster_services
+    run = run_driver(
+        netns_cluster,
+        "-m",
+        "flows.cli",
+        "run",
+        *("--np", "2", "--epochs", "1", "--input-format", "folders"),
+        *("--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"),
+        workdir=tmp_path / "driver",
+        timeout_s=1200,
+        env={"HVDFLOW_HOME": str(home)},
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    dataset = re.search(r"dataset\s+(s3://\S+) \((\d+) quarantined\)", run.stdout)
+    assert dataset, run.stdout[-3000:]
+    assert int(dataset.group(2)) == len(BAD)
+    version = re.search(r"model version\s+models:/hvdflow-classifier/(\d+)", run.stdout)
+    assert version, run.stdout[-3000:]
+    # The flow ran on the cluster's Prefect server, not on a temporary one of its own.
+    assert f"Prefect UI       http://{netns_cluster.driver_ip}:" in run.stdout
+    assert "temporary server" not in run.stderr
+
+    with temporary_env(env):
+        store = ObjectStore(ObjectStoreConfig.from_env(bucket="hvdflow"))
+        # The quarantine report sits in the bucket, one row per bad object, with its reason.
+        report = store.get_bytes(f"{dataset.group(1)}/quarantine.csv").decode()
+        rows = list(csv.DictReader(io.StringIO(report)))
+        assert sorted(r["source"] for r in rows) == sorted(BAD)
+        # The model is registered, behind the MLflow login the services require.
+        registered = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_model_version_by_alias(
+            "hvdflow-classifier", "candidate"
+        )
+        assert registered.version == version.group(1)
+        manifest = json.loads(
+            store.get_bytes(dataset.group(1).rsplit("/", 1)[0] + "/manifest.json")
+        )
+    assert manifest["train_rows"] + manifest["val_rows"] == good
+
+    # Every rank reads its own shard of the training split, one rank per host.
+    shards = run_driver(
+        netns_cluster,
+        "-c",
+        READ_SHARDS,
+        manifest["train_url"],
+        workdir=tmp_path / "reader",
+        timeout_s=600,
+        env={k: env[k] for k in env if k.startswith("AWS_")},
+    )
+    assert shards.returncode == 0, shards.stderr[-5000:]
+    line = next(ln for ln in shards.stdout.splitlines() if ln.startswith("SHARDS "))
+    per_rank = json.loads(line.removeprefix("SHARDS "))
+    assert sorted(r["host"] for r in per_rank) == sorted(h.name for h in netns_cluster.hosts)
+    first, second = (set(r["sources"]) for r in per_rank)
+    assert first and second and not first & second
+    assert len(first | second) == manifest["train_rows"]
     assert wait_for_no_ranks(30) == []
+
+
+@pytest.mark.timeout(900)
+def test_a_preprocessing_retried_after_an_executor_died_mid_write_has_every_row_once(
+    netns_cluster, cluster_services, tmp_path
+):
+    from tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV
+
+    _home, env, good = cluster_services
+    aws = {k: env[k] for k in env if k.startswith("AWS_")}
+    output = "s3://hvdflow/retried"
+    # First attempt: the executor writing partition 1 dies (os._exit) after its first file.
+    crashed = run_driver(
+        netns_cluster,
+        "-c",
+        PREPROCESS_ONCE,
+        output,
+        json.dumps({f"spark.executorEnv.{CRASH_AFTER_FIRST_FILE_ENV}": "1"}),
+        workdir=tmp_path / "crashed",
+        timeout_s=600,
+        env=aws,
+    )
+    assert crashed.returncode != 0 and "PREPROCESSED" not in crashed.stdout
+    retried = run_driver(
+        netns_cluster,
+        "-c",
+        PREPROCESS_ONCE,
+        output,
+        "{}",
+        workdir=tmp_path / "retried",
+        timeout_s=600,
+        env=aws,
+    )
+    assert retried.returncode == 0, retried.stderr[-5000:]
+    line = next(ln for ln in retried.stdout.splitlines() if ln.startswith("PREPROCESSED "))
+    result = json.loads(line.removeprefix("PREPROCESSED "))
+    assert result["rows"] == good and sorted(result["read"]) == sorted(set(result["read"]))
+    assert len(result["read"]) == good  # every row exactly once, none of the crashed attempt
+
+
+# argv: output prefix, extra Spark conf as JSON. Preprocesses the bucket's raw images, then
+# reads both splits back the way ranks do.
+PREPROCESS_ONCE = textwrap.dedent(
+    """
+    import json, sys
+    from infra.spark import get_spark
+    from tasks.preprocess import PreprocessConfig, preprocess_images
+    from training.reader import open_dataset
+
+    spark = get_spark(conf=json.loads(sys.argv[2]))
+    config = PreprocessConfig(
+        input="s3://hvdflow/raw/digits/", input_format="folders", output=sys.argv[1],
+        image_size=(8, 8),
+    )
+    manifest = preprocess_images(spark, config)
+    read = []
+    for url in (manifest.train_url, manifest.val_url):
+        with open_dataset(url, batch_size=None, num_epochs=1, shuffle=False,
+                          fields=("source",), normalize=False) as rows:
+            read += [row.source.numpy().decode() for row in rows]
+    rows = manifest.train_rows + manifest.val_rows
+    print("PREPROCESSED " + json.dumps({"rows": rows, "read": read}))
+    spark.stop()
+    """
+)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -85,6 +86,17 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     assert "hvdflow-timings" in by_key and "hvdflow-summary" in by_key
     assert summary["mlflow_run_url"] in by_key["hvdflow-summary"].data
     assert "Quarantined inputs: **0**" in by_key["hvdflow-summary"].data
+
+    # Caches that cannot lie: the staged weights and the dataset's manifest are deleted behind
+    # Prefect's back; the next run makes them again instead of handing the ranks what is gone.
+    bucket, key = summary["weights_uri"].removeprefix("s3://").split("/", 1)
+    store._client.delete_object(Bucket=bucket, Key=key)
+    manifest = Path(summary["dataset"]).parent / "manifest.json"
+    manifest.unlink()
+    again = pipeline(params(tmp_path, epochs=1), return_state=True)
+    assert again.is_completed(), again
+    assert store.head(summary["weights_uri"]) is not None
+    assert manifest.exists()
 
 
 @pytest.mark.slow
