@@ -27,16 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from infra.constants import HVDFLOW_EVENT_FD, HVDFLOW_PARENT_PID
-from infra.launcher import _liveness, _wire
-from infra.launcher._placement import (
-    describe_rank,
-    gloo_iface_for,
-    gpu_for_rank,
-    host_of,
-    hostname_problem,
-    plan_ranks,
-    rank_env,
-)
+from infra.launcher import _liveness, _placement, _wire
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -179,21 +170,23 @@ def run_task(
         if partition == 0:
             link.request_plan(task_hosts)
         barrier()  # no rank starts before the rendezvous server knows the plan
-        slot = plan_ranks(task_hosts)[partition]
+        slot = _placement.plan_ranks(task_hosts)[partition]
         hostname = socket.gethostname()
-        who = describe_rank(slot.rank, hostname, slot.hostname)
-        problem = hostname_problem(task_hosts, hostname, _resolve(hostname), slot.hostname)
+        who = _placement.describe_rank(slot.rank, hostname, slot.hostname)
+        problem = _placement.hostname_problem(
+            task_hosts, hostname, _resolve(hostname), slot.hostname
+        )
         if problem is not None:
             _report_failure(link, slot.rank, f"{who} cannot start: {problem}", [], time.time())
             raise RankFailed(f"{who} cannot start: {problem}")
-        env = rank_env(
+        env = _placement.rank_env(
             slot,
             rendezvous_addr=spec.rendezvous_addr,
             rendezvous_port=spec.rendezvous_port,
-            gloo_iface=gloo_iface_for(slot.hostname),
+            gloo_iface=_placement.gloo_iface_for(slot.hostname),
             options_env=spec.options_env,
             run_id=spec.run_id,
-            gpu=gpu_for_rank(slot.local_rank, gpu_addresses),
+            gpu=_placement.gpu_for_rank(slot.local_rank, gpu_addresses),
         )
         return _supervise(slot.rank, who, env, spec, link)
     finally:
@@ -209,7 +202,7 @@ def barrier_task(spec: TaskSpec, _rows):
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
-    hosts = [host_of(info.address) for info in ctx.getTaskInfos()]
+    hosts = [_placement.host_of(info.address) for info in ctx.getTaskInfos()]
     gpu = ctx.resources().get("gpu")
     result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpu.addresses if gpu else ())
     if result is not None:

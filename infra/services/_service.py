@@ -29,6 +29,9 @@ class Service(abc.ABC):
     and how to tell it answers; the timeouts are class constants it may override, and an error
     names the one that applied. ``env()`` is what a client sets to use it, credentials included;
     ``secret_sources()`` says where each secret among them is kept, to show instead of its value.
+
+    Subclasses declare themselves in a few class attributes (name, log file, secret variables,
+    timeouts); the three look alike there by design, and the logic stays here.
     """
 
     # Shown in log lines and errors ("SeaweedFS at http://127.0.0.1:8333").
