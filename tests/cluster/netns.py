@@ -44,15 +44,50 @@ HOST_LOCAL_DIRS = "/tmp/spark-local"
 IP_TIMEOUT_S = 15.0
 HOST_READY_S = 15.0
 
-# Runs as the anchor, inside the new namespaces; $1 is the hostname.
-_ANCHOR_SCRIPT = f"""set -e
+# The folders each host gets a fresh tmpfs on: its own local disk.
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+# Runs as the anchor, inside the new namespaces; $1 is the hostname, the rest are shared
+# install paths (the checkout, its venv) that lie under a private dir and must stay visible:
+# a clone in /tmp would otherwise vanish under the host's own /tmp. Each is held aside on a
+# bind mount, the tmpfs mounts go on, and each is moved back to the same path.
+_ANCHOR_SCRIPT = rf"""set -e
 hostname "$1"
+shift
+i=0
+for path in "$@"; do
+  hold=$(mktemp -d -p /run hvdflow-keep.XXXXXX)
+  mount --bind "$path" "$hold"
+  eval "hold_$i=$hold"
+  i=$((i + 1))
+done
 # The host's own local disk: nothing written here is visible to the driver or other hosts.
-for d in /tmp /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777 tmpfs "$d"; done
+for d in {" ".join(PRIVATE_DIRS)}; do mount -t tmpfs -o mode=1777 tmpfs "$d"; done
+i=0
+for path in "$@"; do
+  eval "hold=\$hold_$i"
+  mkdir -p "$path"
+  mount --move "$hold" "$path"
+  rmdir "$hold"
+  i=$((i + 1))
+done
 mkdir -p {HOST_HOME} {HOST_WORK_DIR} {HOST_LOCAL_DIRS}
 echo ready
 exec sleep infinity
 """
+
+
+def shared_install_paths() -> list[str]:
+    """The checkout and this interpreter's environment, where they sit under a private dir
+    (the outermost of them only): every host must still see them at the same path."""
+    project = Path(__file__).resolve().parents[2]
+    candidates = sorted({str(project), str(Path(sys.prefix).resolve())}, key=len)
+    kept: list[str] = []
+    for path in candidates:
+        under_private = any(path == d or path.startswith(d + "/") for d in PRIVATE_DIRS)
+        if under_private and not any(path.startswith(k + "/") or path == k for k in kept):
+            kept.append(path)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -171,7 +206,7 @@ def start_host(host: Host, log: Path) -> subprocess.Popen:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", host.netns]
             + ["unshare", "--mount", "--uts", "--propagation", "private"]
-            + ["sh", "-c", _ANCHOR_SCRIPT, "sh", host.name],
+            + ["sh", "-c", _ANCHOR_SCRIPT, "sh", host.name, *shared_install_paths()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=err,
