@@ -133,3 +133,6 @@ FORWARDED_TO_RANKS = (
 # Pid of the supervising task: the rank exits at once if its parent is no longer that process
 # (the task died before the rank could ask for PR_SET_PDEATHSIG).
 HVDFLOW_PARENT_PID = "HVDFLOW_PARENT_PID"
+# File where the rank's faulthandler writes its Python stacks when the task asks (SIGUSR1): a
+# stalled run fails with every rank's stacks in its error.
+HVDFLOW_STACKS_FILE = "HVDFLOW_STACKS_FILE"

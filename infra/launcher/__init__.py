@@ -25,6 +25,7 @@ EXPORTS = {
     "RankFailed": "infra.launcher._task",
     "LogLine": "infra.launcher._wire",
     "log_to_driver": "infra.launcher.rank_events",
+    "report_progress": "infra.launcher.rank_events",
     **{stream: "infra.launcher._wire" for stream in STREAMS},
 }
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-from infra.launcher import _liveness, _wire
+from infra.launcher import _liveness, _stall, _wire
 from infra.launcher._placement import host_alloc_plan
 
 logger = logging.getLogger(__name__)
@@ -304,6 +304,9 @@ class DriverChannel:
         self._closed = False
         # When each task was last heard from: a silent one is lost (runner's heartbeat_timeout_s).
         self.liveness = _liveness.Tracker()
+        # How far each rank has got: a rank that stops stalls the run (runner's stall_timeout_s).
+        self.progress = _stall.ProgressTracker()
+        self.stacks: dict[int, str] = {}
 
         self._rendezvous = _RendezvousHTTPServer((bind_host, 0), _GuardedHandler, 0)
         self.rendezvous_port = self._rendezvous.server_address[1]
@@ -354,16 +357,19 @@ class DriverChannel:
                 return
             self._connections.append(conn)
         self.liveness.join(conn, hello.get("partition"), hello.get("hostname"))
+        hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
         try:
             while (message := conn.receive()) is not None:
-                self._dispatch(conn, message)
+                self._dispatch(conn, message, hostname)
         finally:
             self.liveness.leave(conn)
 
-    def _dispatch(self, conn: _wire.Connection, message: dict) -> None:
+    def _dispatch(self, conn: _wire.Connection, message: dict, hostname: str = "") -> None:
         kind = message.get("type")
         self.liveness.seen(conn)  # any message is a sign of life
         if kind == _wire.HEARTBEAT:
+            if "progress" in message:
+                self.progress.update(message["progress"], hostname)
             try:
                 conn.send({"type": _wire.HEARTBEAT})
             except OSError:  # the task is gone: its connection ends next
@@ -388,6 +394,22 @@ class DriverChannel:
             conn.send({"type": _wire.PLAN_OK})
         elif kind == _wire.FAILED:
             self.report(message)
+        elif kind == _wire.STACKS:
+            rank, text = message.get("rank"), message.get("text")
+            if isinstance(rank, int) and isinstance(text, str):
+                with self._lock:
+                    self.stacks[rank] = text[: _wire.MAX_STACKS_CHARS]
+
+    def request_stacks(self) -> None:
+        """Ask every task for its rank's Python stacks; they arrive in ``stacks``."""
+        with self._lock:
+            self.stacks.clear()
+            connections = list(self._connections)
+        for conn in connections:
+            try:
+                conn.send({"type": _wire.DUMP_STACKS})
+            except OSError:  # that task is gone: its rank's stacks will be missing
+                pass
 
     def report(self, failure: dict) -> None:
         """Record a failure report (a task's, or the driver's own about a lost task)."""

@@ -74,6 +74,7 @@ def lost_task_report(
         ),
         "tail": [],
         "exited_at": last_heard_at,
+        "cause": _wire.CAUSE_LOST,
     }
 
 

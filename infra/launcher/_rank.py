@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ import traceback
 
 import cloudpickle
 
-from infra.constants import HOROVOD_RANK, HVDFLOW_PARENT_PID
+from infra.constants import HOROVOD_RANK, HVDFLOW_PARENT_PID, HVDFLOW_STACKS_FILE
 from infra.launcher import _wire
 from infra.launcher.rank_events import emit_event
 
@@ -25,6 +26,8 @@ from infra.launcher.rank_events import emit_event
 _PR_SET_PDEATHSIG = 1
 # Exit status of a rank that found its supervising task already gone (as if SIGKILLed).
 _ORPHANED_EXIT = 128 + signal.SIGKILL
+# The signal on which the rank writes its Python stacks (the task sends it when the run stalls).
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 def _die_with_parent() -> None:
@@ -50,6 +53,18 @@ def _die_with_parent() -> None:
         os._exit(_ORPHANED_EXIT)
 
 
+def _dump_stacks_on_signal() -> None:
+    """Write every thread's Python stack to HVDFLOW_STACKS_FILE on STACKS_SIGNAL.
+
+    faulthandler's handler runs in C, so it answers even while the main thread is stuck inside
+    TensorFlow or a Horovod collective, where a Python signal handler would never run.
+    """
+    path = os.environ.get(HVDFLOW_STACKS_FILE)
+    if path:
+        stacks = open(path, "w")  # noqa: SIM115 (open for the life of the process)
+        faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
+
+
 def _report_init_reached() -> None:
     """Wrap Horovod's init so the supervisor knows this rank joined the job (start timeout)."""
     from horovod.common import basics
@@ -71,6 +86,7 @@ def _report_init_reached() -> None:
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
+    _dump_stacks_on_signal()
     _report_init_reached()
     with open(payload_path, "rb") as f:
         fn, kwargs = cloudpickle.load(f)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.constants import HVDFLOW_EVENT_FD, HVDFLOW_PARENT_PID
+from infra.constants import HVDFLOW_EVENT_FD, HVDFLOW_PARENT_PID, HVDFLOW_STACKS_FILE
 from infra.launcher import _liveness, _placement, _wire
 
 # How long a task waits to connect to the driver's channel.
@@ -34,6 +34,8 @@ CONNECT_TIMEOUT_S = 30.0
 # How long a task waits for the driver to accept the plan before giving up.
 PLAN_TIMEOUT_S = 60.0
 _POLL_S = 0.1
+# How long a task gives its rank's faulthandler to write the stacks before it reads them.
+STACKS_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,23 @@ class TaskSpec:
 
 
 class RankFailed(RuntimeError):
-    """A rank exited non-zero, timed out at start, or was stopped."""
+    """A rank exited non-zero, timed out at start, stalled, was lost or was stopped.
+
+    ``cause`` says which (one of ``_wire``'s ``CAUSE_*``); ``transient`` whether running again
+    may succeed (a killed process, a lost host, a stall) rather than fail the same way.
+    """
+
+    cause: str | None = None
+
+    @property
+    def transient(self) -> bool:
+        return self.cause in _wire.TRANSIENT_CAUSES
+
+
+def rank_failed(message: str, cause: str | None) -> RankFailed:
+    error = RankFailed(message)
+    error.cause = cause  # an attribute, not an argument: the exception still pickles
+    return error
 
 
 class DriverLink:
@@ -64,6 +82,11 @@ class DriverLink:
     """
 
     def __init__(self, spec: TaskSpec, partition: int):
+        # The rank's progress (rank, begun, finished, watch), sent with every heartbeat once
+        # the rank has reached hvd.init(); None before.
+        self.progress: dict | None = None
+        # Set when the driver asks for the rank's Python stacks (the run stalled).
+        self.stacks_requested = threading.Event()
         address = (spec.driver_host, spec.driver_port)
         try:
             sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
@@ -112,13 +135,17 @@ class DriverLink:
                 return
             if message.get("type") == _wire.HEARTBEAT:
                 continue  # its arrival is all it says
+            if message.get("type") == _wire.DUMP_STACKS:
+                self.stacks_requested.set()
+                continue
             with self._reply_ready:
                 self._replies.append(message)
                 self._reply_ready.notify_all()
 
     def _beat(self) -> None:
         while not self._closed.wait(_wire.HEARTBEAT_INTERVAL_S):
-            self.send({"type": _wire.HEARTBEAT})
+            progress = self.progress
+            self.send({"type": _wire.HEARTBEAT, **({"progress": progress} if progress else {})})
 
     def lost(self) -> bool:
         """Whether the driver has been silent, or unable to read, for heartbeat_timeout_s."""
@@ -177,8 +204,9 @@ def run_task(
             task_hosts, hostname, _resolve(hostname), slot.hostname
         )
         if problem is not None:
-            _report_failure(link, slot.rank, f"{who} cannot start: {problem}", [], time.time())
-            raise RankFailed(f"{who} cannot start: {problem}")
+            message = f"{who} cannot start: {problem}"
+            _report_failure(link, slot.rank, message, [], time.time(), _wire.CAUSE_HOST)
+            raise rank_failed(message, _wire.CAUSE_HOST)
         env = _placement.rank_env(
             slot,
             rendezvous_addr=spec.rendezvous_addr,
@@ -216,6 +244,9 @@ def _supervise(
     tail: collections.deque[str] = collections.deque(maxlen=_wire.TAIL_LINES)
     init_reached = threading.Event()
 
+    def note_progress(begun: int, finished: int, watch: bool) -> None:
+        link.progress = {"rank": rank, "begun": begun, "finished": finished, "watch": watch}
+
     def ship(stream: str, text: str, at: float | None = None) -> None:
         line = _wire.LogLine(at or time.time(), rank, stream, text)
         tail.append(_wire.tail_line(line.formatted()))
@@ -224,6 +255,7 @@ def _supervise(
     with tempfile.TemporaryDirectory(prefix=f"hvdflow-rank{rank}-") as workdir:
         payload_path = os.path.join(workdir, "payload.pkl")
         result_path = os.path.join(workdir, "result.pkl")
+        stacks_path = os.path.join(workdir, "stacks.txt")
         with open(payload_path, "wb") as f:
             f.write(spec.payload)
         events_read, events_write = os.pipe()
@@ -232,6 +264,7 @@ def _supervise(
             **rank_env_vars,
             HVDFLOW_EVENT_FD: str(events_write),
             HVDFLOW_PARENT_PID: str(os.getpid()),
+            HVDFLOW_STACKS_FILE: stacks_path,
             "PYTHONUNBUFFERED": "1",
         }
         # No preexec_fn: it is unsafe in a process with threads. The rank sets PR_SET_PDEATHSIG
@@ -257,19 +290,31 @@ def _supervise(
                 target=_pump_lines, args=(proc.stderr, _wire.STDERR, ship), daemon=True
             ),
             threading.Thread(
-                target=_pump_events, args=(events_read, ship, init_reached), daemon=True
+                target=_pump_events,
+                args=(events_read, ship, init_reached, note_progress),
+                daemon=True,
             ),
         ]
         for t in readers:
             t.start()
 
-        reason = None
+        reason = cause = None
         try:
             while proc.poll() is None:
+                if link.stacks_requested.is_set():
+                    link.stacks_requested.clear()
+                    link.send(
+                        {
+                            "type": _wire.STACKS,
+                            "rank": rank,
+                            "text": _dump_stacks(proc, stacks_path),
+                        }
+                    )
                 if link.aborted.is_set():
-                    reason = "stopped: the driver cancelled the run"
+                    reason, cause = "stopped: the driver cancelled the run", _wire.CAUSE_STOPPED
                     break
                 if link.lost():
+                    cause = _wire.CAUSE_LOST
                     reason = (
                         f"stopped: heard nothing from the driver for {spec.heartbeat_timeout_s:g} "
                         "s (HorovodRunner heartbeat_timeout_s); the driver, or the network to "
@@ -278,6 +323,7 @@ def _supervise(
                     break
                 waited = time.monotonic() - started
                 if not init_reached.is_set() and waited > spec.start_timeout_s:
+                    cause = _wire.CAUSE_START_TIMEOUT
                     reason = (
                         f"did not reach hvd.init() within {spec.start_timeout_s:g} s "
                         "(HorovodRunner start_timeout_s): raise it if main does slow work before "
@@ -294,10 +340,11 @@ def _supervise(
 
         if reason is None and proc.returncode != 0:
             reason = exit_reason(proc.returncode)
+            cause = _wire.CAUSE_SIGNAL if proc.returncode < 0 else _wire.CAUSE_EXIT
         if reason is not None:
             message = f"{who} {reason}"
-            _report_failure(link, rank, message, list(tail), exited_at)
-            raise RankFailed(message + _format_tail(tail))
+            _report_failure(link, rank, message, list(tail), exited_at, cause)
+            raise rank_failed(message + _format_tail(tail), cause)
         if os.path.exists(result_path):
             with open(result_path, "rb") as f:
                 return f.read()
@@ -316,11 +363,39 @@ def exit_reason(returncode: int) -> str:
 
 
 def _report_failure(
-    link: DriverLink, rank: int, reason: str, tail: list[str], exited_at: float
+    link: DriverLink, rank: int, reason: str, tail: list[str], exited_at: float, cause: str | None
 ) -> None:
     link.send(
-        {"type": _wire.FAILED, "rank": rank, "reason": reason, "tail": tail, "exited_at": exited_at}
+        {
+            "type": _wire.FAILED,
+            "rank": rank,
+            "reason": reason,
+            "tail": tail,
+            "exited_at": exited_at,
+            "cause": cause,
+        }
     )
+
+
+def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
+    """The rank's Python stacks: signal its faulthandler (``_rank``), read what it wrote."""
+    from infra.launcher._rank import STACKS_SIGNAL
+
+    start = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        os.kill(proc.pid, STACKS_SIGNAL)
+    except ProcessLookupError:
+        return "(the rank process had already exited)"
+    time.sleep(STACKS_WAIT_S)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            f.seek(start)
+            text = f.read()
+    except OSError as e:
+        return f"(its stacks could not be read: {e})"
+    if len(text) > _wire.MAX_STACKS_CHARS:
+        text = text[: _wire.MAX_STACKS_CHARS] + "\n[... stacks truncated]"
+    return text or "(it wrote no stacks: is it stuck outside Python, or are signals blocked?)"
 
 
 def _resolve(hostname: str) -> str | None:
@@ -352,7 +427,7 @@ def _pump_lines(pipe, stream: str, ship) -> None:
     pipe.close()
 
 
-def _pump_events(fd: int, ship, init_reached: threading.Event) -> None:
+def _pump_events(fd: int, ship, init_reached: threading.Event, note_progress) -> None:
     with os.fdopen(fd, "rb") as events:
         while (line := _wire.read_line(events, _wire.MAX_MESSAGE_BYTES)) is not None:
             raw, total = line
@@ -366,6 +441,13 @@ def _pump_events(fd: int, ship, init_reached: threading.Event) -> None:
                 continue
             if event.get("event") == _wire.EVENT_INIT:
                 init_reached.set()
+                note_progress(0, 0, True)  # the stall watch starts at hvd.init()
+            elif event.get("event") == _wire.EVENT_PROGRESS:
+                note_progress(
+                    int(event.get("begun", 0)),
+                    int(event.get("finished", 0)),
+                    bool(event.get("watch", True)),
+                )
             elif event.get("event") == _wire.EVENT_LOG:
                 ship(_wire.CALLBACK, event.get("text", ""), event.get("time"))
 

@@ -12,8 +12,13 @@ message as a sign of life, and gives the other up after ``heartbeat_timeout_s`` 
 argument) without one. The driver then fails the run naming the rank and host; the task kills its
 rank, so a cut-off host is left with no rank either.
 
-Rank -> task, over an inherited pipe: ``init`` (the rank returned from ``hvd.init()``) and
-``log`` (a ``log_to_driver()`` message).
+Rank -> task, over an inherited pipe: ``init`` (the rank returned from ``hvd.init()``),
+``log`` (a ``log_to_driver()`` message) and ``progress`` (batches begun and finished).
+
+A rank that stops making progress closes nothing and keeps its heartbeats going: the driver sees
+it in the progress the heartbeats carry, asks every task for its rank's Python stacks
+(``dump_stacks``: the task signals the rank, whose faulthandler writes them to a file) and fails
+the run with them.
 
 A line of rank output is capped at ``MAX_LINE_BYTES``, and a message at ``MAX_MESSAGE_BYTES``,
 so that a rank printing one huge line cannot exhaust the memory of its task or of the driver.
@@ -39,7 +44,13 @@ PLAN_OK = "plan_ok"
 LINE = "line"
 FAILED = "failed"
 # Sent by each task every HEARTBEAT_INTERVAL_S, and answered by the driver: proof of life both ways.
+# A task's heartbeat also carries its rank's training progress (``progress``, see EVENT_PROGRESS),
+# from which the driver tells a stalled rank (HorovodRunner stall_timeout_s).
 HEARTBEAT = "heartbeat"
+# Driver -> every task, when the run stalled: dump your rank's Python stacks. Each task answers
+# with ``stacks`` (its rank and the text faulthandler wrote).
+DUMP_STACKS = "dump_stacks"
+STACKS = "stacks"
 
 # How often a task sends a heartbeat, in seconds.
 HEARTBEAT_INTERVAL_S = 2.0
@@ -57,6 +68,22 @@ MAX_HOSTNAME_CHARS = 64
 EVENT_INIT = "init"
 # A log_to_driver() message, shown on the driver whatever its log verbosity.
 EVENT_LOG = "log"
+# Training progress: batches ``begun`` and ``finished`` so far, and whether the stall watch
+# applies (``watch`` is false outside the batch loop, e.g. while rank 0 uploads the model).
+EVENT_PROGRESS = "progress"
+
+# Why a rank failed, in every failure report (``cause``): the training step retries the
+# transient ones (a killed process, a lost host, a stall), never a Python error in main.
+CAUSE_EXIT = "exit"
+CAUSE_SIGNAL = "signal"
+CAUSE_LOST = "lost"
+CAUSE_STALLED = "stalled"
+CAUSE_START_TIMEOUT = "start_timeout"
+CAUSE_STOPPED = "stopped"
+CAUSE_HOST = "host"
+TRANSIENT_CAUSES = frozenset({CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED})
+# Longest stack dump a task ships per rank, in characters (the tail of a longer one is dropped).
+MAX_STACKS_CHARS = 16 * 1024
 
 # Output streams of a rank: its stdout and stderr, and messages sent with log_to_driver().
 STDOUT = "stdout"

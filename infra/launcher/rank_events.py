@@ -1,7 +1,11 @@
-"""``log_to_driver``: a rank's message to the driver, shown even when rank output is not.
+"""What a rank tells its task besides its output: ``log_to_driver`` and ``report_progress``.
 
-Databricks' HorovodRunner shows only these messages in ``driver_log_verbosity="log_callback_only"``
-mode. Outside a HorovodRunner rank the message goes to this module's logger instead.
+``log_to_driver``: a message shown even when rank output is not. Databricks' HorovodRunner shows
+only these in ``driver_log_verbosity="log_callback_only"`` mode. Outside a HorovodRunner rank the
+message goes to this module's logger instead.
+
+``report_progress``: batches begun and finished, which HorovodRunner's stall watch
+(``stall_timeout_s``) reads. ``training.callbacks.ProgressCallback`` calls it from Keras.
 """
 
 from __future__ import annotations
@@ -53,3 +57,13 @@ def log_to_driver(message: str) -> None:
     # Capped here as the task caps output lines: the task drops an event line it cannot hold.
     if not emit_event(_wire.EVENT_LOG, text=_wire.capped_text(str(message))):
         logger.info("%s", message)
+
+
+def report_progress(begun: int, finished: int, watch: bool = True) -> None:
+    """Tell the stall watch how many batches this rank has begun and finished so far.
+
+    ``watch=False`` says the rank left the batch loop (its last batch is done; it evaluates,
+    saves or exits): no progress is expected from it until it reports with ``watch=True`` again.
+    A no-op outside a HorovodRunner rank. Cheap enough for every batch.
+    """
+    emit_event(_wire.EVENT_PROGRESS, begun=int(begun), finished=int(finished), watch=bool(watch))

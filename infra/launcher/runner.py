@@ -34,9 +34,9 @@ from typing import Any, Literal
 import cloudpickle
 
 from infra.constants import FORWARDED_TO_RANKS
-from infra.launcher import _liveness, _wire
+from infra.launcher import _liveness, _stall, _wire
 from infra.launcher._channel import DriverChannel
-from infra.launcher._task import RankFailed, TaskSpec, barrier_task, run_task
+from infra.launcher._task import RankFailed, TaskSpec, barrier_task, rank_failed, run_task
 from infra.launcher.options import HorovodOptions
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,8 @@ _STOP_GRACE_S = 30.0
 # How long to gather the ranks' failure reports before naming the one that caused the others.
 _SETTLE_S = 2.0
 _POLL_S = 0.2
+# How long the driver waits for every rank's stacks after the run stalled.
+_STACKS_WAIT_S = 5.0
 
 
 class HorovodRunner:
@@ -68,6 +70,10 @@ class HorovodRunner:
         heartbeat_timeout_s: a task the driver hears nothing from for this long (its host cut
             off or frozen) fails the run, named with its host; a task that hears nothing from
             the driver for this long kills its rank. At least 6 s (3 heartbeats).
+        stall_timeout_s: a rank that finishes no batch for this long after ``hvd.init()``
+            fails the run, named, with every rank's Python stacks in the error. Ranks report
+            batches with ``report_progress`` (``training.callbacks.ProgressCallback`` does it in
+            Keras); None (the default) turns the watch off, for a ``main`` that reports none.
         timeout_s: optional limit for the whole run.
         log_dir: where the run's log file goes; default: a new temporary directory.
         on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
@@ -85,6 +91,7 @@ class HorovodRunner:
         start_timeout_s: float = 300.0,
         slot_wait_s: float = 15.0,
         heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
+        stall_timeout_s: float | None = None,
         timeout_s: float | None = None,
         log_dir: str | None = None,
         on_log_line: Callable[[_wire.LogLine], None] | None = None,
@@ -104,6 +111,8 @@ class HorovodRunner:
                 raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
         if (error := _liveness.heartbeat_timeout_error(heartbeat_timeout_s)) is not None:
             raise ValueError(error)
+        if (error := _stall.stall_timeout_error(stall_timeout_s)) is not None:
+            raise ValueError(error)
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number or None")
         self.np = np
@@ -112,6 +121,7 @@ class HorovodRunner:
         self.start_timeout_s = float(start_timeout_s)
         self.slot_wait_s = float(slot_wait_s)
         self.heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self.stall_timeout_s = stall_timeout_s
         self.timeout_s = timeout_s
         self.log_dir = log_dir
         self.on_log_line = on_log_line
@@ -234,8 +244,9 @@ class HorovodRunner:
             self._wait(done, channel, sink, cancel=lambda: None, ended_badly=lambda: bool(errors))
             if errors:
                 error = next(iter(errors.values()))
-                kind = RankFailed if isinstance(error, RankFailed) else RuntimeError
-                raise kind(f"HorovodRunner np={self.np}: {error}") from None
+                if isinstance(error, RankFailed):
+                    raise rank_failed(f"HorovodRunner np={self.np}: {error}", error.cause)
+                raise RuntimeError(f"HorovodRunner np={self.np}: {error}") from None
             return next((r for r in results.values() if r is not None), None)
 
     def _wait(
@@ -253,6 +264,8 @@ class HorovodRunner:
                 for lost in channel.liveness.lost(self.heartbeat_timeout_s):
                     # The driver's own report: the output the rank sent before it went silent.
                     channel.report({**lost, "tail": sink.tail(lost["rank"])})
+                if self.stall_timeout_s and channel.progress.stalled(self.stall_timeout_s):
+                    channel.report(self._stall_report(channel))
                 if channel.failed.is_set():
                     break
                 if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
@@ -280,10 +293,32 @@ class HorovodRunner:
             failure, others = channel.root_failure()
             tail = "\n".join(failure.get("tail") or []) or "(it wrote no output)"
             also = f" (then rank(s) {', '.join(map(str, others))} failed too)" if others else ""
-            raise RankFailed(
-                f"HorovodRunner np={self.np}: {failure['reason']}{also}. "
-                f"Last lines of its output:\n{tail}"
+            heading = (
+                "Python stacks of every rank"
+                if failure.get("cause") == _wire.CAUSE_STALLED
+                else "Last lines of its output"
             )
+            raise rank_failed(
+                f"HorovodRunner np={self.np}: {failure['reason']}{also}. {heading}:\n{tail}",
+                failure.get("cause"),
+            )
+
+    def _stall_report(self, channel: DriverChannel) -> dict:
+        """Gather every rank's stacks (a few seconds at most), then describe the stall."""
+        progress, _hosts = channel.progress.snapshot()
+        logger.warning(
+            "ranks %s finished no batch for %g s (stall_timeout_s): collecting their stacks",
+            channel.progress.stalled(self.stall_timeout_s),
+            self.stall_timeout_s,
+        )
+        channel.request_stacks()
+        deadline = time.monotonic() + _STACKS_WAIT_S
+        while time.monotonic() < deadline and not set(progress) <= set(channel.stacks):
+            time.sleep(0.1)
+        progress, hosts = channel.progress.snapshot()
+        return _stall.stall_report(
+            progress, self.stall_timeout_s, dict(channel.stacks), hosts, time.time()
+        )
 
     def _stop(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):
         channel.abort()

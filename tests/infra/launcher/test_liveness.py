@@ -84,6 +84,7 @@ def test_a_lost_task_is_named_by_its_rank_and_host_once_the_plan_is_known():
         "reason": f"rank 0 on hvd-host2 (10.77.0.12) {TIMEOUT_MESSAGE}",
         "tail": [],
         "exited_at": 1234.5,
+        "cause": "lost",
     }
     before_plan = _liveness.lost_task_report(
         partition=1, hostname="hvd-host2", plan_hosts=None, timeout_s=15.0, last_heard_at=1.0
@@ -112,6 +113,7 @@ def test_the_tracker_reports_each_silent_task_once_with_when_it_was_last_heard()
             "reason": f"rank 1 on hvd-host2 (10.77.0.12) {TIMEOUT_MESSAGE}",
             "tail": [],
             "exited_at": 1000.0,
+            "cause": "lost",
         }
     ]
     assert tracker.lost(timeout_s=15.0) == []  # reported once
