@@ -3,12 +3,15 @@
 ``decode_records`` turns the input items of a partition into ``Row``s (the image resized,
 converted and PNG-encoded as Petastorm stores it) and ``Bad`` records. It fetches the bytes of
 its items (local reads, or ``s3://`` GETs on the partition's one boto3 client, FETCH_AHEAD in
-flight while the previous images decode) and decodes each image once.
+flight while the previous images decode) and decodes each image once: upright and in 8 bits
+(pixels.py: EXIF orientation, CMYK polarity, 16-bit grayscale).
 
 A bad *file* becomes a ``Bad`` record with a reason a person can act on, so one corrupt image
-never fails the job. An *environment* problem is not a bad file: an input folder this executor
-does not see, or an object store it cannot reach, raises ``InputUnreadableError`` naming the
-host and the path, and fails the job instead of quarantining every input.
+never fails the job; a file that is no image says what it is (sniff.py: an HTML page left by a
+failed download, a JSON error response). An *environment* problem is not a bad file: an input
+folder this executor does not see, or an object store it cannot reach, raises
+``InputUnreadableError`` naming the host and the path, and fails the job instead of
+quarantining every input.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tasks.preprocess.pixels import unsupported_mode, upright_8bit
+from tasks.preprocess.sniff import what_it_is
 from tasks.preprocess.storage import S3Access, error_code, is_s3, split_s3
 
-# Modes Pillow converts to L/RGB without losing meaning. 32-bit integer/float and 16-bit modes
-# (medical, scientific images) need a scaling decision hvdflow does not guess.
-SUPPORTED_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr"}
+# Why a local file is quarantined when this process may not read it.
+PERMISSION_DENIED = "permission denied: the file is not readable by this process (chmod a+r it)"
 # Objects fetched ahead of the image being decoded, per partition (s3:// inputs).
 FETCH_AHEAD = 16
 
@@ -114,12 +118,13 @@ def decode_image(source: str, label: str, data: bytes, image_size, color_mode, m
                     f"{width}x{height} = {width * height} pixels is above max_pixels="
                     f"{max_pixels} (decompression bomb guard): raise max_pixels if it is real",
                 )
-            if image.mode not in SUPPORTED_MODES:
-                return Bad(source, f"unsupported image mode {image.mode!r}")
+            reason = unsupported_mode(image)
+            if reason is not None:
+                return Bad(source, reason)
             image.load()  # a truncated file fails here, not at open
-            return Good(source, label, _fit(image, image_size, color_mode))
+            return Good(source, label, _fit(upright_8bit(image), image_size, color_mode))
     except UnidentifiedImageError:
-        return Bad(source, "not an image file Pillow can read")
+        return Bad(source, what_it_is(data) or "not an image file Pillow can read")
     except (OSError, SyntaxError, ValueError) as e:
         return Bad(source, f"corrupt or truncated image: {e}")
 
@@ -198,6 +203,8 @@ class _Fetcher:
 
     def fetch(self, item):
         """A file's bytes (or a Bad), or for an IDX range (pixels, labels, rows, cols)."""
+        if item.problem is not None:  # the listing found it unusable: never read
+            return Bad(item.source, item.problem)
         if item.index is None:
             return self._file_bytes(item.source, item.path)
         try:
@@ -222,6 +229,8 @@ class _Fetcher:
             try:
                 with open(path, "rb") as f:
                     return f.read()
+            except PermissionError:
+                return Bad(source, PERMISSION_DENIED)
             except OSError as e:
                 return Bad(source, f"cannot read the file: {e.strerror}")
         data = self._get(path)

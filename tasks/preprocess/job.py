@@ -50,6 +50,8 @@ from tasks.preprocess.storage import Location, S3Access, dataset_url, is_s3, joi
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+# The reports of a published attempt, beside its train/ and val/ splits.
+ATTEMPT_FILES = ("labels.json", "quarantine.csv")
 ATTEMPT_PREFIX = "attempt-"
 # Decoded image bytes (raw) per task: bigger inputs get more waves of tasks, so that a failed
 # task redoes a bounded share (a task streams its rows: its memory does not depend on this).
@@ -141,11 +143,7 @@ def preprocess_images(spark, config: PreprocessConfig, store=None) -> DatasetMan
     uses_s3 = is_s3(config.input) or is_s3(config.output)
     access = S3Access.from_env(store) if uses_s3 else None
     listing = list_inputs(config, access)
-    if not listing.items:
-        raise ValueError(
-            f"no images found in {config.input!r} ({config.input_format}): expected one "
-            "sub-folder per class with image files inside"
-        )
+    _check_listed(config, listing)
     fingerprint = sources.fingerprint(listing, config.params())
     version = Location(join(config.output, fingerprint[:16]), access)
     existing = read_manifest(version)
@@ -228,6 +226,21 @@ def check_shards(config: PreprocessConfig, train: int, val: int) -> None:
         f"(val_fraction={config.val_fraction:g}), so {split} has {rows} < {config.shards}: use "
         f"np <= {max(fits, 1)}, or add images"
         + (", or raise val_fraction" if split == "val" else "")
+    )
+
+
+def _check_listed(config: PreprocessConfig, listing: sources.Listing) -> None:
+    """Fail before any Spark work when the listing holds nothing to decode."""
+    unusable = [item for item in listing.items if item.problem is not None]
+    if len(unusable) < len(listing.items):
+        return
+    found = ""
+    if unusable:
+        first = unusable[0]
+        found = f" (only unusable entries: {len(unusable)}, e.g. {first.source}: {first.problem})"
+    raise ValueError(
+        f"no images found in {config.input!r} ({config.input_format}){found}: expected one "
+        "sub-folder per class with image files inside"
     )
 
 
@@ -470,6 +483,8 @@ def _write_quarantine(attempt_dir: Location, parts: list[str]) -> None:
 
 
 def read_manifest(version: Location) -> DatasetManifest | None:
+    """The dataset published in ``version``; None when there is none, or when files it needs
+    are gone (deleted by hand, or by a bucket's lifecycle rule): that one is built again."""
     data = version.read_bytes(MANIFEST)
     if data is None:
         return None
@@ -478,7 +493,44 @@ def read_manifest(version: Location) -> DatasetManifest | None:
     record = {k: v for k, v in record.items() if k in fields}
     record["image_shape"] = tuple(record["image_shape"])
     record["reused"] = True
-    return DatasetManifest(**record)
+    manifest = DatasetManifest(**record)
+    missing = missing_files(Location(manifest.path, version.access))
+    if missing:
+        logger.warning(
+            "dataset %s lacks %d of its files (e.g. %s): it will be built again",
+            manifest.path,
+            len(missing),
+            missing[0],
+        )
+        return None
+    return manifest
+
+
+def missing_files(attempt: Location) -> list[str]:
+    """What a published attempt lacks of its reports, of each split's ``_common_metadata``, and
+    of the part files that metadata names (one listing, and a read of each metadata file)."""
+    from tasks.preprocess.write import SPLITS
+
+    present = attempt.files()
+    missing = [name for name in ATTEMPT_FILES if name not in present]
+    for split in SPLITS:
+        metadata = f"{split}/_common_metadata"
+        if metadata not in present:
+            missing.append(metadata)
+            continue
+        parts = (f"{split}/{part}" for part in _part_files(attempt.read_bytes(metadata)))
+        missing += [part for part in parts if part not in present]
+    return missing
+
+
+def _part_files(common_metadata: bytes) -> list[str]:
+    """The part files a split's ``_common_metadata`` names (Petastorm's row groups per file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY
+
+    metadata = pq.read_metadata(pa.BufferReader(common_metadata)).metadata or {}
+    return sorted(json.loads(metadata.get(ROW_GROUPS_PER_FILE_KEY, b"{}")))
 
 
 def _publish(version: Location, attempt: str, manifest: DatasetManifest, config) -> DatasetManifest:

@@ -8,9 +8,11 @@ no request per object on the driver; the executors fetch the bytes.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
+import logging
 import os
 import struct
 import zlib
@@ -18,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.preprocess.storage import S3Access, is_s3, list_objects, split_s3
+from tasks.preprocess.walk import walk_class_folder
+
+logger = logging.getLogger(__name__)
 
 # Classic MNIST file names; the `-idx3-ubyte` part is what identifies the format.
 MNIST_FILES = {
@@ -38,6 +43,9 @@ class Item:
     index: int | None = None  # first IDX record
     count: int = 1  # IDX records in this item
     labels_path: str | None = None
+    # Why the listing already knows it is unusable (a broken link, a named pipe): it is
+    # quarantined with this reason, never read.
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,22 +58,35 @@ class Listing:
 
 
 def list_class_folders(root: str) -> Listing:
-    """A Caltech101-style tree: ``root/<class>/<image>``; files at the top level are ignored."""
+    """A Caltech101-style tree: ``root/<class>/<image>``; files at the top level are ignored.
+
+    Entries that cannot be images (broken or looping links, unlistable folders, named pipes:
+    walk.py) are listed as items with a ``problem``, to be quarantined. A class folder without
+    a single file to decode is left out of the classes, with a warning: a class with no
+    examples would only be a dead output of the model. The classes that remain are numbered
+    in name order, 0 to n-1.
+    """
     base = Path(root)
     if not base.is_dir():
         raise ValueError(f"input {root!r} is not a directory of class sub-folders")
-    items, files = [], []
-    classes = sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for name in classes:
-        for dirpath, dirnames, filenames in os.walk(base / name):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for filename in sorted(filenames):
-                if filename.startswith("."):
-                    continue
-                path = os.path.join(dirpath, filename)
-                stat = os.stat(path)
-                files.append((path, stat.st_size, stat.st_mtime_ns))
-                items.append(Item(os.path.relpath(path, base), name, path))
+    items, files, classes = [], [], []
+    names = sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for name in names:
+        found = walk_class_folder(str(base / name), str(base))
+        for entry in found:
+            version = entry.mtime_ns if entry.problem is None else entry.problem
+            files.append((entry.path, entry.size, version))
+            source = os.path.relpath(entry.path, base)
+            items.append(Item(source, name, entry.path, problem=entry.problem))
+        if any(entry.problem is None for entry in found):
+            classes.append(name)
+        else:
+            unusable = f" (only {len(found)} unusable, see quarantine.csv)" if found else ""
+            logger.warning(
+                "class folder %r has no files to decode%s: it is left out of the classes",
+                str(base / name),
+                unusable,
+            )
     return Listing(items, files, classes, str(base))
 
 
@@ -206,7 +227,8 @@ def listed_records(listing: Listing, label_index: dict[str, int], access: S3Acce
 
     Files: one record per item, its label from its folder. IDX ranges: one per image, its label
     from the labels file, read once here (one byte per image; a GET per labels object).
-    Records whose label is not a class are left out: the executors quarantine them.
+    Records whose label is not a class, and items the listing found unusable, are left out:
+    the executors quarantine them.
     """
     labels_of: dict[str, bytes] = {}
     for item in listing.items:
@@ -215,6 +237,8 @@ def listed_records(listing: Listing, label_index: dict[str, int], access: S3Acce
 
     def records():
         for i, item in enumerate(listing.items):
+            if item.problem is not None:  # quarantined without being read
+                continue
             if item.index is None:
                 yield i, label_index[item.label], item.source
                 continue
@@ -258,10 +282,31 @@ def write_digits_tree(root: str) -> str:
     return str(base)
 
 
-def fingerprint(listing: Listing, params: dict) -> str:
-    """sha256 of the input listing (paths, sizes, mtimes or ETags) and the parameters."""
+def fingerprint(listing: Listing, params: dict, code: str | None = None) -> str:
+    """sha256 of the preprocessing code's version (``code``, default ``code_version()``), the
+    input listing (paths, sizes, mtimes or ETags) and the parameters."""
     digest = hashlib.sha256()
+    digest.update(f"{code_version() if code is None else code}\n".encode())
     digest.update(json.dumps(params, sort_keys=True).encode())
     for path, size, mtime_ns in sorted(listing.files):
         digest.update(f"{path}\0{size}\0{mtime_ns}\n".encode())
     return digest.hexdigest()
+
+
+@functools.cache
+def code_version() -> str:
+    """hvdflow's version and the sha256 of the preprocessing modules' source (this package's
+    ``*.py``), computed once: an upgrade that changes how images become rows fingerprints
+    every dataset anew, so none written by the old code is reused."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("hvdflow")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        release = "unknown"
+    digest = hashlib.sha256()
+    for module in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(f"{module.name}\0".encode())
+        digest.update(module.read_bytes())
+        digest.update(b"\0")
+    return f"{release}+{digest.hexdigest()}"

@@ -260,6 +260,21 @@ class Location:
         for line in body.iter_lines():
             yield line.decode("utf-8").rstrip("\r")
 
+    def files(self) -> set[str]:
+        """Relative names (``train/part-00000.parquet``) of every file under it, at any depth."""
+        if not is_s3(self.base):
+            return {
+                os.path.relpath(os.path.join(folder, name), self.base)
+                for folder, _dirs, names in os.walk(self.base)
+                for name in names
+            }
+        prefix = split_s3(self.base + "/")[1]
+        return {
+            obj["Key"][len(prefix) :]
+            for obj in list_objects(self.client, self.base, self.access)
+            if not obj["Key"].endswith("/")
+        }
+
     def subfolders(self) -> list[str]:
         """Names of the folders directly inside (common prefixes for ``s3://``)."""
         if not is_s3(self.base):

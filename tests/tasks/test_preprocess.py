@@ -62,7 +62,7 @@ def add_bad_files(root, big_side=300):
     return {
         "cat/empty.jpg": "empty file (0 bytes)",
         "cat/truncated.jpg": "corrupt or truncated image",
-        "dog/notes.txt": "not an image file Pillow can read",
+        "dog/notes.txt": "a text file, not an image",
         "dog/float.tif": "unsupported image mode 'F'",
         "emu/bomb.png": f"{big_side}x{big_side} = {big_side * big_side} pixels is above max_pixels",
     }
