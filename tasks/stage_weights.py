@@ -4,7 +4,9 @@ The paper this project grew from hit "too many requests" when 32 to 64 workers e
 Keras application weights from a public host. Here the driver fetches once, stores the file
 under its sha256, and every rank loads it from the bucket (``training.weights.fetch_weights``).
 A small index object per source makes a second call with the same source neither download nor
-upload.
+upload. A local file is known by its content, not its path: the same bytes at two paths are
+staged once, and new bytes at the same path are staged anew. The index records the object's
+ETag: an object replaced or corrupted in the bucket since (another ETag) is staged again.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
 from infra.secrets import redact_url, resolve, split_userinfo
@@ -40,6 +42,8 @@ class StagedWeights:
     uri: str
     sha256: str
     size: int
+    # The object's ETag once uploaded: another one means the object was replaced since.
+    etag: str = ""
 
 
 def redact(source: str) -> str:
@@ -63,31 +67,81 @@ def stage_weights(
     machine download once. The returned sha256 is what ranks verify the file against
     (``training.weights.fetch_weights``): pass it to them, never one read from the object's
     metadata. It is computed here when the file is fetched; a later call takes it from the
-    source's index object, so the bucket is trusted between the first staging and the next.
+    source's index object as long as the object's ETag is the one recorded there.
     """
     source = resolve(source, "weights source")
     shape = tuple(input_shape) if input_shape else None
-    built = f"\0{shape}\0{num_classes}" if source == OFFLINE_SOURCE else ""
-    source_id = hashlib.sha256(f"{model}\0{source}{built}".encode()).hexdigest()
-    index_uri = store.config.uri(store.config.key("weights", "sources", f"{source_id}.json"))
-    lock = cache_root() / "locks" / f"stage-{source_id}.lock"
+    local = _local_file(source)
+    content = sha256_file(local) if local else None
+    identity = _identity(model, source, shape, num_classes, content)
+    index_uri = store.config.uri(store.config.key("weights", "sources", f"{identity}.json"))
+    lock = cache_root() / "locks" / f"stage-{identity}.lock"
     with machine_lock(lock, what=f"staging {model} from {redact(source)}"):
         staged = _from_index(store, index_uri)
         if staged is not None:
             logger.info("weights for %s already staged at %s", model, staged.uri)
-            return staged
+            return replace(staged, source=redact(source))  # the same bytes, maybe another path
         with tempfile.TemporaryDirectory(prefix="hvdflow-weights-") as tmp:
-            path = _fetch(model, source, tmp, shape, num_classes)
-            digest = sha256_file(path)
-            size = os.path.getsize(path)
-            suffix = file_suffix(path) or ".bin"
-            uri = store.config.uri(store.config.key("weights", model, f"{digest}{suffix}"))
-            staged = StagedWeights(model, redact(source), uri, digest, size)
-            if store.head(uri) is None:
-                logger.info("uploading %s weights (%d bytes) to %s", model, size, uri)
-                store.upload_file(path, uri, metadata={**asdict(staged), "size": str(size)})
-            store.put_bytes(json.dumps(asdict(staged)).encode(), index_uri)
+            staged = _upload(store, model, source, _fetch(model, source, tmp, shape, num_classes))
+        if content is not None and staged.sha256 != content:
+            raise RuntimeError(
+                f"weights file {redact(source)} changed while it was staged (sha256 {content} "
+                f"when first read, {staged.sha256} when copied): stage it again once it is "
+                "written"
+            )
+        store.put_bytes(json.dumps(asdict(staged)).encode(), index_uri)
         return staged
+
+
+def source_identity(
+    model: str, source: str, input_shape: tuple[int, ...] | None = None, num_classes: int = 10
+) -> str:
+    """What the staged copy of ``source`` (resolved) is known by, in the bucket's index and in
+    the flow's cache: a local file by its content's sha256, whatever its path; a URL by itself;
+    the offline build by the shape and classes it is built for."""
+    local = _local_file(source)
+    content = sha256_file(local) if local else None
+    shape = tuple(input_shape) if input_shape else None
+    return _identity(model, source, shape, num_classes, content)
+
+
+def is_intact(store: ObjectStore, staged: StagedWeights) -> bool:
+    """Whether the object is still the one staged: there, with its size and its ETag (an upload
+    of other bytes gives another). The ranks check the bytes themselves against ``sha256``."""
+    head = store.head(staged.uri)
+    return (
+        head is not None
+        and head["size"] == staged.size
+        and bool(staged.etag)
+        and head["etag"] == staged.etag
+    )
+
+
+def _identity(model: str, source: str, shape, num_classes: int, content: str | None) -> str:
+    if content is not None:
+        what = f"sha256:{content}"
+    elif source == OFFLINE_SOURCE:
+        what = f"{source}\0{shape}\0{num_classes}"
+    else:
+        what = source  # the key URLs always had: what was staged from them still counts
+    return hashlib.sha256(f"{model}\0{what}".encode()).hexdigest()
+
+
+def _upload(store: ObjectStore, model: str, source: str, path: str) -> StagedWeights:
+    """Upload ``path`` under its sha256, whatever is there now (a miss of the index may be a
+    corrupt object), and return what was staged."""
+    digest = sha256_file(path)
+    size = os.path.getsize(path)
+    uri = store.config.uri(
+        store.config.key("weights", model, f"{digest}{file_suffix(path) or '.bin'}")
+    )
+    staged = StagedWeights(model, redact(source), uri, digest, size)
+    logger.info("uploading %s weights (%d bytes) to %s", model, size, uri)
+    metadata = {**asdict(staged), "size": str(size)}
+    metadata.pop("etag")
+    store.upload_file(path, uri, metadata=metadata)
+    head = store.head(uri)
+    return replace(staged, etag=head["etag"] if head else "")
 
 
 def _request(url: str) -> urllib.request.Request:
@@ -103,11 +157,27 @@ def _from_index(store: ObjectStore, index_uri: str) -> StagedWeights | None:
     if store.head(index_uri) is None:
         return None
     staged = StagedWeights(**json.loads(store.get_bytes(index_uri)))
-    head = store.head(staged.uri)
-    if head is None or head["size"] != staged.size:
+    if not is_intact(store, staged):
         logger.warning("index %s points at a missing or changed object; staging again", index_uri)
         return None
     return staged
+
+
+def _local_file(source: str) -> str | None:
+    """The local file ``source`` names (a path or file:// URL); None for a URL or the offline
+    build. ValueError when it names nothing that could be staged."""
+    if source == OFFLINE_SOURCE:
+        return None
+    scheme = urlsplit(source).scheme
+    if scheme in ("http", "https"):
+        return None
+    local = urlsplit(source).path if scheme == "file" else source
+    if not os.path.isfile(local):
+        raise ValueError(
+            f"weights source {redact(source)!r} is neither an http(s) URL, an existing file, nor "
+            f"{OFFLINE_SOURCE!r}"
+        )
+    return local
 
 
 def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=10) -> str:
@@ -135,12 +205,7 @@ def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=
                 f"URL, or download the file yourself and pass its path as the source"
             ) from None
         return path
-    local = urlsplit(source).path if scheme == "file" else source
-    if not os.path.isfile(local):
-        raise ValueError(
-            f"weights source {redact(source)!r} is neither an http(s) URL, an existing file, nor "
-            f"{OFFLINE_SOURCE!r}"
-        )
+    local = _local_file(source)
     path = os.path.join(workdir, os.path.basename(local))
     shutil.copyfile(local, path)
     return path

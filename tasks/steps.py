@@ -66,16 +66,21 @@ def resolved_source_key(context, parameters) -> str:
     """A cache key part that follows what the weights source refers to now.
 
     The source may be a reference (``env:NAME``, ``secret:block-name``): one whose value changed
-    must not reuse the weights staged from the old value. Only a hash of the value goes into the
-    key; a reference that does not resolve gets a key of its own, so the task runs and says why.
+    must not reuse the weights staged from the old value; and a local file is known by its
+    content, so new bytes at the same path are staged anew (``source_identity``). Only a hash
+    goes into the key; a source that does not resolve, or names no file, gets a key of its own,
+    so the task runs and says why.
     """
     from infra.secrets import resolve
+    from tasks.stage_weights import source_identity
 
     try:
         value = resolve(parameters["source"], "training.weights_source")
+        return source_identity(
+            parameters["model"], value, parameters["input_shape"], parameters["num_classes"]
+        )
     except Exception:
         return f"unresolved-{uuid.uuid4().hex}"
-    return hashlib.sha256(value.encode()).hexdigest()
 
 
 @task(
@@ -135,8 +140,16 @@ def train_step(
         config.launcher.np,
         config.training.epochs,
     )
+    from prefect.runtime import flow_run
+
     return train_and_track(
-        _spark(spark_master), config, dataset, tracking_uri, weights=weights, on_log_line=forward
+        _spark(spark_master),
+        config,
+        dataset,
+        tracking_uri,
+        weights=weights,
+        on_log_line=forward,
+        flow_run_id=flow_run.id,  # a retry of this flow run resumes its MLflow run
     )
 
 
@@ -144,37 +157,39 @@ def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> Stag
     """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task).
 
     A cached result whose object is gone (a bucket emptied, a server replaced at the same
-    address) is staged again rather than handed to the ranks to fail on.
+    address) or changed (replaced, corrupted: another ETag) is staged again rather than handed
+    to the ranks to fail their checksum on.
     """
     from infra.storage.object_store import ObjectStore
+    from tasks.stage_weights import is_intact
     from training.models import model_input_shape
 
     store = ObjectStoreConfig.from_env()
     args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)
     staged = stage_weights_step(*args)
-    if ObjectStore(store).head(staged.uri) is None:
-        get_run_logger().warning("cached weights %s are gone: staging them again", staged.uri)
+    if not is_intact(ObjectStore(store), staged):
+        get_run_logger().warning(
+            "cached weights %s are gone or changed: staging them again", staged.uri
+        )
         staged = stage_weights_step.with_options(refresh_cache=True)(*args)
     return staged
 
 
 def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
-    """The preprocessing task's dataset; a cached one whose manifest is gone is built again."""
+    """The preprocessing task's dataset. A cached one that is no longer the published dataset
+    (its manifest or any of its files gone, or another attempt published since) runs the task
+    again: it builds the dataset anew, or picks up the attempt published since."""
     dataset = preprocess_step(config, spark_master)
-    if not _manifest_exists(dataset):
+    if not _still_published(dataset):
         get_run_logger().warning("cached dataset %s is gone: preprocessing again", dataset.path)
         dataset = preprocess_step.with_options(refresh_cache=True)(config, spark_master)
     return dataset
 
 
-def _manifest_exists(dataset: DatasetManifest) -> bool:
-    import os
-
-    from tasks.preprocess.job import MANIFEST
+def _still_published(dataset: DatasetManifest) -> bool:
+    from tasks.preprocess.job import read_manifest
+    from tasks.preprocess.storage import Location
 
     version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt
-    if not version.startswith("s3://"):
-        return os.path.exists(os.path.join(version, MANIFEST))
-    from infra.storage.object_store import ObjectStore
-
-    return ObjectStore().head(f"{version}/{MANIFEST}") is not None
+    published = read_manifest(Location(version))
+    return published is not None and published.path == dataset.path

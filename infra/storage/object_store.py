@@ -241,7 +241,7 @@ class ObjectStore:
             self._call("create", uri, self._client.create_bucket, Bucket=self.config.bucket)
 
     def head(self, uri: str) -> dict | None:
-        """The object's size and metadata, or None when it does not exist."""
+        """The object's size, ETag (unquoted) and metadata, or None when it does not exist."""
         bucket, key = parse_uri(uri)
         try:
             response = self._call("read", uri, self._client.head_object, Bucket=bucket, Key=key)
@@ -249,7 +249,11 @@ class ObjectStore:
             if e.missing:
                 return None
             raise
-        return {"size": response["ContentLength"], "metadata": response.get("Metadata", {})}
+        return {
+            "size": response["ContentLength"],
+            "etag": str(response.get("ETag", "")).strip('"'),
+            "metadata": response.get("Metadata", {}),
+        }
 
     def upload_file(self, path: str, uri: str, metadata: dict[str, str] | None = None) -> None:
         bucket, key = parse_uri(uri)
@@ -276,6 +280,11 @@ class ObjectStore:
     def download_file(self, uri: str, path: str) -> None:
         bucket, key = parse_uri(uri)
         self._call("download", uri, self._client.download_file, bucket, key, path)
+
+    def delete(self, uri: str) -> None:
+        """Remove the object at ``uri``; one that does not exist is no error."""
+        bucket, key = parse_uri(uri)
+        self._call("delete", uri, self._client.delete_object, Bucket=bucket, Key=key)
 
     def list_keys(self, prefix: str) -> list[str]:
         uri = self.config.uri(prefix)

@@ -224,3 +224,63 @@ def test_a_reference_is_resolved_when_staging_and_only_the_redacted_url_is_kept(
     assert store.get_bytes(staged.uri) == weights_file
     for record in (str(staged), str(store.head(staged.uri))):
         assert "hunter2" not in record and "s1g" not in record
+
+
+@pytest.mark.integration
+def test_the_same_bytes_at_two_paths_are_one_staged_object(store, weights_file, tmp_path):
+    from dataclasses import replace
+
+    from tasks.stage_weights import source_identity
+
+    first, second = tmp_path / "a" / "w.h5", tmp_path / "b" / "copy.h5"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(weights_file)
+    staged = stage_weights("m8", str(first), store)
+    again = stage_weights("m8", str(second), store)
+    assert again == replace(staged, source=str(second))  # where it came from, this time
+    assert source_identity("m8", str(first)) == source_identity("m8", str(second))
+    assert len(store.list_keys(store.config.key("weights", "sources"))) == 1
+    assert store.list_keys(store.config.key("weights", "m8")) == [staged.uri.split("/", 3)[3]]
+
+
+@pytest.mark.integration
+def test_new_bytes_at_the_same_path_are_staged_anew(store, weights_file, tmp_path):
+    import hashlib
+
+    from tasks.stage_weights import source_identity
+    from training.models import build_model
+
+    path = tmp_path / "w.weights.h5"
+    path.write_bytes(weights_file)
+    staged = stage_weights("digits_mlp", str(path), store)
+    before = source_identity("digits_mlp", str(path))
+    build_model("digits_mlp", seed=8).save_weights(str(path))  # retrained, same file name
+    retrained = path.read_bytes()
+
+    again = stage_weights("digits_mlp", str(path), store)
+    assert again.sha256 == hashlib.sha256(retrained).hexdigest() != staged.sha256
+    assert again.uri != staged.uri and store.get_bytes(again.uri) == retrained
+    assert store.get_bytes(staged.uri) == weights_file  # what earlier runs used stays
+    assert source_identity("digits_mlp", str(path)) != before
+
+
+@pytest.mark.integration
+def test_a_corrupted_staged_object_is_uploaded_again_when_staging_again(
+    store, weights_file, tmp_path
+):
+    import hashlib
+
+    path = tmp_path / "w.h5"
+    path.write_bytes(weights_file)
+    staged = stage_weights("m9", str(path), store)
+    # Bytes flipped in the bucket; the size, and the index pointing at the object, unchanged.
+    corrupted = bytes(b ^ 0xFF for b in weights_file[:64]) + weights_file[64:]
+    store.put_bytes(corrupted, staged.uri)
+    with pytest.raises(ObjectStoreError, match="does not match its checksum"):
+        fetch_weights(staged.uri, staged.sha256, store)  # what the ranks see
+
+    again = stage_weights("m9", str(path), store)
+    assert (again.uri, again.sha256) == (staged.uri, staged.sha256)
+    assert hashlib.sha256(store.get_bytes(staged.uri)).hexdigest() == staged.sha256
+    assert fetch_weights(staged.uri, staged.sha256, store)  # the ranks load it now
