@@ -32,3 +32,29 @@ def check_reachable(uri: str) -> None:
             f"MLflow tracking server at {redact_url(uri)} is unreachable ({reason}): start it with "
             "`hvdflow up`, or set MLFLOW_TRACKING_URI to a running server. Nothing was trained."
         ) from None
+
+
+def wait_until_reachable(uri: str, timeout_s: float, on_wait=None, poll_s: float = 2.0) -> None:
+    """Return once the tracking server at ``uri`` answers; RuntimeError after ``timeout_s``.
+
+    ``on_wait(message)`` is called once, if the server does not answer at first: end-of-run
+    logging waits out a tracking server's restart instead of failing a finished training.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    told = False
+    while True:
+        try:
+            check_reachable(uri)
+            return
+        except RuntimeError as e:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{e} (waited {timeout_s:g} s for it)") from None
+            if not told and on_wait is not None:
+                on_wait(
+                    f"MLflow tracking server at {redact_url(uri)} is not answering: waiting up "
+                    f"to {timeout_s:g} s for it before logging the results"
+                )
+                told = True
+            time.sleep(poll_s)

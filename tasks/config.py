@@ -140,6 +140,13 @@ class TrainingParams(BaseModel):
     learning_rate: float = Field(default=0.01, gt=0, description="before scaling by np")
     optimizer: str = "adam"
     seed: int = 0
+    checkpoints: str = Field(
+        default="",
+        description="where rank 0 writes a checkpoint every epoch, under a folder per MLflow "
+        "run: a path or s3://bucket/prefix; '' the object store (HVDFLOW_BUCKET/HVDFLOW_PREFIX"
+        "/checkpoints); 'off' none (a failed training then starts over)",
+    )
+    checkpoint_keep: int = Field(default=2, ge=1, description="newest checkpoints kept")
     weights_source: str = Field(
         default=OFFLINE_SOURCE,
         description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
@@ -215,6 +222,23 @@ class LauncherParams(BaseModel):
         default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
     )
     start_timeout_s: float = Field(default=300.0, gt=0)
+    heartbeat_timeout_s: float = Field(
+        default=60.0,
+        ge=6.0,
+        description="a task not heard from for this long (host cut off or frozen) fails the run",
+    )
+    stall_timeout_s: float | None = Field(
+        default=600.0,
+        ge=6.0,
+        description="a rank that finishes no batch for this long fails the run, with every "
+        "rank's Python stacks; None turns the watch off",
+    )
+    retries: int = Field(
+        default=2,
+        ge=0,
+        description="times a training that failed transiently (a rank killed, a host lost, a "
+        "stall) runs again, resuming from its last checkpoint in the same MLflow run",
+    )
     horovod: HorovodOptions = HorovodOptions()
 
     @field_validator("np")
@@ -235,6 +259,11 @@ class TrackingParams(BaseModel):
 
     experiment: str = Field(default="hvdflow", min_length=1)
     registered_model_name: str = Field(default=DEFAULT_REGISTERED_MODEL, min_length=1)
+    resume: str = Field(
+        default="",
+        description="continue a training that failed for good, in its MLflow run, from its last "
+        "checkpoint: 'last' (the experiment's newest failed run) or a run id; '' a new run",
+    )
 
 
 def _check_s3_uri(uri: str, name: str) -> None:

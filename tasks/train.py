@@ -1,8 +1,10 @@
 """Steps 3 and 4: train with HorovodRunner, log everything to MLflow, register the model.
 
-Aliases for registry consumers: every new version gets ``candidate``; ``champion`` moves to it
-only when its final ``val_accuracy`` is strictly higher than the current champion's (a first
-version becomes champion). Consumers load ``models:/<name>@champion``.
+Training survives what clusters do to it: rank 0 checkpoints every epoch, a transient failure
+(a rank killed, a host lost, a stall) runs again from the last checkpoint in the same MLflow run,
+and a tracking server that goes away during training costs no epoch (``training.callbacks``
+buffers the metrics; ``backfill_epoch_metrics`` logs what never arrived). Aliases for registry
+consumers (``candidate``, ``champion``) are settled race-free by ``tasks.registry``.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from infra.secrets import redact_url
-from infra.tracking import check_reachable
+from infra.tracking import check_reachable, wait_until_reachable
 from tasks.config import LauncherParams, TrackingParams, TrainingParams
-from training.epoch_log import epoch_times_from_log
+from tasks.registry import assign_aliases
+from training.epoch_log import epoch_times_by_number
 from training.optimizers import scaled_learning_rate
 
 logger = logging.getLogger(__name__)
 
-CANDIDATE, CHAMPION = "candidate", "champion"
-CHAMPION_METRIC = "val_accuracy"
+# The MLflow run's tag naming the Prefect flow run that trained it: a retried flow run resumes it.
+FLOW_RUN_TAG = "hvdflow.flow_run_id"
+# How long the driver waits for a tracking server that is down before logging a finished run.
+TRACKER_WAIT_S = 300.0
 
 
 class TrainConfig(BaseModel):
@@ -48,6 +53,7 @@ class TrainResult:
     epoch_times: list[float]
     epoch_times_log: list[float]
     history: dict[str, list[float]] = field(default_factory=dict)
+    attempts: int = 1
 
 
 def train_and_track(
@@ -58,59 +64,66 @@ def train_and_track(
     weights=None,
     log_dir: str | None = None,
     on_log_line=None,
+    flow_run_id: str | None = None,
 ) -> TrainResult:
-    """Train on ``dataset`` (a DatasetManifest) with ``config.launcher.np`` ranks; track it."""
-    import mlflow
+    """Train on ``dataset`` (a DatasetManifest) with ``config.launcher.np`` ranks; track it.
 
-    from infra import HorovodRunner
-    from training.trainer import train_classifier
+    A training that fails transiently (a rank killed, a host lost, a stall) runs again up to
+    ``launcher.retries`` times, resuming from its last checkpoint in the same MLflow run. The run
+    continued is ``tracking.resume``'s, else the failed run of this Prefect flow run (a flow run
+    retried from the UI), else a new one.
+    """
+    import mlflow
 
     training, launcher, tracking = config.training, config.launcher, config.tracking
     check_reachable(tracking_uri)  # before any rank starts
     mlflow.set_tracking_uri(tracking_uri)
     experiment = mlflow.set_experiment(tracking.experiment)
     mlflow.set_system_metrics_sampling_interval(1)
-    lines = []
-    with mlflow.start_run(log_system_metrics=True) as run:
+    resume_id = run_to_resume(experiment.experiment_id, tracking.resume, flow_run_id)
+    tags = {FLOW_RUN_TAG: flow_run_id} if flow_run_id else None
+    with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
         run_id = run.info.run_id
-        mlflow.log_params(_params(config, dataset, weights))
-        runner = HorovodRunner(
-            np=launcher.np,
-            spark=spark,
-            horovod=launcher.horovod,
-            start_timeout_s=launcher.start_timeout_s,
-            log_dir=log_dir,
-            on_log_line=_tee(lines.append, on_log_line),
-        )
-        started = time.perf_counter()
-        try:
-            result = runner.run(
-                train_classifier,
+        checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
+        params = {**_params(config, dataset, weights), "checkpoints": checkpoint_url or "off"}
+        if resume_id:
+            _check_same_params(resume_id, params)
+            logger.info("resuming MLflow run %s from its last checkpoint", run_id)
+        else:
+            mlflow.log_params(params)
+        attempt = _Attempts(config, spark, log_dir, on_log_line)
+        result = attempt.until_done(
+            train_classifier_kwargs={
                 **training_kwargs(training, dataset, weights),
-                run_id=run_id,
-                tracking_uri=tracking_uri,
-                registered_model_name=tracking.registered_model_name,
-            )
-        finally:
-            _log_artifacts(runner, launcher, dataset)
-        wall = time.perf_counter() - started
-
-        epoch_times_log = epoch_times_from_log(lines)
-        images = result["images_per_epoch"] * training.epochs
+                "run_id": run_id,
+                "tracking_uri": tracking_uri,
+                "registered_model_name": tracking.registered_model_name,
+                "checkpoint_url": checkpoint_url,
+                "checkpoint_keep": training.checkpoint_keep,
+            },
+            log_artifacts=lambda runner, n: _log_artifacts(runner, launcher, dataset, n),
+        )
+        wall = attempt.last_wall_s
+        wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
+        epochs_run = training.epochs - result["resumed_from_epoch"]
         metrics = {
             "wall_clock_s": wall,  # launch overhead included
             "train_seconds": result["train_seconds"],
-            "images_per_s": images / wall,  # the paper's measure: images x epochs / wall-clock
+            # The paper's measure: images x epochs / wall-clock, over this attempt's epochs.
+            "images_per_s": result["images_per_epoch"] * epochs_run / wall,
             "scaled_learning_rate": result["scaled_learning_rate"],
+            "training_attempts": attempt.count,
         }
         mlflow.log_metrics(metrics)
-        for epoch, seconds in enumerate(epoch_times_log):
-            mlflow.log_metric("epoch_time_log_s", seconds, step=epoch)
+        backfill_epoch_metrics(run_id, result["history"])
+        epoch_times_log = attempt.epoch_times_log()
+        for epoch, seconds in sorted(epoch_times_log.items()):
+            mlflow.log_metric("epoch_time_log_s", seconds, step=epoch - 1)
         for epoch, seconds in enumerate(result["epoch_times"]):
             mlflow.log_metric(
                 "images_per_s_epoch", result["images_per_epoch"] / seconds, step=epoch
             )
-        aliases = _assign_aliases(tracking.registered_model_name, result["model_version"])
+        aliases = assign_aliases(tracking.registered_model_name, result["model_version"])
 
     logger.info(
         "run %s: %.1f images/s, model %s version %s %s",
@@ -129,9 +142,174 @@ def train_and_track(
         wall_clock_s=wall,
         images_per_s=metrics["images_per_s"],
         epoch_times=result["epoch_times"],
-        epoch_times_log=epoch_times_log,
+        epoch_times_log=[epoch_times_log[e] for e in sorted(epoch_times_log)],
         history=result["history"],
+        attempts=attempt.count,
     )
+
+
+class _Attempts:
+    """Runs the training function on HorovodRunner until it succeeds or may not run again."""
+
+    def __init__(self, config: TrainConfig, spark, log_dir, on_log_line):
+        self.config = config
+        self.spark = spark
+        self.log_dir = log_dir
+        self.on_log_line = on_log_line
+        self.count = 0
+        self.last_wall_s = 0.0
+        self._lines: list[list] = []  # each attempt's rank output, for the epoch-log times
+
+    def until_done(self, train_classifier_kwargs: dict, log_artifacts) -> dict:
+        from infra import HorovodRunner
+        from training.trainer import train_classifier
+
+        launcher = self.config.launcher
+        while True:
+            self.count += 1
+            lines: list = []
+            self._lines.append(lines)
+            runner = HorovodRunner(
+                np=launcher.np,
+                spark=self.spark,
+                horovod=launcher.horovod,
+                start_timeout_s=launcher.start_timeout_s,
+                heartbeat_timeout_s=launcher.heartbeat_timeout_s,
+                stall_timeout_s=launcher.stall_timeout_s,
+                # Each attempt's log of its own: a retry must not append to the one that failed.
+                log_dir=os.path.join(self.log_dir, f"attempt-{self.count}")
+                if self.log_dir
+                else None,
+                on_log_line=_tee(lines.append, self.on_log_line),
+            )
+            started = time.perf_counter()
+            try:
+                return runner.run(train_classifier, **train_classifier_kwargs)
+            except Exception as e:
+                if not may_retry(e, self.count, launcher.retries):
+                    raise
+                logger.warning(
+                    "training attempt %d of %d failed (%s); running it again from the last "
+                    "checkpoint (launcher.retries=%d)",
+                    self.count,
+                    launcher.retries + 1,
+                    str(e).splitlines()[0],
+                    launcher.retries,
+                )
+            finally:
+                self.last_wall_s = time.perf_counter() - started
+                log_artifacts(runner, self.count)
+
+    def epoch_times_log(self) -> dict[int, float]:
+        """The paper's epoch times by epoch number, from every attempt; a later one wins."""
+        times: dict[int, float] = {}
+        for lines in self._lines:
+            times.update(epoch_times_by_number(lines))
+        return times
+
+
+def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
+    """Whether a training that failed with ``error`` in attempt ``attempt`` (from 1) runs again.
+
+    Only transient failures are retried: a rank killed by a signal, a host lost, a stall, or the
+    Spark job itself failing (an executor lost). A Python error in the training function would
+    only fail the same way again.
+    """
+    from infra.launcher import RankFailed
+
+    if attempt > retries:
+        return False
+    if isinstance(error, RankFailed):
+        return error.transient
+    return isinstance(error, (RuntimeError, TimeoutError)) and "Spark job" in str(error)
+
+
+def checkpoint_url_for(checkpoints: str, run_id: str) -> str | None:
+    """Where the checkpoints of MLflow run ``run_id`` go (``TrainingParams.checkpoints``)."""
+    if checkpoints == "off":
+        return None
+    if not checkpoints:
+        from infra.storage.object_store import ObjectStoreConfig
+
+        store = ObjectStoreConfig.from_env()
+        return store.uri(store.key("checkpoints", run_id))
+    return f"{checkpoints.rstrip('/')}/{run_id}"
+
+
+def run_to_resume(experiment_id: str, resume: str, flow_run_id: str | None) -> str | None:
+    """The MLflow run to continue: ``resume`` ('last' or a run id), else this flow run's failed
+    one (a Prefect flow run retried), else None (a new run)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    if resume and resume != "last":
+        run = client.get_run(resume)  # a wrong id fails here, naming it
+        if run.info.experiment_id != experiment_id:
+            raise ValueError(
+                f"tracking.resume={resume!r} is a run of another experiment "
+                f"({run.info.experiment_id}): set tracking.experiment to its experiment"
+            )
+        return resume
+    where = "attributes.status != 'FINISHED'"
+    if resume == "last":
+        runs = client.search_runs(
+            [experiment_id], where, order_by=["attributes.start_time DESC"], max_results=1
+        )
+        if not runs:
+            raise ValueError(
+                f"tracking.resume='last': experiment {experiment_id} has no failed run to "
+                "continue; run without --resume"
+            )
+        return runs[0].info.run_id
+    if flow_run_id:
+        runs = client.search_runs(
+            [experiment_id],
+            f"{where} and tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
+    return None
+
+
+def _check_same_params(run_id: str, params: dict) -> None:
+    """A resumed run trains what it trained before: differing parameters are an error."""
+    from mlflow import MlflowClient
+
+    logged = MlflowClient().get_run(run_id).data.params
+    differ = {
+        k: (logged[k], str(v)) for k, v in params.items() if k in logged and logged[k] != str(v)
+    }
+    if differ:
+        shown = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in differ.items())
+        raise ValueError(
+            f"run {run_id} cannot be resumed with other parameters ({shown}): resume with the "
+            "same ones, or start a new run"
+        )
+
+
+def backfill_epoch_metrics(run_id: str, history: dict[str, list[float]]) -> int:
+    """Log the epochs of ``history`` that the run lacks (rank 0 could not send them during a
+    tracking-server outage); the number of metric points logged. Idempotent."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient()
+    now = int(time.time() * 1000)
+    missing = []
+    for key, values in history.items():
+        logged = {m.step for m in client.get_metric_history(run_id, key)}
+        missing += [
+            Metric(key, v, now, step) for step, v in enumerate(values) if step not in logged
+        ]
+    for i in range(0, len(missing), 1000):  # MLflow's limit per batch
+        client.log_batch(run_id, metrics=missing[i : i + 1000])
+    if missing:
+        logger.warning(
+            "logged %d epoch metric point(s) the training could not send to MLflow itself",
+            len(missing),
+        )
+    return len(missing)
 
 
 def _tee(*consumers):
@@ -188,11 +366,11 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
     return params
 
 
-def _log_artifacts(runner, launcher: LauncherParams, dataset) -> None:
+def _log_artifacts(runner, launcher: LauncherParams, dataset, attempt: int = 1) -> None:
     import mlflow
 
     if runner.log_path and os.path.exists(runner.log_path):
-        mlflow.log_artifact(runner.log_path, "logs")
+        mlflow.log_artifact(runner.log_path, "logs" if attempt == 1 else f"logs/attempt-{attempt}")
     for path in (launcher.horovod.timeline_path, launcher.horovod.autotune_log):
         if path and os.path.exists(path):
             mlflow.log_artifact(path, "horovod")
@@ -213,28 +391,3 @@ def _local_dataset_file(dataset, name: str) -> str | None:
         return target
     path = os.path.join(dataset.path, name)
     return path if os.path.exists(path) else None
-
-
-def _assign_aliases(name: str, version: str | None) -> list[str]:
-    """``candidate`` on the new version; ``champion`` too if it beats the current champion."""
-    if version is None:
-        return []
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient()
-    client.set_registered_model_alias(name, CANDIDATE, version)
-    aliases = [CANDIDATE]
-    new_score = _score(client, client.get_model_version(name, version).run_id)
-    try:
-        champion = client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        champion = None
-    if champion is None or new_score > _score(client, champion.run_id):
-        client.set_registered_model_alias(name, CHAMPION, version)
-        aliases.append(CHAMPION)
-    return aliases
-
-
-def _score(client, run_id: str) -> float:
-    return client.get_run(run_id).data.metrics.get(CHAMPION_METRIC, float("-inf"))

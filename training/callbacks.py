@@ -6,7 +6,7 @@ import time
 
 import tensorflow as tf
 
-from infra.launcher.rank_events import log_to_driver
+from infra.launcher.rank_events import log_to_driver, report_progress
 from training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
 
 
@@ -63,17 +63,193 @@ class MlflowEpochMetrics(tf.keras.callbacks.Callback):
 
     MLflow's TensorFlow autolog supports TF 2.16+ only, hence this callback. Put it after
     EpochTimer so that ``epoch_time_s`` is among the logs.
+
+    Best effort, never in training's way: a background thread sends the epochs in order, and a
+    tracking server that is down (restarting, unreachable) costs no epoch. The epochs wait in a
+    buffer, a warning says so, and they go out once the server answers again; ``close`` waits
+    up to ``flush_s`` for that at the end of training. What is still unsent then is in the
+    run's history, which the driver backfills (``tasks.train``).
     """
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, flush_s: float = 60.0, retry_s: float = 5.0):
         super().__init__()
         self.run_id = run_id
+        self.flush_s = flush_s
+        self._sender = EpochMetricsSender(run_id, retry_s=retry_s)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._sender.put(epoch, {k: float(v) for k, v in (logs or {}).items()})
+
+    def on_train_end(self, logs=None):
+        self._sender.close(self.flush_s)
+
+
+class EpochMetricsSender:
+    """Sends epochs' metrics to MLflow from a thread of its own, keeping them while it cannot."""
+
+    def __init__(self, run_id: str, retry_s: float = 5.0, client=None):
+        import collections
+        import threading
+
+        self.run_id = run_id
+        self.retry_s = retry_s
+        self._client = client
+        self._pending: collections.deque = collections.deque()
+        self._wake = threading.Condition()
+        self._closing = False
+        self.sent: list[int] = []  # epochs, in the order they went out
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvdflow-mlflow")
+        self._thread.start()
+
+    def put(self, epoch: int, metrics: dict[str, float]) -> None:
+        with self._wake:
+            self._pending.append((epoch, metrics, int(time.time() * 1000)))
+            self._wake.notify()
+
+    def close(self, flush_s: float) -> list[int]:
+        """Wait up to ``flush_s`` for the buffer to drain; the epochs still unsent."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(flush_s)
+        with self._wake:
+            unsent = [epoch for epoch, _, _ in self._pending]
+        if unsent:
+            log_to_driver(
+                f"MLflow: epochs {[e + 1 for e in unsent]} not sent before training ended (the "
+                "tracking server is still unreachable); the driver logs them from the history"
+            )
+        return unsent
+
+    def _run(self) -> None:
+        outage_since = None
+        while True:
+            with self._wake:
+                while not self._pending and not self._closing:
+                    self._wake.wait()
+                if not self._pending:
+                    return
+                epoch, metrics, at = self._pending[0]
+            try:
+                self._send(epoch, metrics, at)
+            except Exception as e:  # the server is down or refusing: keep the epoch, retry
+                if outage_since is None:
+                    outage_since = time.time()
+                    log_to_driver(
+                        f"MLflow: could not log epoch {epoch + 1} ({type(e).__name__}); training "
+                        f"goes on, its metrics are kept and sent when the tracking server is back"
+                    )
+                with self._wake:
+                    self._wake.wait(self.retry_s)
+                continue
+            with self._wake:
+                self._pending.popleft()
+                self.sent.append(epoch)
+            if outage_since is not None:
+                log_to_driver(
+                    f"MLflow: tracking server back after {time.time() - outage_since:.0f} s; "
+                    "sending the buffered epochs"
+                )
+                outage_since = None
+
+    def _send(self, epoch: int, metrics: dict[str, float], at: int) -> None:
         from mlflow import MlflowClient
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, epoch) for k, v in sorted((logs or {}).items())]
-        if metrics:
-            MlflowClient().log_batch(self.run_id, metrics=metrics)
+        if self._client is None:
+            # A quick probe first: MLflow's own retries would hold an epoch for minutes before
+            # saying anything about a server that is down.
+            import mlflow
+
+            from infra.tracking import check_reachable
+
+            check_reachable(mlflow.get_tracking_uri())
+        client = self._client or MlflowClient()
+        batch = [Metric(k, v, at, epoch) for k, v in sorted(metrics.items())]
+        if batch:
+            client.log_batch(self.run_id, metrics=batch)
+
+
+class ProgressCallback(tf.keras.callbacks.Callback):
+    """Feeds HorovodRunner's stall watch (``stall_timeout_s``): batches begun and finished.
+
+    The batch hooks only count; a thread reports the counts twice a second when they changed, so
+    a fast batch loop pays nothing for it. Training's end turns the watch off for this rank.
+    Put it on every rank.
+    """
+
+    def __init__(self, every_s: float = 0.5):
+        super().__init__()
+        self.every_s = every_s
+        self.begun = self.finished = 0
+        self._stop = None
+
+    def on_train_begin(self, logs=None):
+        import threading
+
+        self._stop = threading.Event()
+        report_progress(self.begun, self.finished, watch=True)
+        threading.Thread(target=self._report, daemon=True, name="hvdflow-progress").start()
+
+    def _report(self) -> None:
+        last = None
+        while not self._stop.wait(self.every_s):
+            now = (self.begun, self.finished)
+            if now != last:
+                report_progress(*now, watch=True)
+                last = now
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begun += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.finished += 1
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self.begun += 1
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.finished += 1
+
+    def on_train_end(self, logs=None):
+        self._stop.set()
+        report_progress(self.begun, self.finished, watch=False)
+
+
+class CheckpointCallback(tf.keras.callbacks.Callback):
+    """Rank 0 writes a checkpoint at the end of every epoch (``training.checkpoints``).
+
+    ``state`` is the checkpoint training resumed from (None for a fresh start): its history and
+    epoch times carry on, so each checkpoint holds every finished epoch exactly once. Put it
+    after EpochTimer and Horovod's MetricAverageCallback (the logs it records are final) and
+    before MlflowEpochMetrics (an epoch is logged only once its checkpoint exists, so a retry
+    never logs an epoch twice).
+    """
+
+    def __init__(self, store, checkpoint, state=None):
+        super().__init__()
+        self.store = store
+        self.checkpoint = checkpoint
+        self.history: dict[str, list[float]] = {
+            k: list(v) for k, v in (state.history if state else {}).items()
+        }
+        self.epoch_times: list[float] = list(state.epoch_times) if state else []
+
+    def on_epoch_end(self, epoch, logs=None):
+        from training.checkpoints import CheckpointState, epoch_folder
+
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, []).append(float(value))
+        self.epoch_times.append(float((logs or {}).get("epoch_time_s", 0.0)))
+        state = CheckpointState(
+            epoch=epoch + 1,
+            folder=epoch_folder(epoch + 1),
+            history=self.history,
+            epoch_times=self.epoch_times,
+        )
+        started = time.perf_counter()
+        self.store.save(self.checkpoint, state)
+        log_to_driver(
+            f"checkpoint of epoch {epoch + 1} written to {self.store.url}/{state.folder} in "
+            f"{time.perf_counter() - started:.1f} s"
+        )

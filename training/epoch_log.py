@@ -30,7 +30,15 @@ def format_metrics(metrics: Mapping | None) -> str:
 
 
 def epoch_times_from_log(lines: Iterable) -> list[float]:
-    """Seconds per epoch from LogLines (anything with ``.time`` and ``.text``), in order."""
+    """Seconds per epoch from LogLines (anything with ``.time`` and ``.text``), in order from the
+    first epoch the lines show (a resumed training starts after its checkpoint's)."""
+    by_number = epoch_times_by_number(lines)
+    return [by_number[e] for e in sorted(by_number)]
+
+
+def epoch_times_by_number(lines: Iterable) -> dict[int, float]:
+    """Seconds of each epoch the lines show whole, by epoch number (from 1); contiguous from the
+    first epoch that started, up to the first that did not end."""
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
     total = 0
@@ -41,10 +49,10 @@ def epoch_times_from_log(lines: Iterable) -> list[float]:
         if match := _EPOCH.search(line.text):
             epoch, total = int(match.group(1)), int(match.group(2))
             starts.setdefault(epoch, line.time)
-    times = []
-    for epoch in range(1, total + 1):
+    times: dict[int, float] = {}
+    for epoch in range(min(starts, default=1), total + 1):
         end = starts.get(epoch + 1, ends.get(epoch))
         if epoch not in starts or end is None:
             break
-        times.append(end - starts[epoch])
+        times[epoch] = end - starts[epoch]
     return times

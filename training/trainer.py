@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import time
 
+from infra.launcher.rank_events import log_to_driver
+
+# How long rank 0 waits for a tracking server that is down before it logs the model.
+TRACKER_WAIT_S = 300.0
+
 
 def train_classifier(
     *,
@@ -29,13 +34,25 @@ def train_classifier(
     registered_model_name: str | None = None,
     seed: int = 0,
     use_horovod: bool = True,
+    checkpoint_url: str | None = None,
+    checkpoint_keep: int = 2,
 ) -> dict:
     """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model.
 
     ``use_horovod=False`` is the plain single-process Keras baseline of the benchmark: the same
     data, model and callbacks, no Horovod anywhere, every core to one process.
+
+    ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
+    every epoch, and a run that finds one there resumes after its epoch, with the model's and
+    optimizer's state and the history of the epochs before (``training.checkpoints``).
     """
-    from training.callbacks import EpochTimer, LogCallback, MlflowEpochMetrics
+    from training.callbacks import (
+        CheckpointCallback,
+        EpochTimer,
+        LogCallback,
+        MlflowEpochMetrics,
+        ProgressCallback,
+    )
     from training.models import build_model, model_input_shape
     from training.optimizers import make_optimizer, scaled_learning_rate
     from training.reader import open_dataset, steps_per_epoch
@@ -61,14 +78,29 @@ def train_classifier(
     if use_horovod:
         opt = hvd.DistributedOptimizer(opt)
     model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    resumed, checkpoints, checkpoint = None, None, None
+    if checkpoint_url:
+        import tensorflow as tf
+
+        from training.checkpoints import CheckpointStore
+
+        checkpoints = CheckpointStore(checkpoint_url, keep=checkpoint_keep)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
+        resumed = checkpoints.latest()
+        if resumed is not None:  # every rank loads it: they start equal, as after a broadcast
+            checkpoints.restore(checkpoint, resumed)
+    initial_epoch = resumed.epoch if resumed else 0
     timer = EpochTimer()
     callbacks = [timer, LogCallback(rank)]
     if use_horovod:
         callbacks = [
             hvd.callbacks.BroadcastGlobalVariablesCallback(0),
             hvd.callbacks.MetricAverageCallback(),  # validation metrics averaged over ranks
+            ProgressCallback(),
             *callbacks,
         ]
+    if rank == 0 and checkpoints is not None:
+        callbacks.append(CheckpointCallback(checkpoints, checkpoint, resumed))
     if rank == 0 and run_id:
         import mlflow
 
@@ -76,6 +108,11 @@ def train_classifier(
         if tracking_uri:
             mlflow.set_tracking_uri(tracking_uri)
         callbacks.append(MlflowEpochMetrics(run_id))
+    if resumed is not None and rank == 0:
+        log_to_driver(
+            f"resuming after epoch {resumed.epoch} from the checkpoint at "
+            f"{checkpoints.url}/{resumed.folder}"
+        )
     steps = steps_per_epoch(train_rows, size, batch_size)
     val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
     with (
@@ -87,18 +124,22 @@ def train_classifier(
             train,
             steps_per_epoch=steps,
             epochs=epochs,
+            initial_epoch=min(initial_epoch, epochs),
             validation_data=val if val_steps else None,
             validation_steps=val_steps,
             callbacks=callbacks,
             verbose=2 if rank == 0 else 0,
         )
         train_s = time.perf_counter() - started
+        if checkpoints is not None:
+            checkpoints.close()
         example = next(iter(val if val_steps else train))[0][:4].numpy()
 
     result = {
         "size": size,
-        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
-        "epoch_times": timer.epoch_times,
+        "history": _whole_history(resumed, history.history),
+        "epoch_times": (resumed.epoch_times if resumed else []) + timer.epoch_times,
+        "resumed_from_epoch": initial_epoch,
         "train_seconds": train_s,
         "steps_per_epoch": steps,
         "images_per_epoch": steps * batch_size * size,
@@ -106,8 +147,21 @@ def train_classifier(
         "model_version": None,
     }
     if rank == 0 and run_id:
+        import mlflow
+
+        from infra.tracking import wait_until_reachable
+
+        wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         result["model_version"] = _log_model(model, example, run_id, registered_model_name)
     return result
+
+
+def _whole_history(resumed, new: dict) -> dict[str, list[float]]:
+    """The checkpoint's epochs followed by this run's: every epoch of the training, once."""
+    merged = {k: list(v) for k, v in (resumed.history if resumed else {}).items()}
+    for key, values in new.items():
+        merged.setdefault(key, []).extend(float(v) for v in values)
+    return merged
 
 
 def _log_model(model, example, run_id, registered_model_name):

@@ -1,0 +1,172 @@
+"""Training survives what clusters do to it: a rank SIGKILLed mid-training resumes from its
+checkpoint in the same MLflow run, and a tracking server down for a minute costs no epoch."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from infra.launcher import RankFailed, _wire
+from infra.launcher._task import rank_failed
+from tasks.train import TrainConfig, backfill_epoch_metrics, may_retry, train_and_track
+from tests.helpers import rank_processes, wait_for_no_ranks
+
+EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s")
+
+
+def kill_rank_when(text: str, rank: int = 1):
+    """An on_log_line consumer that SIGKILLs ``rank``'s process the first time ``text`` shows."""
+    killed = threading.Event()
+
+    def consume(line):
+        if killed.is_set() or text not in line.text:
+            return
+        for proc in rank_processes():
+            if proc.environ().get("HOROVOD_RANK") == str(rank):
+                proc.send_signal(signal.SIGKILL)
+                killed.set()
+
+    return consume, killed
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_epoch_3_of_5_resumes_from_the_checkpoint_in_the_same_run(
+    spark, mlflow_server, digits_dataset, store, tmp_path
+):
+    checkpoints = store.config.uri(store.config.key("checkpoints"))
+    config = TrainConfig(
+        training={"epochs": 5, "batch_size": 8, "checkpoints": checkpoints},
+        launcher={"np": 2, "retries": 1},
+        tracking={"experiment": "tests-resume", "registered_model_name": "tests-resume"},
+    )
+    consume, killed = kill_rank_when("Epoch 3/5")
+    result = train_and_track(
+        spark,
+        config,
+        digits_dataset,
+        mlflow_server.tracking_uri,
+        log_dir=str(tmp_path / "logs"),
+        on_log_line=consume,
+    )
+    assert killed.is_set()
+    assert result.attempts == 2
+    client = MlflowClient(mlflow_server.tracking_uri)
+    for key in EPOCH_METRICS:
+        steps = [m.step for m in client.get_metric_history(result.run_id, key)]
+        assert sorted(steps) == [0, 1, 2, 3, 4], key  # every epoch once, none twice
+    assert client.get_run(result.run_id).data.metrics["training_attempts"] == 2
+    assert result.model_version is not None and result.aliases[0] == "candidate"
+    assert len(result.history["loss"]) == 5 and len(result.epoch_times) == 5
+
+    # The second attempt trained after the checkpoint only: epochs 1 and 2 were not run again.
+    log = client.download_artifacts(
+        result.run_id, "logs/attempt-2/driver.log", str(tmp_path / "dl")
+    )
+    second = open(log).read()
+    resumed_after = int(second.split("resuming after epoch ")[1].split()[0])
+    assert resumed_after >= 2
+    for epoch in range(1, resumed_after + 1):
+        assert f"Epoch {epoch}/5" not in second
+    assert f"Epoch {resumed_after + 1}/5" in second
+    # The newest 2 checkpoints (checkpoint_keep) are kept, and latest.json names the last.
+    folders = {k.split("/")[-2] for k in store.list_keys(store.config.key("checkpoints"))}
+    assert folders == {result.run_id, "epoch-0004", "epoch-0005"}
+    assert wait_for_no_ranks() == []
+
+
+@pytest.mark.slow
+def test_a_tracking_server_down_for_60_s_during_training_costs_no_epoch(
+    spark, seaweed, digits_dataset, store, tmp_path
+):
+    from infra.services.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path / "mlflow", "s3://hvdflow-mlflow/outage", seaweed.env()).start()
+    outage: dict[str, float] = {}
+
+    def outage_of_60_s():
+        server.stop()
+        outage["stopped"] = time.time()
+        time.sleep(60)
+        outage["back"] = time.time()
+        server.start()
+
+    def consume(line):
+        if "stopping" not in outage and "Epoch 1/16 done" in line.text:
+            outage["stopping"] = time.time()
+            threading.Thread(target=outage_of_60_s, daemon=True).start()
+
+    lines = []
+    try:
+        result = train_and_track(
+            spark,
+            TrainConfig(
+                training={"epochs": 16, "batch_size": 8, "checkpoints": "off"},
+                launcher={"np": 2},
+                tracking={"experiment": "tests-outage", "registered_model_name": "tests-outage"},
+            ),
+            digits_dataset,
+            server.tracking_uri,
+            on_log_line=lambda line: (lines.append(line), consume(line)),
+        )
+        client = MlflowClient(server.tracking_uri)
+        for key in EPOCH_METRICS:
+            steps = [m.step for m in client.get_metric_history(result.run_id, key)]
+            assert sorted(steps) == list(range(16)), key
+        assert result.attempts == 1 and result.model_version is not None
+    finally:
+        server.stop()
+    # Epochs went on while the server was down, and rank 0 said what was happening.
+    done_in_outage = [
+        line
+        for line in lines
+        if " done in " in line.text and outage["stopped"] < line.time < outage["back"]
+    ]
+    assert done_in_outage, "no epoch ended while the tracking server was down"
+    texts = "\n".join(line.text for line in lines)
+    assert "MLflow: could not log epoch" in texts and "training goes on" in texts
+    assert wait_for_no_ranks() == []
+
+
+@pytest.mark.integration
+def test_backfill_logs_only_the_epochs_the_run_lacks(mlflow_server):
+    client = MlflowClient(mlflow_server.tracking_uri)
+    experiment = client.create_experiment(f"tests-backfill-{time.time_ns()}")
+    run_id = client.create_run(experiment).info.run_id
+    client.log_metric(run_id, "loss", 0.9, step=0)
+    client.log_metric(run_id, "loss", 0.7, step=2)
+    import mlflow
+
+    mlflow.set_tracking_uri(mlflow_server.tracking_uri)
+    history = {"loss": [0.9, 0.8, 0.7, 0.6], "accuracy": [0.1, 0.2, 0.3, 0.4]}
+    assert backfill_epoch_metrics(run_id, history) == 2 + 4
+    assert backfill_epoch_metrics(run_id, history) == 0  # idempotent
+    points = {(m.step, m.value) for m in client.get_metric_history(run_id, "loss")}
+    assert points == {(0, 0.9), (1, 0.8), (2, 0.7), (3, 0.6)}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("cause", "attempt", "retries", "expected"),
+    [
+        (_wire.CAUSE_SIGNAL, 1, 2, True),
+        (_wire.CAUSE_LOST, 2, 2, True),
+        (_wire.CAUSE_STALLED, 3, 2, False),  # out of retries
+        (_wire.CAUSE_EXIT, 1, 2, False),  # a Python error fails the same way again
+        (_wire.CAUSE_START_TIMEOUT, 1, 2, False),
+        (_wire.CAUSE_SIGNAL, 1, 0, False),
+    ],
+)
+def test_only_transient_failures_are_retried(cause, attempt, retries, expected):
+    assert may_retry(rank_failed("rank 1 ...", cause), attempt, retries) is expected
+
+
+@pytest.mark.unit
+def test_a_lost_executor_is_retried_and_other_errors_are_not():
+    lost = RuntimeError("the Spark job that ran the 2 ranks failed: ExecutorLostFailure")
+    assert may_retry(lost, 1, 2) is True
+    assert may_retry(ValueError("bad input"), 1, 2) is False
+    assert may_retry(RankFailed("no cause known"), 1, 2) is False
