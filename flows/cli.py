@@ -88,6 +88,7 @@ PIPELINE_FLAGS = {
     "input": "data.input",
     "input_format": "data.input_format",
     "output": "data.output",
+    "resume": "tracking.resume",
 }
 BENCH_FLAGS = {
     "model": "training.model",
@@ -97,6 +98,16 @@ BENCH_FLAGS = {
     "input_format": "data.input_format",
     "repetitions": "repetitions",
     "conditions": "conditions",
+}
+SCORE_FLAGS = {
+    "input": "data.input",
+    "input_format": "data.input_format",
+    "output": "data.output",
+    "batch_size": "data.batch_size",
+    "model": "model.name",
+    "alias": "model.alias",
+    "version": "model.version",
+    "spark_master": "spark_master",
 }
 
 
@@ -144,6 +155,39 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     ]
     # One run at a time: they share this machine's cores and its Spark task slots.
     serve(*deployments, limit=1)
+    return 0
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from flows.params import ScoreParams
+
+    if args.input is None and '"input"' not in (args.params or ""):
+        raise InvalidParameters(
+            "data.input (--input) is required: the folder or s3://bucket/prefix of the images "
+            "to score (or of a Parquet dataset, with --input-format dataset)"
+        )
+    params = nested_params(ScoreParams, args, SCORE_FLAGS)  # before any service starts
+    _use_services()
+    from flows.score import score
+
+    if args.serve:
+        from prefect import serve
+
+        deployment = score.to_deployment(
+            name="hvdflow-score",
+            cron=args.cron,
+            parameters={"params": params.model_dump(mode="json")},
+        )
+        serve(deployment, limit=1)
+        return 0
+    summary = score(params)
+    print("\nhvdflow score finished. Where to look:")
+    print(f"  model version    {summary['model']} (asked for {summary['model_asked']})")
+    print(f"  predictions      {summary['predictions']}")
+    print(f"  scored           {summary['scored']} images ({summary['quarantined']} quarantined)")
+    print("  per class        " + ", ".join(f"{k}: {v}" for k, v in summary["counts"].items()))
+    print(f"  MLflow run       {summary['mlflow_run_url']}")
+    print(f"  throughput       {summary['images_per_s']} images/s")
     return 0
 
 
@@ -233,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
             '"sgd"}, "launcher": {"horovod": {"cycle_time_ms": 10}}}\'; flags win',
         )
         command.set_defaults(func=func)
+        if name == "run":
+            command.add_argument(
+                "--resume",
+                nargs="?",
+                const="last",
+                metavar="RUN_ID",
+                help="continue a training that failed for good, in its MLflow run, from its last "
+                "checkpoint: the experiment's newest failed run, or RUN_ID",
+            )
         if name == "serve":
             command.add_argument(
                 "--cron", default="0 3 * * *", help="pipeline schedule (default: daily, 03:00)"
@@ -242,6 +295,36 @@ def build_parser() -> argparse.ArgumentParser:
                 default="0 4 * * 0",
                 help="benchmark schedule (default: Sundays, 04:00)",
             )
+    score = commands.add_parser(
+        "score",
+        help="score images with a registered model on Spark (default: its champion)",
+        description="Predict a class for every image in a folder or s3:// prefix (decoded and "
+        "resized as preprocessing does; unreadable files are quarantined), or in a Parquet "
+        "dataset, with models:/NAME@ALIAS or models:/NAME/VERSION loaded once per Spark "
+        "executor process. Writes Parquet (source, class_name, class_index, probability) and "
+        "records the model version used in MLflow (starts the services if needed).",
+    )
+    score.add_argument("--input", help="folder or s3://bucket/prefix of images, or a dataset")
+    score.add_argument("--input-format", choices=["images", "dataset"])
+    score.add_argument(
+        "--output", help="a path or s3://bucket/prefix (default: under $HVDFLOW_HOME/scores)"
+    )
+    score.add_argument("--model", help="registered model name (default: hvdflow-classifier)")
+    score.add_argument("--alias", help="registry alias (default: champion)")
+    score.add_argument("--version", help="registry version number, instead of an alias")
+    score.add_argument("--batch-size", type=int, help="images per predict call (default 64)")
+    score.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
+    score.add_argument(
+        "--params",
+        help='scoring parameters as nested JSON, e.g. \'{"data": {"max_bad_fraction": 0.5}}\'; '
+        "flags win",
+    )
+    score.add_argument(
+        "--serve", action="store_true", help="serve as a Prefect deployment instead of running once"
+    )
+    score.add_argument("--cron", help="with --serve: a schedule, e.g. '0 5 * * *'")
+    score.set_defaults(func=_cmd_score)
+
     bench = commands.add_parser(
         "bench",
         help="benchmark a model like the paper: baseline and np sweep, ANOVA, Tukey, plots",
@@ -258,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--params", help="benchmark parameters as nested JSON; flags win")
     bench.set_defaults(func=_cmd_bench)
     return parser
+
+
+def score_main(argv: list[str] | None = None) -> int:
+    """``hvdflow-score ...``: the same as ``hvdflow score ...``."""
+    return main(["score", *(sys.argv[1:] if argv is None else argv)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 # The MLflow run's tag naming the Prefect flow run that trained it: a retried flow run resumes it.
 FLOW_RUN_TAG = "hvdflow.flow_run_id"
+# The MLflow run's tag counting the trainings started for it, resumed ones included.
+ATTEMPTS_TAG = "hvdflow.training_attempts"
 # How long the driver waits for a tracking server that is down before logging a finished run.
 TRACKER_WAIT_S = 300.0
 
@@ -91,7 +93,8 @@ def train_and_track(
             logger.info("resuming MLflow run %s from its last checkpoint", run_id)
         else:
             mlflow.log_params(params)
-        attempt = _Attempts(config, spark, log_dir, on_log_line)
+        before = int(run.data.tags.get(ATTEMPTS_TAG, "0")) if resume_id else 0
+        attempt = _Attempts(config, spark, log_dir, on_log_line, before)
         result = attempt.until_done(
             train_classifier_kwargs={
                 **training_kwargs(training, dataset, weights),
@@ -112,7 +115,7 @@ def train_and_track(
             # The paper's measure: images x epochs / wall-clock, over this attempt's epochs.
             "images_per_s": result["images_per_epoch"] * epochs_run / wall,
             "scaled_learning_rate": result["scaled_learning_rate"],
-            "training_attempts": attempt.count,
+            "training_attempts": attempt.number,
         }
         mlflow.log_metrics(metrics)
         backfill_epoch_metrics(run_id, result["history"])
@@ -144,29 +147,38 @@ def train_and_track(
         epoch_times=result["epoch_times"],
         epoch_times_log=[epoch_times_log[e] for e in sorted(epoch_times_log)],
         history=result["history"],
-        attempts=attempt.count,
+        attempts=attempt.number,
     )
 
 
 class _Attempts:
     """Runs the training function on HorovodRunner until it succeeds or may not run again."""
 
-    def __init__(self, config: TrainConfig, spark, log_dir, on_log_line):
+    def __init__(self, config: TrainConfig, spark, log_dir, on_log_line, before: int = 0):
         self.config = config
         self.spark = spark
         self.log_dir = log_dir
         self.on_log_line = on_log_line
-        self.count = 0
+        self.before = before  # attempts made for this MLflow run before (a resumed run)
+        self.count = 0  # attempts made by this call
         self.last_wall_s = 0.0
         self._lines: list[list] = []  # each attempt's rank output, for the epoch-log times
 
+    @property
+    def number(self) -> int:
+        """The current attempt's number in the MLflow run, from 1."""
+        return self.before + self.count
+
     def until_done(self, train_classifier_kwargs: dict, log_artifacts) -> dict:
+        import mlflow
+
         from infra import HorovodRunner
         from training.trainer import train_classifier
 
         launcher = self.config.launcher
         while True:
             self.count += 1
+            mlflow.set_tag(ATTEMPTS_TAG, str(self.number))
             lines: list = []
             self._lines.append(lines)
             runner = HorovodRunner(
@@ -177,7 +189,7 @@ class _Attempts:
                 heartbeat_timeout_s=launcher.heartbeat_timeout_s,
                 stall_timeout_s=launcher.stall_timeout_s,
                 # Each attempt's log of its own: a retry must not append to the one that failed.
-                log_dir=os.path.join(self.log_dir, f"attempt-{self.count}")
+                log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
                 if self.log_dir
                 else None,
                 on_log_line=_tee(lines.append, self.on_log_line),
@@ -198,7 +210,7 @@ class _Attempts:
                 )
             finally:
                 self.last_wall_s = time.perf_counter() - started
-                log_artifacts(runner, self.count)
+                log_artifacts(runner, self.number)
 
     def epoch_times_log(self) -> dict[int, float]:
         """The paper's epoch times by epoch number, from every attempt; a later one wins."""

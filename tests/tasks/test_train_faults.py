@@ -34,47 +34,73 @@ def kill_rank_when(text: str, rank: int = 1):
 
 
 @pytest.mark.slow
-def test_a_rank_killed_in_epoch_3_of_5_resumes_from_the_checkpoint_in_the_same_run(
+def test_a_killed_training_resumes_from_its_checkpoint_in_the_same_run(
     spark, mlflow_server, digits_dataset, store, tmp_path
 ):
     checkpoints = store.config.uri(store.config.key("checkpoints"))
-    config = TrainConfig(
-        training={"epochs": 5, "batch_size": 8, "checkpoints": checkpoints},
-        launcher={"np": 2, "retries": 1},
-        tracking={"experiment": "tests-resume", "registered_model_name": "tests-resume"},
-    )
-    consume, killed = kill_rank_when("Epoch 3/5")
+    training = {"epochs": 5, "batch_size": 8, "checkpoints": checkpoints}
+    tracking = {"experiment": "tests-resume", "registered_model_name": "tests-resume"}
+    client = MlflowClient(mlflow_server.tracking_uri)
+
+    # 1. Rank 1 SIGKILLed in epoch 2 of 5, no retries: the training fails for good.
+    consume, killed = kill_rank_when("Epoch 2/5")
+    with pytest.raises(RankFailed, match="rank 1 .* was killed by SIGKILL"):
+        train_and_track(
+            spark,
+            TrainConfig(training=training, launcher={"np": 2, "retries": 0}, tracking=tracking),
+            digits_dataset,
+            mlflow_server.tracking_uri,
+            log_dir=str(tmp_path / "first"),
+            on_log_line=consume,
+        )
+    assert killed.is_set()
+    failed = client.search_runs(
+        [client.get_experiment_by_name("tests-resume").experiment_id],
+        order_by=["attributes.start_time DESC"],
+    )[0]
+    assert failed.info.status == "FAILED"
+
+    # 2. `--resume` (tracking.resume='last'): the same MLflow run goes on from its checkpoint;
+    # rank 1 is SIGKILLed again in epoch 4, and launcher.retries runs it once more.
+    consume, killed = kill_rank_when("Epoch 4/5")
     result = train_and_track(
         spark,
-        config,
+        TrainConfig(
+            training=training,
+            launcher={"np": 2, "retries": 1},
+            tracking={**tracking, "resume": "last"},
+        ),
         digits_dataset,
         mlflow_server.tracking_uri,
-        log_dir=str(tmp_path / "logs"),
+        log_dir=str(tmp_path / "resumed"),
         on_log_line=consume,
     )
     assert killed.is_set()
-    assert result.attempts == 2
-    client = MlflowClient(mlflow_server.tracking_uri)
+    assert result.run_id == failed.info.run_id and result.attempts == 3
     for key in EPOCH_METRICS:
         steps = [m.step for m in client.get_metric_history(result.run_id, key)]
         assert sorted(steps) == [0, 1, 2, 3, 4], key  # every epoch once, none twice
-    assert client.get_run(result.run_id).data.metrics["training_attempts"] == 2
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["training_attempts"] == 3
     assert result.model_version is not None and result.aliases[0] == "candidate"
     assert len(result.history["loss"]) == 5 and len(result.epoch_times) == 5
 
-    # The second attempt trained after the checkpoint only: epochs 1 and 2 were not run again.
-    log = client.download_artifacts(
-        result.run_id, "logs/attempt-2/driver.log", str(tmp_path / "dl")
-    )
-    second = open(log).read()
-    resumed_after = int(second.split("resuming after epoch ")[1].split()[0])
-    assert resumed_after >= 2
-    for epoch in range(1, resumed_after + 1):
-        assert f"Epoch {epoch}/5" not in second
-    assert f"Epoch {resumed_after + 1}/5" in second
+    # Each attempt trained after the last checkpoint only: finished epochs were not run again.
+    first_epoch = {}
+    for attempt in (2, 3):
+        log = client.download_artifacts(
+            result.run_id, f"logs/attempt-{attempt}/driver.log", str(tmp_path / f"dl{attempt}")
+        )
+        text = open(log).read()
+        resumed_after = int(text.split("resuming after epoch ")[1].split()[0])
+        for epoch in range(1, resumed_after + 1):
+            assert f"Epoch {epoch}/5" not in text
+        assert f"Epoch {resumed_after + 1}/5" in text
+        first_epoch[attempt] = resumed_after + 1
+    assert first_epoch[2] >= 2 and first_epoch[3] >= 4
     # The newest 2 checkpoints (checkpoint_keep) are kept, and latest.json names the last.
-    folders = {k.split("/")[-2] for k in store.list_keys(store.config.key("checkpoints"))}
-    assert folders == {result.run_id, "epoch-0004", "epoch-0005"}
+    keys = store.list_keys(store.config.key("checkpoints", result.run_id))
+    assert {k.split("/")[-2] for k in keys if k.count("/") > 3} == {"epoch-0004", "epoch-0005"}
     assert wait_for_no_ranks() == []
 
 
