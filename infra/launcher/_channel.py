@@ -352,7 +352,15 @@ class DriverChannel:
         # A task may stay silent for as long as its rank prints nothing: block from here on.
         sock.settimeout(None)
         with self._lock:
-            if self._closed:
+            if self._closed or self.failed.is_set():
+                # A task of a run that already failed: Spark re-running the barrier stage
+                # (spark.task.maxFailures). Its ranks would train beside the training step's
+                # own retry (launcher.retries, which resumes from the checkpoint): refuse it.
+                logger.warning(
+                    "refused a task of partition %s: this run has already failed (Spark "
+                    "re-running the barrier stage); the caller's retry resumes instead",
+                    hello.get("partition"),
+                )
                 conn.close()
                 return
             self._connections.append(conn)

@@ -116,6 +116,22 @@ def test_a_wrong_token_is_closed_and_its_lines_ignored(caplog):
     assert "wrong token" in caplog.text and channel.token not in caplog.text
 
 
+@pytest.mark.integration
+def test_a_task_that_connects_after_the_run_failed_is_refused(caplog):
+    # What Spark re-running a failed barrier stage looks like to the driver: new tasks of the
+    # same run, with its token, after a rank failed. Only the caller's retry may train again.
+    lines = []
+    with DriverChannel("127.0.0.1", on_line=lines.append) as channel:
+        channel.report({"type": _wire.FAILED, "rank": 1, "reason": "killed", "tail": []})
+        with socket.create_connection(("127.0.0.1", channel.port)) as task:
+            hello = {"type": _wire.HELLO, "token": channel.token, "partition": 0}
+            task.sendall(_wire.encode(hello))
+            task.sendall(line_message("from a re-run stage"))
+            assert closed_by_peer(task, within_s=5)
+    assert lines == []
+    assert "refused a task of partition 0: this run has already failed" in caplog.text
+
+
 def line_message(text: str, rank: int = 0) -> bytes:
     return _wire.encode(
         {"type": _wire.LINE, "time": 1.0, "rank": rank, "stream": _wire.STDOUT, "text": text}
