@@ -264,8 +264,12 @@ def run_to_resume(experiment_id: str, resume: str, flow_run_id: str | None) -> s
         return resume
     where = "attributes.status != 'FINISHED'"
     if resume == "last":
+        # Failed ones only: a RUNNING run may be another driver's, training right now.
         runs = client.search_runs(
-            [experiment_id], where, order_by=["attributes.start_time DESC"], max_results=1
+            [experiment_id],
+            "attributes.status = 'FAILED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
         )
         if not runs:
             raise ValueError(
