@@ -30,6 +30,11 @@ HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
 HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
 HOROVOD_GLOO_TIMEOUT_SECONDS = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 
+# --- TensorFlow's own collectives (the tf_collective engine): the cluster and this worker ---
+# {"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": rank}}, read by
+# tf.distribute.MultiWorkerMirroredStrategy's TFConfigClusterResolver.
+TF_CONFIG = "TF_CONFIG"
+
 # --- GPUs: each rank sees only the GPU of its local rank ---
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
@@ -68,6 +73,10 @@ SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
 # The UI's links that kill running jobs and stages: off unless a user turns them on, since anyone
 # who reaches the UI could otherwise stop a training run.
 SPARK_UI_KILL_ENABLED = "spark.ui.killEnabled"
+# Spark's console progress bar: redrawn with carriage returns on stderr, it lands in the middle
+# of log lines. Off in hvdflow's sessions, whose stage progress goes to the log as lines
+# (infra.spark.SparkProgress); get_spark(conf={...: "true"}) turns it back on.
+SPARK_UI_SHOW_CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
 
 # --- Object storage: the standard AWS variables, read by boto3 and by hvdflow ---
 AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
@@ -136,3 +145,6 @@ HVDFLOW_PARENT_PID = "HVDFLOW_PARENT_PID"
 # File where the rank's faulthandler writes its Python stacks when the task asks (SIGUSR1): a
 # stalled run fails with every rank's stacks in its error.
 HVDFLOW_STACKS_FILE = "HVDFLOW_STACKS_FILE"
+# Which engine the rank runs under ("horovod" or "tf_collective"): the rank reports reaching
+# hvd.init() or the creation of a MultiWorkerMirroredStrategy as its start.
+HVDFLOW_ENGINE = "HVDFLOW_ENGINE"

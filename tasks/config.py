@@ -147,6 +147,11 @@ class TrainingParams(BaseModel):
         "/checkpoints); 'off' none (a failed training then starts over)",
     )
     checkpoint_keep: int = Field(default=2, ge=1, description="newest checkpoints kept")
+    mixed_precision: bool = Field(
+        default=False,
+        description="Keras' mixed_float16 policy: float16 compute, float32 variables (pays off "
+        "on GPUs with tensor cores; slower on CPUs)",
+    )
     weights_source: str = Field(
         default=OFFLINE_SOURCE,
         description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
@@ -218,6 +223,11 @@ class LauncherParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     np: int = Field(default=2, description="ranks: > 0 on Spark, < 0 that many on the driver")
+    engine: Literal["horovod", "tf_collective"] = Field(
+        default="horovod",
+        description="what synchronises the ranks: Horovod (Gloo allreduce) or TensorFlow's "
+        "MultiWorkerMirroredStrategy (CollectiveAllReduce), on the same barrier launcher",
+    )
     spark_master: str | None = Field(
         default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
     )

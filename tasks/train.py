@@ -103,6 +103,8 @@ def train_and_track(
                 "registered_model_name": tracking.registered_model_name,
                 "checkpoint_url": checkpoint_url,
                 "checkpoint_keep": training.checkpoint_keep,
+                "engine": launcher.engine,
+                "fp16_compression": launcher.horovod.fp16_compression,
             },
             log_artifacts=lambda runner, n: _log_artifacts(runner, launcher, dataset, n),
         )
@@ -188,6 +190,7 @@ class _Attempts:
                 start_timeout_s=launcher.start_timeout_s,
                 heartbeat_timeout_s=launcher.heartbeat_timeout_s,
                 stall_timeout_s=launcher.stall_timeout_s,
+                engine=launcher.engine,
                 # Each attempt's log of its own: a retry must not append to the one that failed.
                 log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
                 if self.log_dir
@@ -355,6 +358,7 @@ def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:
         "seed": training.seed,
         "weights_uri": weights.uri if weights else None,
         "weights_sha256": weights.sha256 if weights else None,
+        "mixed_precision": training.mixed_precision,
     }
 
 
@@ -363,6 +367,8 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
     params = {
         "model": training.model,
         "np": launcher.np,
+        "engine": launcher.engine,
+        "mixed_precision": training.mixed_precision,
         "epochs": training.epochs,
         "batch_size": training.batch_size,
         "base_learning_rate": training.learning_rate,

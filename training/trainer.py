@@ -36,11 +36,18 @@ def train_classifier(
     use_horovod: bool = True,
     checkpoint_url: str | None = None,
     checkpoint_keep: int = 2,
+    engine: str = "horovod",
+    mixed_precision: bool = False,
+    fp16_compression: bool = False,
 ) -> dict:
     """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model.
 
-    ``use_horovod=False`` is the plain single-process Keras baseline of the benchmark: the same
-    data, model and callbacks, no Horovod anywhere, every core to one process.
+    ``engine``: ``"horovod"`` or ``"tf_collective"`` (``training.engines``); the same data,
+    model, callbacks and logging either way. ``use_horovod=False`` is the plain single-process
+    Keras baseline of the benchmark: no engine anywhere, every core to one process.
+
+    ``mixed_precision``: Keras' ``mixed_float16`` policy (float16 compute, float32 variables and
+    output). ``fp16_compression``: Horovod sends gradients as float16 (Horovod only).
 
     ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
     every epoch, and a run that finds one there resumes after its epoch, with the model's and
@@ -53,31 +60,30 @@ def train_classifier(
         MlflowEpochMetrics,
         ProgressCallback,
     )
+    from training.engines import NONE, start_engine
     from training.models import build_model, model_input_shape
     from training.optimizers import make_optimizer, scaled_learning_rate
     from training.reader import open_dataset, steps_per_epoch
-    from training.threads import share_cores, use_threads
 
-    if use_horovod:
-        import horovod.tensorflow.keras as hvd
+    # First, before any TensorFlow op. Fair use of the CPU: the ranks on a host split its cores;
+    # the baseline gets them all.
+    engine_ = start_engine(engine if use_horovod else NONE, fp16_compression=fp16_compression)
+    rank, size = engine_.rank, engine_.size
+    if mixed_precision:
+        import tensorflow as tf
 
-        hvd.init()
-        rank, size, local_size = hvd.rank(), hvd.size(), hvd.local_size()
-    else:
-        rank, size, local_size = 0, 1, 1
-    # Fair use of the CPU: the ranks on a host split its cores; the baseline gets them all.
-    use_threads(share_cores(local_size))
-
-    model = build_model(model_name, model_input_shape(input_shape), num_classes, seed=seed)
-    if weights_uri:
-        from training.weights import fetch_weights
-
-        model.load_weights(fetch_weights(weights_uri, weights_sha256))
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
     scaled_lr = scaled_learning_rate(learning_rate, size)
-    opt = make_optimizer(optimizer, scaled_lr)
-    if use_horovod:
-        opt = hvd.DistributedOptimizer(opt)
-    model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    with engine_.scope():
+        model = build_model(model_name, model_input_shape(input_shape), num_classes, seed=seed)
+        if mixed_precision:
+            model = _float32_output(model)
+        if weights_uri:
+            from training.weights import fetch_weights
+
+            model.load_weights(fetch_weights(weights_uri, weights_sha256))
+        opt = engine_.optimizer(make_optimizer(optimizer, scaled_lr))
+        model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
     resumed, checkpoints, checkpoint = None, None, None
     if checkpoint_url:
         import tensorflow as tf
@@ -85,20 +91,16 @@ def train_classifier(
         from training.checkpoints import CheckpointStore
 
         checkpoints = CheckpointStore(checkpoint_url, keep=checkpoint_keep)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
+        # model.optimizer: with mixed precision, compile wrapped opt in a LossScaleOptimizer.
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         resumed = checkpoints.latest()
         if resumed is not None:  # every rank loads it: they start equal, as after a broadcast
             checkpoints.restore(checkpoint, resumed)
     initial_epoch = resumed.epoch if resumed else 0
     timer = EpochTimer()
-    callbacks = [timer, LogCallback(rank)]
-    if use_horovod:
-        callbacks = [
-            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            hvd.callbacks.MetricAverageCallback(),  # validation metrics averaged over ranks
-            ProgressCallback(),
-            *callbacks,
-        ]
+    # The engine's first (they make the logs equal on every rank), then the stall watch's feed.
+    watch = [ProgressCallback()] if use_horovod else []
+    callbacks = [*engine_.callbacks(), *watch, timer, LogCallback(rank)]
     if rank == 0 and checkpoints is not None:
         callbacks.append(CheckpointCallback(checkpoints, checkpoint, resumed))
     if rank == 0 and run_id:
@@ -121,11 +123,11 @@ def train_classifier(
     ):
         started = time.perf_counter()
         history = model.fit(
-            train,
+            engine_.distribute(train),
             steps_per_epoch=steps,
             epochs=epochs,
             initial_epoch=min(initial_epoch, epochs),
-            validation_data=val if val_steps else None,
+            validation_data=engine_.distribute(val) if val_steps else None,
             validation_steps=val_steps,
             callbacks=callbacks,
             verbose=2 if rank == 0 else 0,
@@ -154,6 +156,17 @@ def train_classifier(
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         result["model_version"] = _log_model(model, example, run_id, registered_model_name)
     return result
+
+
+def _float32_output(model):
+    """``model`` with its output cast to float32: softmax in float16 loses small probabilities
+    (Keras' mixed-precision guide)."""
+    import tensorflow as tf
+
+    output = tf.keras.layers.Activation("linear", dtype="float32", name="float32_output")(
+        model.outputs[0]
+    )
+    return tf.keras.Model(model.inputs, output, name=model.name)
 
 
 def _whole_history(resumed, new: dict) -> dict[str, list[float]]:

@@ -2,9 +2,11 @@
 
 Split where the processes split:
 
-- ``runner``: the public ``HorovodRunner``, on the driver
+- ``runner``: the public ``HorovodRunner``, on the driver (engine ``horovod`` or ``tf_collective``)
+- ``mirrored``: ``MirroredStrategyRunner``, spark-tensorflow-distributor's API on the same launcher
 - ``options``: ``HorovodOptions``, Horovod's knobs as each rank's environment
-- ``rank_events``: ``log_to_driver``, called inside a rank
+- ``rank_events``: ``log_to_driver`` and ``report_progress``, called inside a rank
+- ``_stall``: which rank stopped making progress (the stall watch; pure decisions)
 - ``_channel``: the driver's Gloo rendezvous server and the tasks' channel
 - ``_liveness``: which side of that channel has gone silent for too long (pure decisions)
 - ``_task``: one Spark barrier task, supervising one rank process
@@ -22,6 +24,7 @@ STREAMS = ("STDOUT", "STDERR", "CALLBACK")
 EXPORTS = {
     "HorovodRunner": "infra.launcher.runner",
     "HorovodOptions": "infra.launcher.options",
+    "MirroredStrategyRunner": "infra.launcher.mirrored",
     "RankFailed": "infra.launcher._task",
     "LogLine": "infra.launcher._wire",
     "log_to_driver": "infra.launcher.rank_events",

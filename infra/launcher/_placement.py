@@ -8,6 +8,7 @@ driver initialises the rendezvous server with that same plan.
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -101,6 +102,16 @@ def rank_env(
     if gpu is not None:
         env[c.CUDA_VISIBLE_DEVICES] = gpu
     return env
+
+
+def tf_config(workers: Sequence[Mapping], rank: int) -> str:
+    """TF_CONFIG for worker ``rank``: the cluster's endpoints ordered by rank, so that
+    TensorFlow's chief (worker 0) is rank 0, the rank whose result comes back."""
+    endpoints = [w["endpoint"] for w in sorted(workers, key=lambda w: int(w["rank"]))]
+    return json.dumps(
+        {"cluster": {"worker": endpoints}, "task": {"type": "worker", "index": rank}},
+        separators=(",", ":"),
+    )
 
 
 def gpu_for_rank(local_rank: int, gpu_addresses: Sequence[str]) -> str | None:

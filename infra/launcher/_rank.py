@@ -18,7 +18,7 @@ import traceback
 
 import cloudpickle
 
-from infra.constants import HOROVOD_RANK, HVDFLOW_PARENT_PID, HVDFLOW_STACKS_FILE
+from infra.constants import HOROVOD_RANK, HVDFLOW_ENGINE, HVDFLOW_PARENT_PID, HVDFLOW_STACKS_FILE
 from infra.launcher import _wire
 from infra.launcher.rank_events import emit_event
 
@@ -83,11 +83,35 @@ def _report_init_reached() -> None:
     basics.HorovodBasics.init = init
 
 
+def _report_strategy_created() -> None:
+    """The tf_collective engine's start: the rank created its MultiWorkerMirroredStrategy.
+
+    Patched on the base class of ``tf.distribute.MultiWorkerMirroredStrategy`` (and of its
+    deprecated ``experimental`` alias) before main runs, so that any code creating one counts.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    cls = cars.CollectiveAllReduceStrategy
+    original = cls.__init__
+    if getattr(original, "_hvdflow_wrapped", False):
+        return
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        emit_event(_wire.EVENT_INIT)
+
+    init._hvdflow_wrapped = True
+    cls.__init__ = init
+
+
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
     _dump_stacks_on_signal()
-    _report_init_reached()
+    if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
+        _report_strategy_created()
+    else:
+        _report_init_reached()
     with open(payload_path, "rb") as f:
         fn, kwargs = cloudpickle.load(f)
     try:

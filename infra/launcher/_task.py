@@ -26,7 +26,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.constants import HVDFLOW_EVENT_FD, HVDFLOW_PARENT_PID, HVDFLOW_STACKS_FILE
+from infra.constants import (
+    HVDFLOW_ENGINE,
+    HVDFLOW_EVENT_FD,
+    HVDFLOW_PARENT_PID,
+    HVDFLOW_STACKS_FILE,
+    TF_CONFIG,
+)
 from infra.launcher import _liveness, _placement, _wire
 
 # How long a task waits to connect to the driver's channel.
@@ -52,6 +58,7 @@ class TaskSpec:
     run_id: str
     start_timeout_s: float
     heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S
+    engine: str = _wire.HOROVOD
 
 
 class RankFailed(RuntimeError):
@@ -190,8 +197,14 @@ def run_task(
     task_hosts: Sequence[str],
     barrier: Callable[[], None],
     gpu_addresses: Sequence[str] = (),
+    all_gather: Callable[[str], list[str]] | None = None,
 ) -> bytes | None:
-    """Run the rank of this partition to its end; rank 0's pickled result, else None."""
+    """Run the rank of this partition to its end; rank 0's pickled result, else None.
+
+    ``all_gather(message)``: every task's message, in partition order (Spark's
+    ``BarrierTaskContext.allGather``); the tf_collective engine exchanges its workers'
+    endpoints with it.
+    """
     link = DriverLink(spec, partition)
     try:
         if partition == 0:
@@ -216,6 +229,15 @@ def run_task(
             run_id=spec.run_id,
             gpu=_placement.gpu_for_rank(slot.local_rank, gpu_addresses),
         )
+        env[HVDFLOW_ENGINE] = spec.engine
+        if spec.engine == _wire.TF_COLLECTIVE:
+            if all_gather is None:
+                raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
+            endpoint = f"{slot.hostname}:{_free_port(slot.hostname)}"
+            gathered = all_gather(json.dumps({"rank": slot.rank, "endpoint": endpoint}))
+            env[TF_CONFIG] = _placement.tf_config(
+                [json.loads(message) for message in gathered], slot.rank
+            )
         return _supervise(slot.rank, who, env, spec, link)
     finally:
         link.close()
@@ -232,7 +254,14 @@ def barrier_task(spec: TaskSpec, _rows):
     ctx = BarrierTaskContext.get()
     hosts = [_placement.host_of(info.address) for info in ctx.getTaskInfos()]
     gpu = ctx.resources().get("gpu")
-    result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpu.addresses if gpu else ())
+    result = run_task(
+        spec,
+        ctx.partitionId(),
+        hosts,
+        ctx.barrier,
+        gpu.addresses if gpu else (),
+        all_gather=ctx.allGather,
+    )
     if result is not None:
         yield result
 
@@ -396,6 +425,18 @@ def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
     if len(text) > _wire.MAX_STACKS_CHARS:
         text = text[: _wire.MAX_STACKS_CHARS] + "\n[... stacks truncated]"
     return text or "(it wrote no stacks: is it stuck outside Python, or are signals blocked?)"
+
+
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now, for the rank's TensorFlow server to listen on.
+
+    The rank binds it a few seconds later: another process could take it meanwhile, as with
+    spark-tensorflow-distributor, which picks its ports the same way; the run then fails at start
+    naming the rank, and a retry picks another.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def _resolve(hostname: str) -> str | None:

@@ -63,8 +63,17 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 # worst such name still fits the driver's cap on a hello (_channel.HELLO_MAX_BYTES).
 MAX_HOSTNAME_CHARS = 64
 
+# --- Engines: what the ranks synchronise with ---
+# Horovod over Gloo (the rendezvous server on the driver), or TensorFlow's own collectives
+# (MultiWorkerMirroredStrategy, CollectiveAllReduce), whose workers meet at the endpoints the
+# tasks gather and pass in TF_CONFIG.
+HOROVOD = "horovod"
+TF_COLLECTIVE = "tf_collective"
+ENGINES = (HOROVOD, TF_COLLECTIVE)
+
 # --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
-# The rank returned from hvd.init(): the task's start timeout (start_timeout_s) no longer applies.
+# The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start
+# timeout (start_timeout_s) no longer applies.
 EVENT_INIT = "init"
 # A log_to_driver() message, shown on the driver whatever its log verbosity.
 EVENT_LOG = "log"

@@ -33,6 +33,12 @@ class HorovodOptions(BaseModel):
     fusion_threshold_bytes: Annotated[int, Field(ge=0)] | None = None
     cycle_time_ms: Annotated[float, Field(gt=0)] | None = None
     gloo_timeout_s: Annotated[int, Field(gt=0)] | None = None
+    fp16_compression: bool = Field(
+        default=False,
+        description="send gradients as float16 in the allreduce (half the bytes on the wire, "
+        "Horovod 0.16's compression); read by the training function, not an environment "
+        "variable",
+    )
     extra_env: dict[str, str] = Field(
         default_factory=dict,
         description="More variables for every rank. A value 'env:NAME' (the driver's variable "

@@ -75,6 +75,10 @@ class HorovodRunner:
             batches with ``report_progress`` (``training.callbacks.ProgressCallback`` does it in
             Keras); None (the default) turns the watch off, for a ``main`` that reports none.
         timeout_s: optional limit for the whole run.
+        engine: ``"horovod"`` (Gloo rendezvous on the driver) or ``"tf_collective"``: each rank
+            gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
+            MultiWorkerMirroredStrategy; rank r is its worker r, rank 0 its chief
+            (``MirroredStrategyRunner`` is the spark-tensorflow-distributor API on top of it).
         log_dir: where the run's log file goes; default: a new temporary directory.
         on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
         forward_env: variables copied from the driver's environment into every rank at ``run``
@@ -93,6 +97,7 @@ class HorovodRunner:
         heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
         stall_timeout_s: float | None = None,
         timeout_s: float | None = None,
+        engine: str = _wire.HOROVOD,
         log_dir: str | None = None,
         on_log_line: Callable[[_wire.LogLine], None] | None = None,
         forward_env: Sequence[str] = FORWARDED_TO_RANKS,
@@ -113,6 +118,8 @@ class HorovodRunner:
             raise ValueError(error)
         if (error := _stall.stall_timeout_error(stall_timeout_s)) is not None:
             raise ValueError(error)
+        if engine not in _wire.ENGINES:
+            raise ValueError(f"engine={engine!r}: expected one of {', '.join(_wire.ENGINES)}")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number or None")
         self.np = np
@@ -123,6 +130,7 @@ class HorovodRunner:
         self.heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.stall_timeout_s = stall_timeout_s
         self.timeout_s = timeout_s
+        self.engine = engine
         self.log_dir = log_dir
         self.on_log_line = on_log_line
         self.forward_env = tuple(forward_env)
@@ -168,6 +176,7 @@ class HorovodRunner:
             run_id=self.run_id,
             start_timeout_s=self.start_timeout_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
+            engine=self.engine,
         )
 
     def _run_on_spark(self, payload: bytes, sink: _RunLog) -> bytes | None:
@@ -221,10 +230,18 @@ class HorovodRunner:
             barrier = threading.Barrier(n)
             results: dict[int, bytes | None] = {}
             errors: dict[int, BaseException] = {}
+            all_gather = _ThreadAllGather(barrier)
 
             def rank_thread(partition: int) -> None:
                 try:
-                    results[partition] = run_task(spec, partition, hosts, barrier.wait, gpus)
+                    results[partition] = run_task(
+                        spec,
+                        partition,
+                        hosts,
+                        barrier.wait,
+                        gpus,
+                        all_gather=partial(all_gather, partition),
+                    )
                 except BaseException as e:
                     errors[partition] = e
                     barrier.abort()
@@ -332,6 +349,21 @@ class HorovodRunner:
                 "each task kills its rank when it sees the run cancelled",
                 _STOP_GRACE_S,
             )
+
+
+class _ThreadAllGather:
+    """``BarrierTaskContext.allGather`` for the driver's rank threads (np < 0)."""
+
+    def __init__(self, barrier: threading.Barrier):
+        self._barrier = barrier
+        self._messages: dict[int, str] = {}
+
+    def __call__(self, partition: int, message: str) -> list[str]:
+        self._messages[partition] = message
+        self._barrier.wait()  # every thread has put its message
+        gathered = [self._messages[p] for p in sorted(self._messages)]
+        self._barrier.wait()  # every thread has read them all
+        return gathered
 
 
 def task_slots(sc) -> int:

@@ -118,3 +118,40 @@ def test_an_unreachable_tracking_server_fails_before_training(spark, digits_data
 def _spark_jobs_so_far(spark) -> int:
     """Every job this Spark application ran, whatever its group (Spark's status store)."""
     return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
+
+
+@pytest.mark.slow
+def test_the_tf_engine_with_mixed_precision_registers_a_champion_a_consumer_loads(
+    spark, mlflow_server, digits_dataset, tmp_path
+):
+    config = TrainConfig(
+        training={"epochs": 2, "learning_rate": 0.01, "mixed_precision": True},
+        launcher={"np": 2, "engine": "tf_collective"},
+        tracking={"experiment": "tests-tf-engine", "registered_model_name": "tests-digits-tf"},
+    )
+    result = train_and_track(spark, config, digits_dataset, mlflow_server.tracking_uri)
+    client = MlflowClient(mlflow_server.tracking_uri)
+    params = client.get_run(result.run_id).data.params
+    assert params["engine"] == "tf_collective" and params["mixed_precision"] == "True"
+    assert params["horovod_fp16_compression"] == "False"
+    for key in ("loss", "val_accuracy", "epoch_time_s"):
+        steps = sorted(m.step for m in client.get_metric_history(result.run_id, key))
+        assert steps == [0, 1], key
+    assert result.aliases == ["candidate", "champion"]
+
+    consumer = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CONSUMER.replace("tests-digits@", "tests-digits-tf@"),
+            digits_dataset.val_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri},
+    )
+    assert consumer.returncode == 0, consumer.stderr[-3000:]
+    out = json.loads(consumer.stdout.strip().splitlines()[-1])
+    assert out["shape"] == [32, 10] and out["accuracy"] > 0.3
+    assert wait_for_no_ranks() == []

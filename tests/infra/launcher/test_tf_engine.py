@@ -1,0 +1,157 @@
+"""The tf_collective engine: TensorFlow's MultiWorkerMirroredStrategy on the same barrier
+launcher, and spark-tensorflow-distributor's MirroredStrategyRunner on top of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from infra import HorovodRunner, MirroredStrategyRunner, RankFailed
+from infra.launcher import _placement, _wire
+from infra.launcher.runner import _ThreadAllGather
+from tests.helpers import wait_for_no_ranks
+from training.smoke import train_digits_tf
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+EXAMPLE = Path(__file__).with_name("distributor_example.py")
+
+
+@pytest.mark.slow
+def test_np2_on_spark_with_the_tf_engine_ends_with_identical_weights_on_both_workers(spark):
+    runner = HorovodRunner(np=2, spark=spark, engine="tf_collective")
+    result = runner.run(train_digits_tf, epochs=2)
+    assert result["size"] == 2
+    assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
+    assert result["accuracy"] > 0.5  # it learned, as the Horovod smoke job does
+    log = open(runner.log_path).read()
+    assert "[1,0]<log>:Epoch 2/2 done" in log
+    assert wait_for_no_ranks() == []
+
+
+def worker_1_killed_in_epoch_2():
+    import tensorflow as tf
+
+    from training.engines import TF_COLLECTIVE, start_engine
+
+    engine = start_engine(TF_COLLECTIVE)
+
+    class KillInEpoch2(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1 and engine.rank == 1:
+                print("worker 1 about to die", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    with engine.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+    data = tf.data.Dataset.from_tensors((tf.ones((8, 4)), tf.ones((8, 2)))).repeat()
+    model.fit(engine.distribute(data), epochs=50, steps_per_epoch=5, callbacks=[KillInEpoch2()])
+
+
+@pytest.mark.slow
+def test_a_worker_crash_in_the_tf_engine_is_named_and_leaves_no_process(spark):
+    runner = HorovodRunner(np=2, spark=spark, engine="tf_collective")
+    with pytest.raises(RankFailed) as failure:
+        runner.run(worker_1_killed_in_epoch_2)
+    message = str(failure.value)
+    # The same error a Horovod rank's crash gives: the rank, its host, the signal, its output.
+    assert message.startswith("HorovodRunner np=2: rank 1 on ")
+    assert "was killed by SIGKILL (exit -9)" in message.splitlines()[0]
+    assert "worker 1 about to die" in message
+    assert failure.value.cause == _wire.CAUSE_SIGNAL and failure.value.transient
+    assert wait_for_no_ranks() == []
+
+
+@pytest.mark.slow
+def test_a_script_written_for_spark_tensorflow_distributor_runs_with_one_import_changed(
+    tmp_path,
+):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "HVDFLOW_HOME": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["workers"] == 2 and result["epochs"] == 3
+    # The runner built the README's model inside its strategy, as the original does.
+    assert result["strategy"] == "CollectiveAllReduceStrategy"
+    assert wait_for_no_ranks() == []
+
+
+@pytest.mark.unit
+def test_tf_config_lists_the_endpoints_by_rank_and_names_this_worker():
+    gathered = [{"rank": 1, "endpoint": "10.0.0.2:4001"}, {"rank": 0, "endpoint": "10.0.0.1:4000"}]
+    assert json.loads(_placement.tf_config(gathered, 1)) == {
+        "cluster": {"worker": ["10.0.0.1:4000", "10.0.0.2:4001"]},
+        "task": {"type": "worker", "index": 1},
+    }
+
+
+@pytest.mark.unit
+def test_the_driver_threads_all_gather_returns_every_message_in_partition_order():
+    gather = _ThreadAllGather(threading.Barrier(3))
+    results = {}
+
+    def worker(partition):
+        results[partition] = gather(partition, f"from {partition}")
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in (2, 0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert results == {p: ["from 0", "from 1", "from 2"] for p in range(3)}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: HorovodRunner(np=2, engine="mpi"), "engine='mpi': expected one of horovod"),
+        (lambda: MirroredStrategyRunner(num_slots=0), "num_slots=0: expected a positive"),
+    ],
+)
+def test_bad_engine_arguments_are_refused_with_the_value(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.unit
+def test_cpu_only_hides_the_gpus_and_local_mode_runs_on_the_driver():
+    runner = MirroredStrategyRunner(num_slots=3, local_mode=True, use_gpu=False)
+    assert runner._runner.np == -3 and runner._runner.engine == "tf_collective"
+    assert runner._runner.horovod.to_env()["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def one_averaged_gradient(fp16_compression: bool) -> float:
+    import tensorflow as tf
+
+    from training.engines import HOROVOD, start_engine
+
+    engine = start_engine(HOROVOD, fp16_compression=fp16_compression)
+    weight = tf.Variable([0.0])
+    optimizer = engine.optimizer(tf.keras.optimizers.SGD(1.0))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(weight * tf.constant([1.0 + 2.0**-12]))  # its gradient: 1 + 2^-12
+    optimizer.minimize(loss, [weight], tape=tape)
+    return float(-weight.numpy()[0])
+
+
+@pytest.mark.integration
+def test_horovods_fp16_compression_sends_the_gradients_as_float16():
+    # 1 + 2^-12 has no float16: compressed on the wire, the averaged gradient comes back as 1.
+    assert HorovodRunner(np=-2).run(one_averaged_gradient, fp16_compression=False) == 1 + 2**-12
+    assert HorovodRunner(np=-2).run(one_averaged_gradient, fp16_compression=True) == 1.0

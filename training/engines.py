@@ -1,0 +1,112 @@
+"""What the training function needs from the engine that synchronises its ranks.
+
+Three engines, one shape (``Engine``): where this rank is (rank, size, ranks on its host), the
+scope that model and optimizer are built in, how the optimizer averages gradients, the callbacks
+that keep ranks equal, and how a rank's dataset is handed to Keras.
+
+- ``horovod``: ``hvd.init()``; ``hvd.DistributedOptimizer`` averages gradients over Gloo
+  (optionally compressed to fp16 on the wire); rank 0's variables are broadcast after the first
+  batch, validation metrics averaged over ranks.
+- ``tf_collective``: ``tf.distribute.MultiWorkerMirroredStrategy`` on the TF_CONFIG the launcher
+  gave the rank; variables are created equal (the chief's initial values) and every step's
+  gradients all-reduced by TensorFlow's CollectiveAllReduce, metrics aggregated by Keras. Each
+  rank still reads its own shard with its own per-rank batch, through
+  ``distribute_datasets_from_function``: no auto-sharding and no rebatching, so both engines
+  train on exactly the same batches.
+- ``none``: one plain Keras process, the benchmark's baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.constants import HOROVOD_LOCAL_SIZE, TF_CONFIG
+
+HOROVOD, TF_COLLECTIVE, NONE = "horovod", "tf_collective", "none"
+ENGINES = (HOROVOD, TF_COLLECTIVE)
+
+
+@dataclass
+class Engine:
+    name: str
+    rank: int = 0
+    size: int = 1
+    local_size: int = 1
+    strategy: Any = None  # the tf.distribute strategy of tf_collective
+    fp16_compression: bool = False
+    _hvd: Any = field(default=None, repr=False)
+
+    def scope(self):
+        """Build model and optimizer in here (the strategy's scope for tf_collective)."""
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def optimizer(self, opt):
+        if self._hvd is None:
+            return opt
+        compression = self._hvd.Compression.fp16 if self.fp16_compression else None
+        if compression is None:
+            return self._hvd.DistributedOptimizer(opt)
+        return self._hvd.DistributedOptimizer(opt, compression=compression)
+
+    def callbacks(self) -> list:
+        """Callbacks that go first: they make the logs the others read the same on every rank."""
+        if self._hvd is None:
+            return []
+        return [
+            self._hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            self._hvd.callbacks.MetricAverageCallback(),  # validation metrics over ranks
+        ]
+
+    def distribute(self, dataset):
+        """This rank's dataset (already sharded and batched per rank) as Keras takes it."""
+        if self.strategy is None:
+            return dataset
+        return self.strategy.distribute_datasets_from_function(lambda _context: dataset)
+
+
+def start_engine(name: str, fp16_compression: bool = False) -> Engine:
+    """Join the job: ``hvd.init()``, or create the MultiWorkerMirroredStrategy.
+
+    Call first, before any TensorFlow op: TensorFlow's collectives must be configured before
+    its runtime starts. Threads are limited here too (the ranks on a host share its cores).
+    """
+    from training.threads import share_cores, use_threads
+
+    if name == HOROVOD:
+        import horovod.tensorflow.keras as hvd
+
+        hvd.init()
+        use_threads(share_cores(hvd.local_size()))
+        return Engine(
+            name,
+            hvd.rank(),
+            hvd.size(),
+            hvd.local_size(),
+            fp16_compression=fp16_compression,
+            _hvd=hvd,
+        )
+    if name == TF_COLLECTIVE:
+        import tensorflow as tf
+
+        local_size = int(os.environ.get(HOROVOD_LOCAL_SIZE, "1"))
+        use_threads(share_cores(local_size))
+        if TF_CONFIG not in os.environ:
+            raise RuntimeError(
+                "engine 'tf_collective' needs TF_CONFIG: run the training function with "
+                "HorovodRunner(engine='tf_collective') or MirroredStrategyRunner"
+            )
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING
+            )
+        )
+        rank = int(json.loads(os.environ[TF_CONFIG])["task"]["index"])
+        return Engine(name, rank, strategy.num_replicas_in_sync, local_size, strategy=strategy)
+    if name == NONE:
+        use_threads(share_cores(1))
+        return Engine(name)
+    raise ValueError(f"engine {name!r} is unknown: expected one of {', '.join(ENGINES)}")
