@@ -6,6 +6,8 @@ Prefect (whose settings, such as PREFECT_API_URL, are read once at import).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bench.conditions import parse_condition
@@ -16,7 +18,11 @@ from tasks.config import (
     TrackingParams,
     TrainingParams,
 )
+from tasks.score.config import ModelRef, ScoreConfig
 from tasks.train import TrainConfig
+
+# The benchmark's default workload: the bundled digits, augmented to an MNIST-sized set.
+AUGMENTED_DIGITS = "augmented_digits"
 
 
 class PipelineParams(BaseModel):
@@ -52,10 +58,12 @@ class BenchParams(BaseModel):
     # Errors never repeat an input as given (a weights URL or extra_env may hold a secret).
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    data: DataParams = DataParams(image_size=(28, 28))
+    # A small validation split: the study times training over the MNIST-sized training set.
+    data: DataParams = DataParams(image_size=(28, 28), val_fraction=0.05)
     training: TrainingParams = TrainingParams(
         model="mnist_cnn",
-        batch_size=64,
+        # The paper's MNIST setup (and Databricks' example): batch 128 per rank, Adadelta.
+        batch_size=128,
         # Adadelta at its customary rate, as in the Databricks MNIST example.
         learning_rate=1.0,
         optimizer="adadelta",
@@ -63,15 +71,29 @@ class BenchParams(BaseModel):
         weights_source="",
     )
     launcher: LauncherParams = LauncherParams()
-    conditions: list[str] = ["keras", "1", "2"]
+    conditions: list[str] = ["keras", "keras1", "ceiling2", "hvd1", "hvd2", "tf2"]
     repetitions: int = Field(default=3, ge=1)
+    threads_per_rank: int = Field(
+        default=1,
+        ge=1,
+        description="TensorFlow threads of each rank (and each ceiling process): every engine "
+        "condition gets the same budget, so that scaling compares like with like",
+    )
+    workload: Literal["augmented_digits", "data"] = Field(
+        default=AUGMENTED_DIGITS,
+        description="with no data.input: 'augmented_digits' makes an MNIST-sized set from the "
+        "bundled digits (deterministic shifts, rotations, noise); 'data' uses data as given",
+    )
+    images: int = Field(
+        default=60_000, ge=100, description="training images of the augmented_digits workload"
+    )
     experiment: str = Field(default="hvdflow-benchmark", min_length=1)
 
     @field_validator("conditions")
     @classmethod
     def _valid_conditions(cls, conditions: list[str]) -> list[str]:
         if not conditions:
-            raise ValueError("conditions is empty: expected e.g. ['keras', '1', '2']")
+            raise ValueError("conditions is empty: expected e.g. ['keras', 'hvd1', 'hvd2']")
         for condition in conditions:
             parse_condition(condition)
         return conditions
@@ -84,3 +106,29 @@ class BenchParams(BaseModel):
                 "['keras', '1', '2']); leave launcher.np unset"
             )
         return self
+
+
+class ScoreParams(BaseModel):
+    """One scoring run: which registered model version, what to score, where predictions go.
+
+    ``model`` defaults to ``models:/hvdflow-classifier@champion``, what the pipeline registers;
+    ``data.output`` empty means ``HVDFLOW_HOME/scores/<model name>``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelRef = ModelRef()
+    data: ScoreConfig
+    spark_master: str | None = Field(
+        default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
+    )
+    experiment: str = Field(default="hvdflow-scoring", min_length=1)
+
+    def score_config(self) -> ScoreConfig:
+        """``data`` with its output resolved (empty: under HVDFLOW_HOME)."""
+        if self.data.output:
+            return self.data
+        from infra.services.local import hvdflow_home
+
+        output = str(hvdflow_home() / "scores" / self.model.name)
+        return self.data.model_copy(update={"output": output})

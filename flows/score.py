@@ -1,0 +1,82 @@
+"""The scoring flow: predictions for new images with a registered model, on Spark.
+
+Runs from the command line (``hvdflow score``), on a schedule or from the Prefect UI
+(``hvdflow score --serve``). By default it scores with ``models:/hvdflow-classifier@champion``,
+the version the pipeline last promoted.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from flows.params import ScoreParams
+from infra.secrets import redact_url, tracking_login
+from infra.tracking import tracking_uri
+from tasks.score.steps import find_model_step, record_step, score_step
+from tasks.steps import check_tracking_step
+
+ARTIFACT_KEY = "hvdflow-score-summary"
+
+
+@flow(name="hvdflow-score", log_prints=True)
+def score(params: ScoreParams) -> dict:
+    """Find the model version, score the inputs on Spark, publish, and record it in MLflow."""
+    logger = get_run_logger()
+    config = params.score_config()
+    with tracking_login(tracking_uri()) as uri:
+        check_tracking_step(uri)
+        model = find_model_step(params.model, uri)
+        result = score_step(config, model, params.spark_master)
+        run_id, experiment_id = record_step(uri, params.experiment, model, config, result)
+    summary = _summary(params, model, result, uri, run_id, experiment_id)
+    create_markdown_artifact(
+        key=ARTIFACT_KEY, description="Predictions per class", markdown=summary_markdown(summary)
+    )
+    logger.info("done: %d images scored with %s", result.scored, model.uri)
+    return summary
+
+
+def _summary(params, model, result, uri: str, run_id: str, experiment_id: str) -> dict:
+    base = redact_url(uri).rstrip("/")
+    http = base.startswith("http")
+    return {
+        "flow_run_id": str(flow_run.get_id()) if flow_run.get_id() else None,
+        "model": model.uri,
+        "model_asked": params.model.uri,
+        "model_version": model.version,
+        "model_url": f"{base}/#/models/{model.name}/versions/{model.version}" if http else None,
+        "mlflow_run_id": run_id,
+        "mlflow_run_url": f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if http else run_id,
+        "input": params.data.input,
+        "output": result.output,
+        "predictions": result.predictions_url,
+        "scored": result.scored,
+        "quarantined": result.quarantined,
+        "quarantine_path": result.quarantine_path,
+        "counts": result.counts,
+        "images_per_s": round(result.images_per_s, 1),
+        "executors": result.executors,
+    }
+
+
+def summary_markdown(summary: dict) -> str:
+    """The Prefect artifact: the model version used, then images per predicted class."""
+    model = summary["model"]
+    model_link = f"[{model}]({summary['model_url']})" if summary["model_url"] else f"`{model}`"
+    lines = [
+        "# hvdflow scoring run",
+        f"- Model: {model_link} (asked for `{summary['model_asked']}`), version "
+        f"**{summary['model_version']}**",
+        f"- MLflow run: [{summary['mlflow_run_id']}]({summary['mlflow_run_url']})",
+        f"- Input: `{summary['input']}`: **{summary['scored']}** images scored, "
+        f"**{summary['quarantined']}** quarantined (`{summary['quarantine_path']}`)",
+        f"- Predictions: `{summary['predictions']}`",
+        "",
+        "| predicted class | images |",
+        "|---|---|",
+    ]
+    for name, count in summary["counts"].items():
+        lines.append(f"| {str(name).replace('|', chr(92) + '|')} | {count} |")
+    return "\n".join(lines)

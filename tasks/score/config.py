@@ -1,0 +1,121 @@
+"""What a scoring run reads, with which model, and where its predictions go.
+
+``ModelRef`` names a registered model and one of its aliases or versions; ``ScoreConfig`` is the
+scoring step's config (paths resolved), built once from the flow's parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tasks.config import DEFAULT_REGISTERED_MODEL, IMAGE_SIDE_RANGE
+from tasks.preprocess.storage import is_s3, split_s3
+
+CHAMPION = "champion"
+# "images": a folder or s3:// prefix of image files (any sub-folders); "dataset": Parquet files
+# with an `image` column of PNG/JPEG bytes and a `source` column, such as a dataset that
+# preprocessing wrote (a split folder, or the folder holding its manifest.json).
+ScoreInputFormat = Literal["images", "dataset"]
+
+
+class ModelRef(BaseModel):
+    """A registered model version: ``models:/<name>@<alias>`` or ``models:/<name>/<version>``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(default=DEFAULT_REGISTERED_MODEL, min_length=1)
+    alias: str = Field(default=CHAMPION, min_length=1)
+    version: str = Field(default="", description="a version number; wins over the alias")
+
+    @field_validator("version")
+    @classmethod
+    def _version_number(cls, version: str) -> str:
+        if version and not version.isdigit():
+            raise ValueError(
+                f"version {version!r} is not a version number: expected e.g. '3' (or leave it "
+                "empty and give an alias)"
+            )
+        return version
+
+    @model_validator(mode="after")
+    def _alias_or_version(self) -> ModelRef:
+        if self.version and "alias" in self.model_fields_set:
+            raise ValueError(
+                f"alias {self.alias!r} and version {self.version!r} both given: name one "
+                "model version, by alias or by number"
+            )
+        return self
+
+    @property
+    def uri(self) -> str:
+        if self.version:
+            return f"models:/{self.name}/{self.version}"
+        return f"models:/{self.name}@{self.alias}"
+
+
+class ScoreConfig(BaseModel):
+    """What to score and where the predictions go; checked when built."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(description="a folder every executor sees, or s3://bucket/prefix/")
+    input_format: ScoreInputFormat = "images"
+    output: str = Field(
+        default="",
+        description="a folder every executor sees, or s3://bucket/prefix/; empty: "
+        "HVDFLOW_HOME/scores/<model name>",
+    )
+    # None: the model's own input size and colours (raw images are resized to them).
+    image_size: tuple[int, int] | None = None
+    color_mode: Literal["L", "RGB"] | None = None
+    batch_size: int = Field(default=64, ge=1, description="images per predict call")
+    max_pixels: int = Field(default=50_000_000, gt=0)
+    max_bad_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+
+    @field_validator("input")
+    @classmethod
+    def _input_exists(cls, value: str) -> str:
+        if is_s3(value):
+            _check_s3(value, "input")  # listed (and its existence checked) when scoring starts
+        elif "://" in value:
+            raise ValueError(
+                f"input {value!r}: expected a folder every Spark executor can read (a shared "
+                "file system), or s3://bucket/prefix"
+            )
+        elif not os.path.isdir(value):
+            raise ValueError(
+                f"input {value!r} is not an existing folder: give the folder of images "
+                "(input_format 'images') or of Parquet files ('dataset')"
+            )
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _output_syntax(cls, value: str) -> str:
+        if is_s3(value):
+            _check_s3(value, "output")
+        elif "://" in value:
+            raise ValueError(f"output {value!r}: expected a local path or s3://bucket/prefix")
+        return value
+
+    @model_validator(mode="after")
+    def _sane_size(self) -> ScoreConfig:
+        low, high = IMAGE_SIDE_RANGE
+        if self.image_size is not None and not all(low <= s <= high for s in self.image_size):
+            raise ValueError(
+                f"image_size {tuple(self.image_size)} is out of bounds: each side must be "
+                f"between {low} and {high} pixels (height, width)"
+            )
+        return self
+
+
+def _check_s3(uri: str, name: str) -> None:
+    try:
+        bucket, _key = split_s3(uri)
+    except ValueError:
+        raise ValueError(f"{name} {uri!r}: expected s3://bucket/prefix") from None
+    if len(bucket) < 3:
+        raise ValueError(f"{name} {uri!r}: bucket names have at least 3 characters")

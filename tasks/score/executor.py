@@ -1,0 +1,332 @@
+"""Executor side of scoring: units of work in (Arrow batches), prediction files written out.
+
+``score_partition`` is the function of the job's ``mapInPandas``: its input batches are rows
+of (source, path, row_group), planned on the driver; it fetches and decodes every image with
+preprocessing's rules (``decode.decode_image``: the same resizing, colours and quarantine
+reasons), predicts ``batch_size`` images at a time with the process's cached model, and writes
+the partition's predictions straight to the attempt folder (``predictions/part-NNNNN.parquet``,
+local or ``s3://``) and its unusable inputs to ``quarantine/part-NNNNN.csv``. Predictions never
+reach the JVM or the driver: the task returns a few report rows (``REPORT_SCHEMA``). File names
+are the partition's number, so a task that Spark retries rewrites the same files, each of which
+appears only once complete (storage.open_for_write).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+import time
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.preprocess.decode import (
+    PERMISSION_DENIED,
+    Bad,
+    InputUnreadableError,
+    check_input_root,
+    decode_image,
+    host,
+)
+from tasks.preprocess.storage import S3Access, error_code, is_s3, join, open_for_write, split_s3
+from tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
+
+INPUT_SCHEMA = "source string, path string, row_group int, problem string"
+# kind: predictions (name: part file, count: rows), class (name: class index, count: rows),
+# quarantine (name: part file, count: rows), reason (name: kind of reason, count: inputs),
+# example (name: "source\0reason"), process (name: JSON of host, pid, loads, horovod),
+# milliseconds (name: load, predict or fetch_decode_write: where the task's time went).
+REPORT_SCHEMA = "kind string, name string, count long"
+PREDICTION_COLUMNS = ("source", "class_name", "class_index", "probability")
+QUARANTINE_HEADER = ("source", "reason")
+# Objects fetched ahead of the image being decoded (s3:// inputs).
+FETCH_AHEAD = 16
+# Predictions per Parquet row group: a few MB of strings and numbers.
+ROW_GROUP_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class ExecutorPlan:
+    """What every scoring task needs, as plain values (it travels in the Spark closure)."""
+
+    model_key: tuple[str, str]
+    archive: str  # the model's archive, unpacked by Spark on every executor
+    labels: tuple[str, ...]
+    image_size: tuple[int, int]
+    color_mode: str
+    max_pixels: int
+    batch_size: int
+    root: str  # the input folder (checked on every executor) or s3:// prefix
+    attempt_url: str
+    access: S3Access | None  # for s3:// inputs or outputs
+
+
+def part_name(partition: int, suffix: str = "parquet") -> str:
+    return f"part-{partition:05d}.{suffix}"
+
+
+def prediction_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("source", pa.string(), nullable=False),
+            pa.field("class_name", pa.string(), nullable=False),
+            pa.field("class_index", pa.int32(), nullable=False),
+            pa.field("probability", pa.float32(), nullable=False),
+        ]
+    )
+
+
+def to_model_input(images: list[np.ndarray]) -> np.ndarray:
+    """Decoded uint8 images to the model's input, as training reads them (reader.py): float32
+    in [0, 1] with a channel axis."""
+    batch = np.stack(images).astype(np.float32) / 255.0
+    return batch[..., np.newaxis] if batch.ndim == 3 else batch
+
+
+def score_partition(batches, plan: ExecutorPlan):
+    """mapInPandas: pandas batches of INPUT_SCHEMA rows in, REPORT_SCHEMA rows out."""
+    import pandas as pd
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = context.partitionId() if context else 0
+    threads = max(1, context.cpus()) if context else 1
+    rows = _score(batches, plan, partition, threads)
+    yield pd.DataFrame(rows, columns=["kind", "name", "count"])
+
+
+def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tuple]:
+    from tasks.score import model_cache
+
+    if not is_s3(plan.root):
+        check_input_root(plan.root)
+    uses_s3 = is_s3(plan.root) or is_s3(plan.attempt_url)
+    client = plan.access.client(connections=FETCH_AHEAD) if uses_s3 else None
+    out = _PredictionFile(
+        join(plan.attempt_url, "predictions", part_name(partition)), plan.access, client
+    )
+    fetcher = _Fetcher(plan.access, client, parallel=is_s3(plan.root))
+    counts: Counter = Counter()
+    bad: list[tuple[str, str]] = []
+    timing: Counter = Counter()
+    pending_images, pending_sources = [], []
+
+    def predict() -> None:
+        started = time.perf_counter()
+        model = model_cache.cached_model(plan.model_key, plan.archive, threads)
+        loaded = time.perf_counter()
+        probabilities = np.asarray(model.predict_on_batch(to_model_input(pending_images)))
+        classes = probabilities.argmax(axis=1)
+        timing["load"] += loaded - started
+        timing["predict"] += time.perf_counter() - loaded
+        out.add(pending_sources, classes, probabilities[np.arange(len(classes)), classes], plan)
+        counts.update(classes.tolist())
+        pending_images.clear()
+        pending_sources.clear()
+
+    started = time.perf_counter()
+    try:
+        for record in fetcher.records(_units(batches), plan):
+            if isinstance(record, Bad):
+                bad.append((record.source, record.reason))
+                continue
+            pending_sources.append(record.source)
+            pending_images.append(record.image)
+            if len(pending_images) >= plan.batch_size:
+                predict()
+        if pending_images:
+            predict()
+        out.close()
+    except BaseException:
+        out.abort()
+        raise
+    finally:
+        fetcher.close()
+    elapsed = time.perf_counter() - started
+    timing["fetch_decode_write"] = elapsed - timing["load"] - timing["predict"]
+    return _report(plan, partition, out, counts, bad, timing, client)
+
+
+def _units(batches):
+    for batch in batches:
+        columns = (batch["source"], batch["path"], batch["row_group"], batch["problem"])
+        for source, path, row_group, problem in zip(*columns, strict=True):
+            yield Unit(source, path, int(row_group), problem=problem or None)
+
+
+def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
+    from tasks.score import model_cache
+
+    rows: list[tuple] = []
+    if out.rows:
+        rows.append(("predictions", part_name(partition), out.rows))
+    rows += [("class", str(index), count) for index, count in sorted(counts.items())]
+    if bad:
+        bad.sort()
+        name = part_name(partition, "csv")
+        with open_for_write(join(plan.attempt_url, "quarantine", name), plan.access, client) as f:
+            f.write(_csv_bytes(bad))
+        rows.append(("quarantine", name, len(bad)))
+        kinds = Counter(reason.split(":")[0] for _, reason in bad)
+        rows += [("reason", kind, count) for kind, count in kinds.items()]
+        rows += [("example", f"{source}\0{reason}", 0) for source, reason in bad[:3]]
+    process = {
+        "host": host(),
+        "pid": os.getpid(),
+        "loads": model_cache.loads(),
+        "horovod": "horovod" in sys.modules,
+    }
+    rows.append(("process", json.dumps(process, sort_keys=True), 0))
+    rows += [("milliseconds", kind, int(seconds * 1000)) for kind, seconds in timing.items()]
+    return rows
+
+
+def _csv_bytes(rows) -> bytes:
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(QUARANTINE_HEADER)
+    writer.writerows(rows)
+    return text.getvalue().encode()
+
+
+class _PredictionFile:
+    """One partition's Parquet file of predictions; created at the first row group."""
+
+    def __init__(self, url: str, access: S3Access | None, client):
+        self.url, self.access, self.client = url, access, client
+        self.columns: dict[str, list] = {name: [] for name in PREDICTION_COLUMNS}
+        self.rows = 0
+        self._context = None
+        self._writer = None
+
+    def add(self, sources, classes, probabilities, plan: ExecutorPlan) -> None:
+        self.columns["source"] += sources
+        self.columns["class_name"] += [plan.labels[int(c)] for c in classes]
+        self.columns["class_index"] += [int(c) for c in classes]
+        self.columns["probability"] += [float(p) for p in probabilities]
+        if len(self.columns["source"]) >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.columns["source"]:
+            return
+        if self._writer is None:
+            self._context = open_for_write(self.url, self.access, self.client)
+            self._writer = pq.ParquetWriter(self._context.__enter__(), prediction_schema())
+        table = pa.Table.from_pydict(self.columns, schema=prediction_schema())
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+        self.columns = {name: [] for name in PREDICTION_COLUMNS}
+
+    def close(self) -> None:
+        self._flush()
+        if self._writer is not None:
+            self._writer.close()
+            self._context.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        if self._context is not None:
+            self._context.__exit__(*sys.exc_info())
+
+
+class _Fetcher:
+    """The bytes of image files (local reads, or GETs with FETCH_AHEAD in flight) and the rows
+    of Parquet row groups (one at a time: each may be tens of MB), decoded with preprocessing's
+    rules."""
+
+    def __init__(self, access: S3Access | None, client, parallel: bool):
+        self._access = access
+        self._client = client
+        self._parallel = parallel and client is not None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def records(self, units, plan: ExecutorPlan):
+        """Good or Bad records (decode.py) of every unit, in order."""
+        for unit, data in self._fetched(units):
+            if unit.row_group != WHOLE_FILE:
+                sources, images = data
+                for source, image in zip(sources, images, strict=True):
+                    yield self._decode(source, image or b"", plan)
+            elif isinstance(data, Bad):
+                yield data
+            else:
+                yield self._decode(unit.source, data, plan)
+
+    @staticmethod
+    def _decode(source: str, data: bytes, plan: ExecutorPlan):
+        return decode_image(source, "", data, plan.image_size, plan.color_mode, plan.max_pixels)
+
+    def _fetched(self, units):
+        if not self._parallel:
+            for unit in units:
+                yield unit, self._fetch(unit)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="hvdflow-score")
+        pending: deque = deque()
+        for unit in units:
+            if unit.row_group != WHOLE_FILE:  # a row group: in order, never several in memory
+                while pending:
+                    first, future = pending.popleft()
+                    yield first, future.result()
+                yield unit, self._fetch(unit)
+                continue
+            pending.append((unit, self._pool.submit(self._fetch, unit)))
+            if len(pending) >= FETCH_AHEAD:
+                first, future = pending.popleft()
+                yield first, future.result()
+        while pending:
+            first, future = pending.popleft()
+            yield first, future.result()
+
+    def _fetch(self, unit: Unit):
+        if unit.problem:  # the listing found it unusable: never read
+            return Bad(unit.source, unit.problem)
+        if unit.row_group != WHOLE_FILE:
+            return read_row_group(unit, self._access)
+        if not is_s3(unit.path):
+            try:
+                with open(unit.path, "rb") as f:
+                    return f.read()
+            except PermissionError:
+                return Bad(unit.source, PERMISSION_DENIED)
+            except OSError as e:
+                return Bad(unit.source, f"cannot read the file: {e.strerror}")
+        return self._get(unit)
+
+    def _get(self, unit: Unit):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = split_s3(unit.path)
+        where = self._access.where
+        try:
+            return self._client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            code = error_code(e)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return Bad(unit.source, "cannot read the object: it no longer exists")
+            raise InputUnreadableError(
+                f"executor host {host()!r} cannot read {unit.path} at {where} ({code}): give "
+                "the executors credentials for the bucket (AWS_ACCESS_KEY_ID, "
+                "AWS_SECRET_ACCESS_KEY)"
+            ) from None
+        except BotoCoreError as e:
+            raise InputUnreadableError(
+                f"executor host {host()!r} cannot reach the object store at {where} to read "
+                f"{unit.path} ({type(e).__name__}): set AWS_ENDPOINT_URL to an address the "
+                "executors can reach"
+            ) from None

@@ -1,0 +1,64 @@
+"""The model in each executor process: loaded once, kept for every later batch and task.
+
+PySpark reuses its Python workers between tasks, so a module-level cache lives as long as the
+worker: the first batch of the first task loads the model (from the archive Spark unpacked on
+this executor), every later batch and task of that worker reuses it. Keyed by the model's URI
+(name and version) and its MLmodel id, so a version registered again elsewhere under the same
+number is not mistaken for the one cached. Only TensorFlow and MLflow are imported: never
+horovod, which a serving process does not need.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+logger = logging.getLogger(__name__)
+
+# Models kept per process: the newest few, so that a long-lived worker scoring version after
+# version does not keep every one of them in memory.
+KEEP = 2
+
+_models: OrderedDict[tuple[str, str], object] = OrderedDict()
+_loads = 0
+_threads_set = False
+
+
+def loads() -> int:
+    """How many times this process has loaded a model."""
+    return _loads
+
+
+def cached_model(key: tuple[str, str], archive: str, threads: int):
+    """The Keras model for ``key``; loaded from the Spark archive ``archive`` the first time."""
+    global _loads
+    model = _models.get(key)
+    if model is not None:
+        _models.move_to_end(key)
+        return model
+    _limit_threads(threads)
+    import mlflow.tensorflow
+    from pyspark import SparkFiles
+
+    model = mlflow.tensorflow.load_model(SparkFiles.get(archive))
+    _loads += 1
+    _models[key] = model
+    while len(_models) > KEEP:
+        _models.popitem(last=False)
+    logger.info("loaded %s from %s", key[0], archive)
+    return model
+
+
+def _limit_threads(threads: int) -> None:
+    """TensorFlow gets the task's cores (``spark.task.cpus``), not every core of the host:
+    the executor runs that many tasks side by side. Only possible before TensorFlow's first op."""
+    global _threads_set
+    if _threads_set:
+        return
+    from training.threads import use_threads
+
+    try:
+        use_threads(threads)
+    except RuntimeError:  # TensorFlow already ran in this process: keep its settings
+        pass
+    _threads_set = True
