@@ -1,49 +1,119 @@
-"""One benchmark condition, measured: the plain Keras baseline, or HorovodRunner with np ranks."""
+"""One benchmark condition, measured in its own processes, the way a user would run it.
+
+Conditions (``--conditions keras,keras1,ceiling2,hvd1,hvd2,tf2``):
+
+- ``keras``: one plain Keras process using every core (no engine at all).
+- ``kerasN``: one plain Keras process limited to N threads (``keras1``: the fair reference for
+  one rank of one thread).
+- ``ceilingN``: N plain Keras processes of ``threads_per_rank`` threads each, at once: the most
+  N ranks can get from this machine when nothing is exchanged (shared memory bandwidth, caches
+  and turbo limit it below N times one alone).
+- ``hvdN`` (also ``N`` or ``np=N``): HorovodRunner with N ranks of ``threads_per_rank`` threads.
+- ``tfN``: the same launcher with the tf_collective engine (MultiWorkerMirroredStrategy).
+
+Every condition trains the same model on the same data with the same per-process batch, and
+reports each epoch's time measured inside the process: the first epoch (graph tracing, reader
+start-up) is the warm-up, the others are steady state. Launch overhead (process and Spark start,
+rendezvous, model build, data opening) is the wall clock minus the training itself.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infra import LogLine
 from training.epoch_log import epoch_times_from_log
 
-KERAS = "keras"
+KERAS, CEILING, HOROVOD, TF = "keras", "ceiling", "hvd", "tf"
+ENGINE_OF = {HOROVOD: "horovod", TF: "tf_collective"}
+_CONDITION = re.compile(r"^(keras|ceiling|hvd|tf|np=)?(\d*)$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str  # as the tables show it: keras, keras1, ceiling2, hvd2, tf2
+    kind: str  # keras, ceiling, hvd or tf
+    n: int  # threads (kerasN), processes (ceilingN) or ranks (hvdN, tfN); 0 for keras
+
+    @property
+    def processes(self) -> int:
+        return 1 if self.kind == KERAS else self.n
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of an engine condition; 0 for the plain Keras ones."""
+        return self.n if self.kind in (HOROVOD, TF) else 0
+
+
+def parse_condition(text: str) -> Condition:
+    """``keras``, ``keras1``, ``ceiling2``, ``hvd2`` (or ``2``, ``np=2``), ``tf2``."""
+    raw = str(text).strip().lower()
+    match = _CONDITION.match(raw)
+    kind = (match.group(1) or "") if match else None
+    digits = match.group(2) if match else ""
+    if match is None or (kind != KERAS and (not digits or int(digits) < 1)):
+        raise ValueError(
+            f"condition {text!r}: expected keras, kerasN (N threads), ceilingN (N Keras processes "
+            "at once), hvdN or N (HorovodRunner, N ranks) or tfN (the tf_collective engine)"
+        )
+    if kind == KERAS:
+        n = int(digits) if digits else 0
+        return Condition(f"keras{digits}" if n else KERAS, KERAS, n)
+    kind = HOROVOD if kind in ("", "np=", HOROVOD) else kind
+    return Condition(f"{kind}{int(digits)}", kind, int(digits))
 
 
 @dataclass(frozen=True)
 class Measurement:
-    condition: str  # "keras" or "np=<k>"
-    np: int  # 0 for the baseline
+    condition: str
+    np: int  # ranks of an engine condition, 0 for the Keras ones
     repetition: int
-    epoch_times: list[float]  # callback method
+    epoch_times: list[float]  # callback method, one process (the slowest of a ceiling)
     epoch_times_log: list[float]  # the paper's log method
     wall_clock_s: float  # launch included
-    images: int  # images trained over all epochs
+    images: int  # images trained over all epochs, by every process together
+    train_seconds: float = 0.0  # model.fit, in the (slowest) process
+    processes: int = 1
+    threads: int = 0  # per process; 0: every core
+    kind: str = HOROVOD
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def images_per_epoch(self) -> float:
+        return self.images / max(1, len(self.epoch_times))
+
+    @property
+    def warmup_s(self) -> float:
+        return self.epoch_times[0]
+
+    @property
+    def steady_epoch_times(self) -> list[float]:
+        """Every epoch but the first; the first alone when there is only one."""
+        return self.epoch_times[1:] or self.epoch_times[:1]
+
+    @property
+    def steady_images_per_s(self) -> float:
+        steady = self.steady_epoch_times
+        return self.images_per_epoch / (sum(steady) / len(steady))
+
+    @property
+    def launch_s(self) -> float:
+        """Wall clock not spent in model.fit: starting processes, Spark, rendezvous, data."""
+        return max(0.0, self.wall_clock_s - self.train_seconds)
 
     @property
     def images_per_s(self) -> float:
-        """The paper's measure: images trained / wall-clock."""
+        """The paper's measure: images trained / wall clock, launch included."""
         return self.images / self.wall_clock_s
 
     @property
     def images_per_s_epoch(self) -> list[float]:
-        per_epoch = self.images / max(1, len(self.epoch_times))
-        return [per_epoch / t for t in self.epoch_times]
-
-
-def parse_condition(text: str) -> tuple[str, int]:
-    """``keras`` -> (keras, 0); ``2`` or ``np=2`` -> (np=2, 2)."""
-    text = str(text).strip().lower()
-    if text == KERAS:
-        return KERAS, 0
-    value = text.removeprefix("np=")
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"condition {text!r}: expected 'keras' or a number of ranks such as 2")
-    return f"np={int(value)}", int(value)
+        return [self.images_per_epoch / t for t in self.epoch_times]
 
 
 def trainer_for(name: str):
@@ -66,27 +136,76 @@ def measure(
     spark=None,
     trainer: str = "classifier",
     horovod=None,
+    threads_per_rank: int = 1,
 ) -> Measurement:
-    name, np = parse_condition(condition)
+    c = parse_condition(condition)
+    kwargs = dict(train_kwargs)
     lines: list[LogLine] = []
     started = time.perf_counter()
-    if np == 0:
-        result = _run_baseline(trainer, train_kwargs, lines)
+    if c.kind == KERAS:
+        results = [_run_baseline(trainer, _threads(trainer, kwargs, c.n or None), lines)]
+    elif c.kind == CEILING:
+        results = _run_baselines(trainer, _threads(trainer, kwargs, threads_per_rank), c.n, lines)
     else:
         from infra import HorovodRunner
 
-        runner = HorovodRunner(np=np, spark=spark, horovod=horovod, on_log_line=lines.append)
-        result = runner.run(trainer_for(trainer), **train_kwargs)
+        if trainer == "classifier":
+            kwargs.update(engine=ENGINE_OF[c.kind], threads=threads_per_rank)
+        elif c.kind != HOROVOD:
+            raise ValueError(f"condition {c.name}: the {trainer} trainer runs on Horovod only")
+        runner = HorovodRunner(
+            np=c.n, spark=spark, horovod=horovod, on_log_line=lines.append, engine=ENGINE_OF[c.kind]
+        )
+        results = [runner.run(trainer_for(trainer), **kwargs)]
     wall = time.perf_counter() - started
+    slowest = max(results, key=lambda r: sum(r["epoch_times"]))
+    epochs = len(slowest["epoch_times"])
     return Measurement(
-        condition=name,
-        np=np,
+        condition=c.name,
+        np=c.ranks,
         repetition=repetition,
-        epoch_times=result["epoch_times"],
-        epoch_times_log=epoch_times_from_log(lines),
+        epoch_times=concurrent_epoch_times([r["epoch_times"] for r in results]),
+        epoch_times_log=epoch_times_from_log(lines) if len(results) == 1 else [],
         wall_clock_s=wall,
-        images=result["images_per_epoch"] * len(result["epoch_times"]),
+        images=sum(r["images_per_epoch"] for r in results) * epochs,
+        train_seconds=max(r.get("train_seconds", 0.0) for r in results),
+        processes=c.processes,
+        threads=c.n if c.kind == KERAS else threads_per_rank,
+        kind=c.kind,
     )
+
+
+def _threads(trainer: str, kwargs: dict, threads: int | None) -> dict:
+    """The classifier takes a thread budget (None: every core); the GCN shares cores itself."""
+    return {**kwargs, "threads": threads} if trainer == "classifier" else kwargs
+
+
+def concurrent_epoch_times(per_process: list[list[float]]) -> list[float]:
+    """Epoch times of processes that ran at once: each epoch lasts as long as its slowest."""
+    return [max(times) for times in zip(*per_process, strict=True)]
+
+
+def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine]) -> list[dict]:
+    """``count`` baseline processes at once (the machine ceiling)."""
+    import threading
+
+    results: list[dict | None] = [None] * count
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = _run_baseline(trainer, kwargs, lines if i == 0 else [])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [r for r in results if r is not None]
 
 
 def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dict:

@@ -1,4 +1,17 @@
-"""The paper's statistics and figures: a table of epoch times, ANOVA, Tukey HSD, scaling plots."""
+"""The paper's statistics and figures, on steady-state measures.
+
+Every figure is per repetition first, then over repetitions: a repetition is one independent
+run of a condition (its own processes), and its epochs are not independent samples of anything
+(they share the process, the data's order and the first epoch's tracing). So:
+
+- steady-state epoch time and images/s: the mean over a repetition's epochs after the first,
+  then mean ± std over repetitions; the first epoch is reported on its own as warm-up;
+- launch overhead: wall clock minus model.fit, per repetition;
+- ANOVA and Tukey HSD: on the per-repetition steady epoch means;
+- scaling efficiency of N ranks: images/s(N) / (N x images/s(1 rank of the same engine)), every
+  rank with the same thread budget; the machine's ceiling (``ceilingN``: N plain processes at
+  once) is that same ratio for processes that exchange nothing, the most N ranks can reach here.
+"""
 
 from __future__ import annotations
 
@@ -6,140 +19,187 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from bench.conditions import Measurement
+from bench.conditions import CEILING, HOROVOD, KERAS, TF, Measurement
+
+REFERENCE = "hvd1"
+_KIND_ORDER = {KERAS: 0, CEILING: 1, HOROVOD: 2, TF: 3}
 
 
-def _order(measurements: list[Measurement]) -> list[str]:
-    seen = {m.condition: m.np for m in measurements}
-    return sorted(seen, key=lambda c: seen[c])
+def order(measurements: list[Measurement]) -> list[str]:
+    first = {}
+    for m in measurements:
+        first.setdefault(m.condition, (_KIND_ORDER.get(m.kind, 9), m.processes, m.threads))
+    return sorted(first, key=lambda c: (first[c], c))
 
 
-def epoch_samples(measurements: list[Measurement]) -> dict[str, list[float]]:
-    """Every epoch time (callback method) of every repetition, per condition."""
+def repetition_means(measurements: list[Measurement]) -> dict[str, list[float]]:
+    """Each repetition's steady-state epoch time, per condition."""
     samples: dict[str, list[float]] = defaultdict(list)
     for m in measurements:
-        samples[m.condition].extend(m.epoch_times)
+        samples[m.condition].append(statistics.mean(m.steady_epoch_times))
     return dict(samples)
 
 
 def anova(measurements: list[Measurement]) -> tuple[float, float] | None:
-    """One-way ANOVA on epoch times across conditions: (F, p), or None if it cannot be run."""
+    """One-way ANOVA on per-repetition steady epoch times: (F, p), or None if it cannot run."""
     from scipy.stats import f_oneway
 
-    groups = [g for g in epoch_samples(measurements).values() if len(g) >= 2]
+    groups = [g for g in repetition_means(measurements).values() if len(g) >= 2]
     if len(groups) < 2:
         return None
     result = f_oneway(*groups)
     return float(result.statistic), float(result.pvalue)
 
 
-def tukey_against_np1(measurements: list[Measurement]) -> dict[str, float]:
-    """Tukey HSD p-value of each condition's epoch times against np=1's."""
+def tukey_against(measurements: list[Measurement], reference: str = REFERENCE) -> dict[str, float]:
+    """Tukey HSD p-value of each condition's per-repetition steady epoch times against
+    ``reference``'s."""
     from scipy.stats import tukey_hsd
 
-    samples = epoch_samples(measurements)
-    names = [c for c in _order(measurements) if len(samples[c]) >= 2]
-    if "np=1" not in names or len(names) < 2:
+    samples = repetition_means(measurements)
+    names = [c for c in order(measurements) if len(samples[c]) >= 2]
+    if reference not in names or len(names) < 2:
         return {}
     result = tukey_hsd(*[samples[c] for c in names])
-    reference = names.index("np=1")
-    return {c: float(result.pvalue[i][reference]) for i, c in enumerate(names) if c != "np=1"}
+    ref = names.index(reference)
+    return {c: float(result.pvalue[i][ref]) for i, c in enumerate(names) if c != reference}
 
 
-def summary_table(measurements: list[Measurement]) -> list[dict]:
-    """One row per condition, shaped like the paper's tables."""
-    samples = epoch_samples(measurements)
-    tukey = tukey_against_np1(measurements)
-    by_condition: dict[str, list[Measurement]] = defaultdict(list)
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summary_table(measurements: list[Measurement], reference: str = REFERENCE) -> list[dict]:
+    """One row per condition, shaped like the paper's tables, steady state first."""
+    groups: dict[str, list[Measurement]] = defaultdict(list)
     for m in measurements:
-        by_condition[m.condition].append(m)
-    np1 = by_condition.get("np=1")
-    np1_rate = statistics.mean(m.images_per_s for m in np1) if np1 else None
+        groups[m.condition].append(m)
+    rate = {c: statistics.mean(m.steady_images_per_s for m in g) for c, g in groups.items()}
+    tukey = tukey_against(measurements, reference)
     rows = []
-    for condition in _order(measurements):
-        group = by_condition[condition]
-        times = samples[condition]
-        log_times = [t for m in group for t in m.epoch_times_log]
-        rate = statistics.mean(m.images_per_s for m in group)
-        np = group[0].np
+    for condition in order(measurements):
+        group = groups[condition]
+        first = group[0]
+        epoch_mean, epoch_std = _mean_std([statistics.mean(m.steady_epoch_times) for m in group])
+        rate_mean, rate_std = _mean_std([m.steady_images_per_s for m in group])
         rows.append(
             {
                 "condition": condition,
-                "np": np,
-                "epoch_time_mean_s": statistics.mean(times),
-                "epoch_time_std_s": statistics.stdev(times) if len(times) > 1 else 0.0,
-                "epoch_time_log_mean_s": statistics.mean(log_times) if log_times else None,
-                "tukey_p_vs_np1": tukey.get(condition),
-                "images_per_s": rate,
-                "images_per_s_epoch": statistics.mean(
-                    r for m in group for r in m.images_per_s_epoch
+                "kind": first.kind,
+                "np": first.np,
+                "processes": first.processes,
+                "threads": first.threads,
+                "warmup_s": statistics.mean(m.warmup_s for m in group),
+                "epoch_time_mean_s": epoch_mean,
+                "epoch_time_std_s": epoch_std,
+                "epoch_time_log_mean_s": _mean_or_none(
+                    [t for m in group for t in m.epoch_times_log[1:]]
                 ),
-                "scaling_efficiency": rate / (np * np1_rate) if np1_rate and np >= 1 else None,
+                "tukey_p": tukey.get(condition),
+                "images_per_s": rate_mean,
+                "images_per_s_std": rate_std,
+                "wall_images_per_s": statistics.mean(m.images_per_s for m in group),
+                "launch_s": statistics.mean(m.launch_s for m in group),
+                "scaling_efficiency": scaling_efficiency(first, rate),
+                "of_ceiling": _ratio(rate, condition, f"ceiling{first.np}", first.np >= 1),
+                "vs_keras": _ratio(rate, condition, KERAS, first.np >= 1),
+                "vs_keras1": _ratio(rate, condition, "keras1", first.np == 1),
                 "repetitions": len(group),
             }
         )
     return rows
 
 
+def scaling_efficiency(m: Measurement, rate: dict[str, float]) -> float | None:
+    """images/s over N times one process of the same kind and thread budget: ranks against one
+    rank of their engine (Horovod's when the engine has no 1-rank condition), a ceiling
+    against ``keras1``."""
+    if m.kind == CEILING:
+        one = rate.get(f"keras{m.threads}")
+    elif m.kind in (HOROVOD, TF):
+        one = rate.get(f"{m.kind}1") or rate.get(REFERENCE)
+    else:
+        return None
+    if not one:
+        return None
+    return rate[m.condition] / (m.processes * one)
+
+
+def _ratio(rate: dict[str, float], condition: str, other: str, applies: bool) -> float | None:
+    if not applies or other not in rate or other == condition:
+        return None
+    return rate[condition] / rate[other]
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return statistics.mean(values) if values else None
+
+
 def markdown(rows: list[dict], anova_result: tuple[float, float] | None) -> str:
-    def fmt(value, spec):
-        return "n/a" if value is None else format(value, spec)
+    def fmt(value, spec, suffix=""):
+        return "n/a" if value is None else format(value, spec) + suffix
+
+    def pct(value):
+        return fmt(value and 100 * value, ".1f", "%") if value is not None else "n/a"
 
     lines = [
-        "| condition | epoch time mean ± std (s) | log-method epoch (s) | Tukey p vs np=1 "
-        "| images/s | images/s per epoch | scaling efficiency |",
-        "|---|---|---|---|---|---|---|",
+        "| condition | processes x threads | warm-up epoch (s) | steady epoch mean ± std (s) "
+        "| Tukey p vs hvd1 | steady images/s | scaling efficiency | of machine ceiling "
+        "| vs Keras (all cores) | launch overhead (s) | wall-clock images/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        threads = r["threads"] or "all"
         lines.append(
-            f"| {r['condition']} | {r['epoch_time_mean_s']:.3f} ± {r['epoch_time_std_s']:.3f} "
-            f"| {fmt(r['epoch_time_log_mean_s'], '.3f')} | {fmt(r['tukey_p_vs_np1'], '.3g')} "
-            f"| {r['images_per_s']:.1f} | {r['images_per_s_epoch']:.1f} "
-            f"| {fmt(r['scaling_efficiency'] and 100 * r['scaling_efficiency'], '.1f')}"
-            f"{'%' if r['scaling_efficiency'] is not None else ''} |"
+            f"| {r['condition']} | {r['processes']} x {threads} | {r['warmup_s']:.2f} "
+            f"| {r['epoch_time_mean_s']:.3f} ± {r['epoch_time_std_s']:.3f} "
+            f"| {fmt(r['tukey_p'], '.3g')} "
+            f"| {r['images_per_s']:.1f} ± {r['images_per_s_std']:.1f} "
+            f"| {pct(r['scaling_efficiency'])} | {pct(r['of_ceiling'])} | {pct(r['vs_keras'])} "
+            f"| {r['launch_s']:.1f} | {r['wall_images_per_s']:.1f} |"
         )
     if anova_result:
         lines.append(
-            f"\nOne-way ANOVA on epoch times: F = {anova_result[0]:.3g}, p = {anova_result[1]:.3g}"
+            f"\nOne-way ANOVA on the per-repetition steady epoch times: F = {anova_result[0]:.3g}"
+            f", p = {anova_result[1]:.3g}"
         )
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
-    """images/s against np, and scaling efficiency against np (PNG)."""
+    """Steady-state images/s per condition, and scaling efficiency per condition (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    ranks = [r for r in rows if r["np"] >= 1]
-    baseline = next((r for r in rows if r["np"] == 0), None)
+    colours = {KERAS: "grey", CEILING: "black", HOROVOD: "tab:blue", TF: "tab:orange"}
     paths = []
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(
-        [r["np"] for r in ranks], [r["images_per_s"] for r in ranks], "o-", label="HorovodRunner"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [r["condition"] for r in rows]
+    ax.bar(
+        names,
+        [r["images_per_s"] for r in rows],
+        yerr=[r["images_per_s_std"] for r in rows],
+        color=[colours.get(r["kind"], "tab:green") for r in rows],
     )
-    if baseline:
-        ax.axhline(baseline["images_per_s"], color="grey", ls="--", label="plain Keras")
-    ax.set(xlabel="np (ranks)", ylabel="images/s", title=f"{title}: throughput")
-    ax.set_xticks([r["np"] for r in ranks])
-    ax.legend()
+    ax.set(ylabel="images/s (steady state)", title=f"{title}: throughput")
     paths.append(out_dir / "images_per_s.png")
     fig.tight_layout()
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    efficiency = [r for r in ranks if r["scaling_efficiency"] is not None]
-    ax.plot(
-        [r["np"] for r in efficiency], [100 * r["scaling_efficiency"] for r in efficiency], "o-"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    scaled = [r for r in rows if r["scaling_efficiency"] is not None]
+    ax.bar(
+        [r["condition"] for r in scaled],
+        [100 * r["scaling_efficiency"] for r in scaled],
+        color=[colours.get(r["kind"], "tab:green") for r in scaled],
     )
     ax.axhline(100, color="grey", ls="--", label="linear scaling")
-    ax.set(xlabel="np (ranks)", ylabel="scaling efficiency (%)", title=f"{title}: scaling")
-    ax.set_xticks([r["np"] for r in efficiency] or [1])
-    ax.set_ylim(0, 120)
+    ax.set(ylabel="scaling efficiency (%)", title=f"{title}: scaling", ylim=(0, 120))
     ax.legend()
     paths.append(out_dir / "scaling_efficiency.png")
     fig.tight_layout()

@@ -9,6 +9,7 @@ drift in the machine's state spreads over all conditions.
 
 from __future__ import annotations
 
+import base64
 import json
 import tempfile
 from pathlib import Path
@@ -17,8 +18,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from bench.conditions import parse_condition
-from flows.params import BenchParams
-from infra.secrets import tracking_login
+from flows.params import AUGMENTED_DIGITS, BenchParams
+from infra.secrets import redact_url, tracking_login
 from infra.services.local import hvdflow_home
 from infra.tracking import tracking_uri
 from tasks.config import LauncherParams
@@ -30,18 +31,27 @@ DEFAULT_BENCH = BenchParams()
 
 @task(name="bench-condition")
 def measure_step(
-    condition: str, repetition: int, train_kwargs: dict, launcher: LauncherParams, trainer: str
+    condition: str,
+    repetition: int,
+    train_kwargs: dict,
+    launcher: LauncherParams,
+    trainer: str,
+    threads_per_rank: int = 1,
 ):
     from bench.conditions import measure
     from infra.spark import get_spark
 
     spark = get_spark(launcher.spark_master)
-    m = measure(condition, repetition, train_kwargs, spark, trainer, launcher.horovod)
+    m = measure(
+        condition, repetition, train_kwargs, spark, trainer, launcher.horovod, threads_per_rank
+    )
     get_run_logger().info(
-        "%s round %d: %.1f images/s, epochs %s s",
+        "%s round %d: %.1f images/s steady (warm-up epoch %.1f s, launch %.1f s), epochs %s s",
         m.condition,
         repetition + 1,
-        m.images_per_s,
+        m.steady_images_per_s,
+        m.warmup_s,
+        m.launch_s,
         [round(t, 2) for t in m.epoch_times],
     )
     return m
@@ -63,7 +73,14 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
         for repetition in range(params.repetitions):
             for condition in params.conditions:
                 measurements.append(
-                    measure_step(condition, repetition, train_kwargs, params.launcher, trainer)
+                    measure_step(
+                        condition,
+                        repetition,
+                        train_kwargs,
+                        params.launcher,
+                        trainer,
+                        params.threads_per_rank,
+                    )
                 )
         return _report(params, measurements, dataset_info, uri, logger)
 
@@ -91,8 +108,17 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     from tasks.train import training_kwargs
 
     training = params.training
-    most_ranks = max(parse_condition(c)[1] for c in params.conditions)
-    data = params.data.preprocess_config(ranks=most_ranks)
+    most_ranks = max(parse_condition(c).ranks for c in params.conditions)
+    data_params = params.data
+    if params.workload == AUGMENTED_DIGITS and not data_params.input:
+        from bench.workloads import write_augmented_digits_idx
+
+        root = hvdflow_home() / "data" / f"digits-augmented-{params.images}"
+        write_augmented_digits_idx(str(root), params.images, data_params.val_fraction)
+        data_params = data_params.model_copy(
+            update={"input": str(root), "input_format": "mnist_idx"}
+        )
+    data = data_params.preprocess_config(ranks=most_ranks)
     dataset = preprocessed(data, params.launcher.spark_master)
     staged = None
     if training.weights_source:
@@ -102,7 +128,17 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
         staged = stage_weights_for(training.model, training.weights_source, dataset)
     train_kwargs = training_kwargs(training, dataset, staged)
     train_kwargs["input_shape"] = list(train_kwargs["input_shape"])  # the baseline's JSON
-    return train_kwargs, {"dataset": dataset.fingerprint, "train_rows": dataset.train_rows}
+    workload = (
+        f"the bundled digits augmented to {params.images} 28x28 images (shifts, small rotations, "
+        "noise)"
+        if data_params is not params.data
+        else f"{params.data.input_format} {redact(params.data.input) or 'bundled digits'}"
+    )
+    return train_kwargs, {
+        "dataset": dataset.fingerprint,
+        "train_rows": dataset.train_rows,
+        "workload": workload,
+    }
 
 
 def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, logger) -> dict:
@@ -126,11 +162,12 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     with mlflow.start_run(run_name=f"bench-{model}") as run:
         mlflow.log_params(_bench_params(params) | dataset_info)
         for row in rows:
-            tag = row["condition"].replace("=", "")
-            mlflow.log_metric(f"{tag}_images_per_s", row["images_per_s"])
-            mlflow.log_metric(f"{tag}_epoch_time_mean_s", row["epoch_time_mean_s"])
-            if row["scaling_efficiency"] is not None:
-                mlflow.log_metric(f"{tag}_scaling_efficiency", row["scaling_efficiency"])
+            tag = row["condition"]
+            for key in ("images_per_s", "epoch_time_mean_s", "warmup_s", "launch_s"):
+                mlflow.log_metric(f"{tag}_{key}", row[key])
+            for key in ("scaling_efficiency", "of_ceiling", "vs_keras", "vs_keras1"):
+                if row[key] is not None:
+                    mlflow.log_metric(f"{tag}_{key}", row[key])
         if anova:
             mlflow.log_metrics({"anova_f": anova[0], "anova_p": anova[1]})
         for path in [*plots, out_dir / "table.md", out_dir / "measurements.json"]:
@@ -141,10 +178,12 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
         key="hvdflow-benchmark-table",
         description=f"{model}: epoch times, Tukey p against np=1, images/s, scaling",
     )
+    run_link = _run_link(uri, run.info.experiment_id, run.info.run_id)
     create_markdown_artifact(
         key="hvdflow-benchmark-summary",
-        markdown=f"# {model} benchmark\n\n{table}\n\nPlots (images/s, scaling "
-        f"efficiency) are artifacts of MLflow run `{run.info.run_id}` under `benchmark/`.",
+        description=f"{model}: table and plots",
+        markdown=f"# {model} benchmark\n\n{table}\n\n{plots_markdown(plots)}\n\nThe plots, "
+        f"table and measurements are artifacts of MLflow run {run_link} under `benchmark/`.",
     )
     logger.info("benchmark table:\n%s", table)
     return {
@@ -155,6 +194,26 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
         "mlflow_run_id": run.info.run_id,
         "dataset": dataset_info,
     }
+
+
+def plots_markdown(paths: list[Path]) -> str:
+    """The PNG plots as Markdown images, embedded as ``data:`` URIs: Prefect's UI shows them in
+    the flow run's artifacts with nothing else to reach (no login to the tracking server, no
+    server that must still be up, the same on every host)."""
+    images = []
+    for path in paths:
+        encoded = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+        title = Path(path).stem.replace("_", " ")
+        images.append(f"![{title}](data:image/png;base64,{encoded})")
+    return "\n\n".join(images)
+
+
+def _run_link(uri: str, experiment_id: str, run_id: str) -> str:
+    """A Markdown link to the MLflow run's page, or its id where the store has no web UI."""
+    base = redact_url(uri).rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        return f"`{run_id}`"
+    return f"[`{run_id}`]({base}/#/experiments/{experiment_id}/runs/{run_id})"
 
 
 def _bench_params(params: BenchParams) -> dict:

@@ -147,6 +147,12 @@ class TrainingParams(BaseModel):
         "/checkpoints); 'off' none (a failed training then starts over)",
     )
     checkpoint_keep: int = Field(default=2, ge=1, description="newest checkpoints kept")
+    in_memory_max_mb: float = Field(
+        default=1024.0,
+        ge=0,
+        description="a rank whose share of the data decodes to at most this many MB reads it "
+        "once and trains from memory; 0 always streams it from Petastorm",
+    )
     mixed_precision: bool = Field(
         default=False,
         description="Keras' mixed_float16 policy: float16 compute, float32 variables (pays off "

@@ -359,6 +359,7 @@ def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:
         "weights_uri": weights.uri if weights else None,
         "weights_sha256": weights.sha256 if weights else None,
         "mixed_precision": training.mixed_precision,
+        "in_memory_max_mb": training.in_memory_max_mb,
     }
 
 

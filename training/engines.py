@@ -68,11 +68,12 @@ class Engine:
         return self.strategy.distribute_datasets_from_function(lambda _context: dataset)
 
 
-def start_engine(name: str, fp16_compression: bool = False) -> Engine:
+def start_engine(name: str, fp16_compression: bool = False, threads: int | None = None) -> Engine:
     """Join the job: ``hvd.init()``, or create the MultiWorkerMirroredStrategy.
 
     Call first, before any TensorFlow op: TensorFlow's collectives must be configured before
-    its runtime starts. Threads are limited here too (the ranks on a host share its cores).
+    its runtime starts. Threads are limited here too: ``threads`` per process, else the ranks
+    on a host share its cores (a plain process gets them all).
     """
     from training.threads import share_cores, use_threads
 
@@ -80,7 +81,7 @@ def start_engine(name: str, fp16_compression: bool = False) -> Engine:
         import horovod.tensorflow.keras as hvd
 
         hvd.init()
-        use_threads(share_cores(hvd.local_size()))
+        use_threads(threads or share_cores(hvd.local_size()))
         return Engine(
             name,
             hvd.rank(),
@@ -93,7 +94,7 @@ def start_engine(name: str, fp16_compression: bool = False) -> Engine:
         import tensorflow as tf
 
         local_size = int(os.environ.get(HOROVOD_LOCAL_SIZE, "1"))
-        use_threads(share_cores(local_size))
+        use_threads(threads or share_cores(local_size))
         if TF_CONFIG not in os.environ:
             raise RuntimeError(
                 "engine 'tf_collective' needs TF_CONFIG: run the training function with "
@@ -107,6 +108,6 @@ def start_engine(name: str, fp16_compression: bool = False) -> Engine:
         rank = int(json.loads(os.environ[TF_CONFIG])["task"]["index"])
         return Engine(name, rank, strategy.num_replicas_in_sync, local_size, strategy=strategy)
     if name == NONE:
-        use_threads(share_cores(1))
+        use_threads(threads or share_cores(1))
         return Engine(name)
     raise ValueError(f"engine {name!r} is unknown: expected one of {', '.join(ENGINES)}")

@@ -4,6 +4,11 @@ Petastorm shards by row group: rank ``r`` of ``n`` reads every n-th row group, s
 each row is read exactly once per epoch. Shards can differ by a row group, so training should
 fix ``steps_per_epoch`` (``steps_per_epoch()`` below) rather than run each shard to its end:
 Horovod ranks that take different numbers of steps wait on each other forever.
+
+A shard that fits in memory (``in_memory=True``) is read once, decoded into one uint8 array, and
+served from there: every epoch after the first costs no Petastorm reader threads, no PNG
+decoding and no Python call per image, which on a rank of one thread otherwise compete with
+training for its core.
 """
 
 from __future__ import annotations
@@ -44,9 +49,45 @@ def filesystem_for(url: str):
         return _S3FSWrapper(s3fs.S3FileSystem(client_kwargs=client_kwargs))
 
 
+def shard_megabytes(rows: int, size: int, image_shape) -> float:
+    """The decoded size of one rank's shard, as uint8 images (what ``in_memory`` holds)."""
+    pixels = 1
+    for side in image_shape:
+        pixels *= int(side)
+    return rows / max(1, size) * pixels / 2**20
+
+
+def load_shard(url: str, *, rank: int = 0, size: int = 1, fields=("image", "label")):
+    """This rank's whole shard as numpy arrays, one per field, in the stored order."""
+    import numpy as np
+    from petastorm import make_reader
+
+    with make_reader(
+        url,
+        schema_fields=list(fields),
+        cur_shard=rank,
+        shard_count=size,
+        num_epochs=1,
+        shuffle_row_groups=False,
+        workers_count=2,
+        filesystem=filesystem_for(url),
+    ) as reader:
+        rows = list(reader)
+    return tuple(np.stack([getattr(row, f) for row in rows]) for f in fields)
+
+
 def steps_per_epoch(rows: int, size: int, batch_size: int) -> int:
     """Steps every rank can take each epoch with data to spare: the same number on all ranks."""
     return max(1, rows // (size * batch_size))
+
+
+def _normalized_batch(images, labels):
+    import tensorflow as tf
+
+    images = tf.cast(images, tf.float32) / 255.0
+    if len(images.shape) == 3:  # (batch, height, width): grayscale gets its channel axis
+        images = images[..., tf.newaxis]
+    return images, tf.cast(labels, tf.int32)
 
 
 @contextmanager
@@ -61,15 +102,30 @@ def open_dataset(
     seed: int = 0,
     fields: tuple[str, ...] = ("image", "label"),
     normalize: bool = True,
+    in_memory: bool = False,
 ):
     """Yield a ``tf.data.Dataset`` of this rank's shard; stops the reader on exit.
 
     ``num_epochs=None`` repeats forever. Images come as float32 in [0, 1] with a channel axis
-    (``normalize=True``), labels as int32.
+    (``normalize=True``), labels as int32. ``in_memory``: load the shard once (``load_shard``)
+    and serve it from memory, reshuffled every epoch.
     """
     import tensorflow as tf
     from petastorm import make_reader
     from petastorm.tf_utils import make_petastorm_dataset
+
+    if in_memory:
+        arrays = load_shard(url, rank=rank, size=size, fields=fields)
+        dataset = tf.data.Dataset.from_tensor_slices(arrays)
+        if shuffle:
+            dataset = dataset.shuffle(len(arrays[0]), seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.repeat(num_epochs)
+        if batch_size:  # batch first: one vectorised normalisation per batch, not per image
+            dataset = dataset.batch(batch_size)
+        if normalize:
+            dataset = dataset.map(_normalized_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        yield dataset.prefetch(tf.data.AUTOTUNE)
+        return
 
     reader = make_reader(
         url,

@@ -39,6 +39,8 @@ def train_classifier(
     engine: str = "horovod",
     mixed_precision: bool = False,
     fp16_compression: bool = False,
+    threads: int | None = None,
+    in_memory_max_mb: float = 1024.0,
 ) -> dict:
     """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model.
 
@@ -48,6 +50,10 @@ def train_classifier(
 
     ``mixed_precision``: Keras' ``mixed_float16`` policy (float16 compute, float32 variables and
     output). ``fp16_compression``: Horovod sends gradients as float16 (Horovod only).
+    ``threads``: TensorFlow threads of this process (default: the host's cores shared by its
+    ranks); the benchmark gives every condition the same budget per process.
+    ``in_memory_max_mb``: a rank whose training shard decodes to at most this many MB holds it
+    in memory after reading it once (``training.reader``); 0 always streams from Petastorm.
 
     ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
     every epoch, and a run that finds one there resumes after its epoch, with the model's and
@@ -63,11 +69,13 @@ def train_classifier(
     from training.engines import NONE, start_engine
     from training.models import build_model, model_input_shape
     from training.optimizers import make_optimizer, scaled_learning_rate
-    from training.reader import open_dataset, steps_per_epoch
+    from training.reader import open_dataset, shard_megabytes, steps_per_epoch
 
     # First, before any TensorFlow op. Fair use of the CPU: the ranks on a host split its cores;
     # the baseline gets them all.
-    engine_ = start_engine(engine if use_horovod else NONE, fp16_compression=fp16_compression)
+    engine_ = start_engine(
+        engine if use_horovod else NONE, fp16_compression=fp16_compression, threads=threads
+    )
     rank, size = engine_.rank, engine_.size
     if mixed_precision:
         import tensorflow as tf
@@ -117,9 +125,18 @@ def train_classifier(
         )
     steps = steps_per_epoch(train_rows, size, batch_size)
     val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
+    shard_mb = shard_megabytes(train_rows + val_rows, size, input_shape)
+    in_memory = 0 < shard_mb <= in_memory_max_mb
+    if rank == 0:
+        log_to_driver(
+            f"data: {shard_mb:.0f} MB per rank decoded, "
+            + ("held in memory after the first read" if in_memory else "streamed by Petastorm")
+            + f" (in_memory_max_mb={in_memory_max_mb:g})"
+        )
+    read = {"rank": rank, "size": size, "batch_size": batch_size, "in_memory": in_memory}
     with (
-        open_dataset(train_url, rank=rank, size=size, batch_size=batch_size, seed=seed) as train,
-        open_dataset(val_url, rank=rank, size=size, batch_size=batch_size, shuffle=False) as val,
+        open_dataset(train_url, seed=seed, **read) as train,
+        open_dataset(val_url, shuffle=False, **read) as val,
     ):
         started = time.perf_counter()
         history = model.fit(

@@ -1,57 +1,155 @@
+"""The study's methodology and statistics, checked with exact values (never with timings)."""
+
+import numpy as np
 import pytest
 
-from bench.conditions import Measurement, parse_condition
-from bench.stats import anova, markdown, plot, summary_table, tukey_against_np1
+from bench.conditions import Condition, Measurement, concurrent_epoch_times, parse_condition
+from bench.stats import (
+    anova,
+    markdown,
+    plot,
+    repetition_means,
+    summary_table,
+    tukey_against,
+)
+from bench.workloads import augmented_digits, total_for_training
 
 
-def m(condition, np, times, wall, images, rep=0):
-    return Measurement(condition, np, rep, times, times[1:], wall, images)
+def m(condition, kind, np_, times, rep=0, images_per_epoch=1000, processes=1, threads=1):
+    return Measurement(
+        condition=condition,
+        np=np_,
+        repetition=rep,
+        epoch_times=times,
+        epoch_times_log=[],
+        wall_clock_s=sum(times) + 5.0,
+        images=images_per_epoch * len(times),
+        train_seconds=sum(times),
+        processes=processes,
+        threads=threads,
+        kind=kind,
+    )
 
 
+# Two repetitions each; the first epoch of each is the warm-up (9 s) and is left out.
 MEASUREMENTS = [
-    m("keras", 0, [1.0, 1.1, 0.9], 5.0, 1500),
-    m("np=1", 1, [1.2, 1.3, 1.1], 6.0, 1500),
-    m("np=2", 2, [0.7, 0.6, 0.8], 4.0, 1500),
+    m("keras", "keras", 0, [9.0, 0.5, 0.5], threads=0),
+    m("keras", "keras", 0, [9.0, 0.5, 0.5], rep=1, threads=0),
+    m("keras1", "keras", 0, [9.0, 1.0, 1.0]),
+    m("keras1", "keras", 0, [9.0, 1.0, 1.0], rep=1),
+    m("ceiling2", "ceiling", 0, [9.0, 1.25, 1.25], images_per_epoch=2000, processes=2),
+    m("ceiling2", "ceiling", 0, [9.0, 1.25, 1.25], rep=1, images_per_epoch=2000, processes=2),
+    m("hvd1", "hvd", 1, [9.0, 1.0, 1.0]),
+    m("hvd1", "hvd", 1, [9.0, 1.0, 1.2], rep=1),
+    m("hvd2", "hvd", 2, [9.0, 1.25, 1.25], images_per_epoch=2000, processes=2),
+    m("hvd2", "hvd", 2, [9.0, 1.6, 1.6], rep=1, images_per_epoch=2000, processes=2),
+    m("tf2", "tf", 2, [9.0, 1.25, 1.25], images_per_epoch=2000, processes=2),
+    m("tf2", "tf", 2, [9.0, 1.25, 1.25], rep=1, images_per_epoch=2000, processes=2),
 ]
 
 
 @pytest.mark.unit
-def test_conditions_parse_like_the_cli_writes_them():
-    assert parse_condition("keras") == ("keras", 0)
-    assert parse_condition("2") == ("np=2", 2)
-    assert parse_condition("np=4") == ("np=4", 4)
-    with pytest.raises(ValueError, match="expected 'keras' or a number of ranks"):
-        parse_condition("0")
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("keras", Condition("keras", "keras", 0)),
+        ("keras1", Condition("keras1", "keras", 1)),
+        ("ceiling2", Condition("ceiling2", "ceiling", 2)),
+        ("hvd2", Condition("hvd2", "hvd", 2)),
+        ("2", Condition("hvd2", "hvd", 2)),
+        ("np=4", Condition("hvd4", "hvd", 4)),
+        ("TF2", Condition("tf2", "tf", 2)),
+    ],
+)
+def test_conditions_parse_like_the_cli_writes_them(text, expected):
+    assert parse_condition(text) == expected
 
 
 @pytest.mark.unit
-def test_table_has_images_per_s_and_scaling_against_np1():
+@pytest.mark.parametrize("text", ["0", "hvd0", "tf", "ceiling", "mpi2", "keras-1"])
+def test_a_condition_that_names_nothing_is_refused(text):
+    with pytest.raises(ValueError, match="expected keras, kerasN"):
+        parse_condition(text)
+
+
+@pytest.mark.unit
+def test_steady_state_leaves_the_first_epoch_out_and_launch_is_wall_minus_fit():
+    one = m("hvd2", "hvd", 2, [9.0, 1.0, 3.0], images_per_epoch=2000, processes=2)
+    assert one.warmup_s == 9.0
+    assert one.steady_epoch_times == [1.0, 3.0]
+    assert one.steady_images_per_s == 2000 / 2.0
+    assert one.launch_s == 5.0
+    assert one.images_per_s == 6000 / 18.0  # the paper's wall-clock measure, for comparison
+    assert m("x", "hvd", 1, [4.0]).steady_epoch_times == [4.0]  # one epoch: itself
+
+
+@pytest.mark.unit
+def test_processes_that_ran_at_once_last_as_long_as_the_slowest_each_epoch():
+    assert concurrent_epoch_times([[9.0, 1.0, 1.5], [8.0, 1.2, 1.4]]) == [9.0, 1.2, 1.5]
+
+
+@pytest.mark.unit
+def test_the_table_measures_scaling_against_one_rank_and_the_machine_ceiling():
     rows = {r["condition"]: r for r in summary_table(MEASUREMENTS)}
-    assert list(rows) == ["keras", "np=1", "np=2"]
-    assert rows["np=1"]["images_per_s"] == pytest.approx(250.0)
-    assert rows["np=2"]["images_per_s"] == pytest.approx(375.0)
-    assert rows["np=2"]["scaling_efficiency"] == pytest.approx(375.0 / (2 * 250.0))
-    assert rows["keras"]["scaling_efficiency"] is None
-    assert rows["np=2"]["epoch_time_mean_s"] == pytest.approx(0.7)
-    assert rows["np=2"]["epoch_time_std_s"] == pytest.approx(0.1)
+    assert list(rows) == ["keras", "keras1", "ceiling2", "hvd1", "hvd2", "tf2"]
+    # hvd1: 1000 / 1.0 and 1000 / 1.1 images/s in its two repetitions.
+    hvd1 = (1000 / 1.0 + 1000 / 1.1) / 2
+    assert rows["hvd1"]["images_per_s"] == pytest.approx(hvd1)
+    assert rows["hvd1"]["epoch_time_mean_s"] == pytest.approx(1.05)
+    assert rows["hvd1"]["epoch_time_std_s"] == pytest.approx(np.std([1.0, 1.1], ddof=1))
+    assert rows["hvd1"]["warmup_s"] == 9.0 and rows["hvd1"]["launch_s"] == pytest.approx(5.0)
+    hvd2 = (2000 / 1.25 + 2000 / 1.6) / 2
+    assert rows["hvd2"]["scaling_efficiency"] == pytest.approx(hvd2 / (2 * hvd1))
+    # The ceiling: two 1-thread processes at once against one alone (keras1, 1000 images/s).
+    assert rows["ceiling2"]["scaling_efficiency"] == pytest.approx(1600 / 2000)
+    assert rows["hvd2"]["of_ceiling"] == pytest.approx(hvd2 / 1600)
+    assert rows["hvd2"]["vs_keras"] == pytest.approx(hvd2 / 2000)
+    assert rows["hvd1"]["vs_keras1"] == pytest.approx(hvd1 / 1000)
+    # The TF engine has no 1-rank condition here: it is scaled against Horovod's one rank.
+    assert rows["tf2"]["scaling_efficiency"] == pytest.approx(1600 / (2 * hvd1))
+    assert rows["keras"]["scaling_efficiency"] is None and rows["keras"]["vs_keras"] is None
 
 
 @pytest.mark.unit
-def test_anova_and_tukey_separate_different_epoch_times():
+def test_anova_and_tukey_use_one_sample_per_repetition():
+    assert repetition_means(MEASUREMENTS)["hvd1"] == [1.0, 1.1]
     f, p = anova(MEASUREMENTS)
-    assert f > 10 and p < 0.01
-    tukey = tukey_against_np1(MEASUREMENTS)
-    assert set(tukey) == {"keras", "np=2"}
-    assert tukey["np=2"] < 0.01  # clearly faster epochs
-    assert tukey["keras"] > 0.05  # not distinguishable from np=1 with these samples
+    from scipy.stats import f_oneway, tukey_hsd
+
+    groups = list(repetition_means(MEASUREMENTS).values())
+    expected = f_oneway(*groups)
+    assert (f, p) == (pytest.approx(expected.statistic), pytest.approx(expected.pvalue))
+    tukey = tukey_against(MEASUREMENTS, "hvd1")
+    names = ["keras", "keras1", "ceiling2", "hvd1", "hvd2", "tf2"]
+    reference = tukey_hsd(*[repetition_means(MEASUREMENTS)[c] for c in names])
+    assert tukey == {
+        c: pytest.approx(reference.pvalue[i][3]) for i, c in enumerate(names) if c != "hvd1"
+    }
 
 
 @pytest.mark.unit
-def test_markdown_and_plots(tmp_path):
+def test_markdown_has_the_papers_shape_and_the_plots_are_pngs(tmp_path):
     rows = summary_table(MEASUREMENTS)
     text = markdown(rows, anova(MEASUREMENTS))
-    assert "| np=2 | 0.700 ± 0.100 |" in text and "75.0% |" in text
-    assert "One-way ANOVA on epoch times: F = " in text
+    assert text.splitlines()[0].startswith(
+        "| condition | processes x threads | warm-up epoch (s) | steady epoch mean ± std (s) "
+        "| Tukey p vs hvd1 | steady images/s | scaling efficiency | of machine ceiling"
+    )
+    assert "| ceiling2 | 2 x 1 | 9.00 | 1.250 ± 0.000 |" in text
+    assert "| 80.0% | n/a | n/a |" in text  # the ceiling's own row
+    assert "One-way ANOVA on the per-repetition steady epoch times: F = " in text
     paths = plot(rows, tmp_path, "test")
     assert [p.name for p in paths] == ["images_per_s.png", "scaling_efficiency.png"]
     assert all(p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+@pytest.mark.unit
+def test_the_augmented_workload_is_deterministic_and_mnist_shaped():
+    images, labels = augmented_digits(50, seed=3)
+    again, same_labels = augmented_digits(50, seed=3)
+    assert images.shape == (50, 28, 28) and images.dtype == np.uint8
+    assert np.array_equal(images, again) and np.array_equal(labels, same_labels)
+    assert set(labels) <= set(range(10))
+    assert not np.array_equal(images, augmented_digits(50, seed=4)[0])
+    assert total_for_training(60_000, 0.05) == 63_158  # 60,000 left after a 5% split
+    assert total_for_training(60_000, 0.0) == 60_000

@@ -9,7 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.conditions import Measurement
-from bench.stats import anova, summary_table, tukey_against_np1
+from bench.stats import anova, summary_table, tukey_against
 from flows.benchmark import BenchParams, benchmark
 from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import wait_for_no_ranks
@@ -25,6 +25,7 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     params = BenchParams(
         data={
             "input": str(tmp_path / "digits"),
+            "input_format": "digits",
             "output": str(tmp_path / "datasets"),
             "image_size": (8, 8),
         },
@@ -35,25 +36,34 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
             "learning_rate": 0.01,
             "weights_source": "keras:weights=None",  # staged once, loaded by every condition
         },
-        conditions=["keras", "1"],
-        repetitions=1,
+        # Both engines and the machine's ceiling, twice each (Tukey needs repetitions).
+        conditions=["ceiling2", "hvd1", "tf2"],
+        repetitions=2,
         experiment="tests-bench",
     )
     result = benchmark(params)
 
     rows = {r["condition"]: r for r in result["rows"]}
-    assert set(rows) == {"keras", "np=1"}
-    assert "| keras |" in result["table"] and "| np=1 |" in result["table"]
+    assert list(rows) == ["ceiling2", "hvd1", "tf2"]
+    assert "| tf2 | 2 x 1 |" in result["table"] and "| hvd1 | 1 x 1 |" in result["table"]
     # The table is the statistics of what was measured, nothing else: recompute it exactly.
     out_dir = Path(result["plots"][0]).parent
     measured = [Measurement(**m) for m in json.loads((out_dir / "measurements.json").read_text())]
     assert summary_table(measured) == result["rows"]
     assert list(anova(measured)) == pytest.approx(list(result["anova"]))
-    assert rows["keras"]["tukey_p_vs_np1"] == tukey_against_np1(measured)["keras"]
-    # Every condition trained the same images: whole batches of 32 from the training split.
+    assert rows["tf2"]["tukey_p"] == tukey_against(measured, "hvd1")["tf2"]
+    assert [(m.condition, m.repetition) for m in measured] == [
+        (c, r)
+        for r in (0, 1)
+        for c in ("ceiling2", "hvd1", "tf2")  # interleaved rounds
+    ]
+    # Every process trained the same images per epoch: whole batches of 32 of its share.
     train_rows = result["dataset"]["train_rows"]
-    assert {m.images for m in measured} == {2 * (train_rows // 32) * 32}
-    assert all(len(m.epoch_times) == 2 and len(m.epoch_times_log) == 2 for m in measured)
+    per_process = {m.condition: m.images // (2 * m.processes) for m in measured}
+    assert per_process["hvd1"] == (train_rows // 32) * 32
+    assert per_process["tf2"] == (train_rows // 2 // 32) * 32
+    assert per_process["ceiling2"] == (train_rows // 32) * 32
+    assert all(len(m.epoch_times) == 2 and m.threads == 1 for m in measured)
 
     store = ObjectStore(ObjectStoreConfig.from_env())
     assert store.list_keys(store.config.key("weights", "digits_mlp"))  # staged once
@@ -67,7 +77,8 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
         "benchmark/measurements.json",
     }
     metrics = client.get_run(result["mlflow_run_id"]).data.metrics
-    assert metrics["keras_images_per_s"] == pytest.approx(rows["keras"]["images_per_s"])
+    assert metrics["tf2_images_per_s"] == pytest.approx(rows["tf2"]["images_per_s"])
+    assert metrics["tf2_scaling_efficiency"] == pytest.approx(rows["tf2"]["scaling_efficiency"])
     assert metrics["anova_p"] == pytest.approx(result["anova"][1])
     with get_client(sync_client=True) as prefect:
         keys = {a.key for a in prefect.read_latest_artifacts()}
