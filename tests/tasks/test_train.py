@@ -76,17 +76,22 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     )
 
     # A registry consumer in a fresh process predicts classes for a batch of dataset images.
+    out = consume_champion("tests-digits", digits_dataset.val_url, mlflow_server.tracking_uri)
+    assert out["batch"] == 32 and out["shape"] == [32, 10]
+    assert out["accuracy"] > 0.5
+
+
+def consume_champion(model: str, val_url: str, tracking_uri: str) -> dict:
+    """What a registry consumer sees in a fresh process without horovod: CONSUMER's output."""
     consumer = subprocess.run(
-        [sys.executable, "-c", CONSUMER, digits_dataset.val_url],
+        [sys.executable, "-c", CONSUMER.replace("tests-digits@", f"{model}@"), val_url],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri},
+        env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri},
     )
     assert consumer.returncode == 0, consumer.stderr[-3000:]
-    out = json.loads(consumer.stdout.strip().splitlines()[-1])
-    assert out["batch"] == 32 and out["shape"] == [32, 10]
-    assert out["accuracy"] > 0.5
+    return json.loads(consumer.stdout.strip().splitlines()[-1])
 
 
 CONSUMER = """
@@ -139,19 +144,6 @@ def test_the_tf_engine_with_mixed_precision_registers_a_champion_a_consumer_load
         assert steps == [0, 1], key
     assert result.aliases == ["candidate", "champion"]
 
-    consumer = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            CONSUMER.replace("tests-digits@", "tests-digits-tf@"),
-            digits_dataset.val_url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri},
-    )
-    assert consumer.returncode == 0, consumer.stderr[-3000:]
-    out = json.loads(consumer.stdout.strip().splitlines()[-1])
+    out = consume_champion("tests-digits-tf", digits_dataset.val_url, mlflow_server.tracking_uri)
     assert out["shape"] == [32, 10] and out["accuracy"] > 0.3
     assert wait_for_no_ranks() == []
