@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from bench.conditions import Measurement
 from bench.stats import anova, summary_table, tukey_against
-from flows.benchmark import BenchParams, benchmark
+from flows.benchmark import BenchParams, benchmark, plots_markdown
 from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import wait_for_no_ranks
 
@@ -32,6 +32,7 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
         training={
             "model": "digits_mlp",
             "epochs": 2,
+            "batch_size": 32,
             "optimizer": "adam",
             "learning_rate": 0.01,
             "weights_source": "keras:weights=None",  # staged once, loaded by every condition
@@ -81,6 +82,36 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     assert metrics["tf2_scaling_efficiency"] == pytest.approx(rows["tf2"]["scaling_efficiency"])
     assert metrics["anova_p"] == pytest.approx(result["anova"][1])
     with get_client(sync_client=True) as prefect:
-        keys = {a.key for a in prefect.read_latest_artifacts()}
-    assert {"hvdflow-benchmark-table", "hvdflow-benchmark-summary"} <= keys
+        by_key = {a.key: a for a in prefect.read_latest_artifacts()}
+    assert {"hvdflow-benchmark-table", "hvdflow-benchmark-summary"} <= set(by_key)
+    # The plots themselves are in the flow run's summary, the same bytes as in MLflow.
+    summary = by_key["hvdflow-benchmark-summary"].data
+    for name in ("images_per_s", "scaling_efficiency"):
+        png = Path(client.download_artifacts(result["mlflow_run_id"], f"benchmark/{name}.png"))
+        assert plots_markdown([png]) in summary
     assert wait_for_no_ranks() == []
+
+
+@pytest.mark.unit
+def test_the_plots_are_embedded_in_the_markdown_as_data_uris(tmp_path):
+    import base64
+    import re
+
+    png = tmp_path / "images_per_s.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    markdown = plots_markdown([png, png])
+    found = re.findall(r"!\[images per s\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", markdown)
+    assert [base64.b64decode(b) for b in found] == [png.read_bytes()] * 2
+
+
+@pytest.mark.unit
+def test_a_changed_setting_keeps_the_rest_of_the_studys_setup():
+    params = BenchParams.model_validate({"training": {"epochs": 3}, "data": {"val_fraction": 0.1}})
+    training = params.training
+    assert (training.model, training.batch_size, training.optimizer) == (
+        "mnist_cnn",
+        128,
+        "adadelta",
+    )
+    assert training.epochs == 3 and training.learning_rate == 1.0
+    assert params.data.image_size == (28, 28) and params.data.val_fraction == 0.1
