@@ -61,27 +61,17 @@ class DataParams(BaseModel):
     @field_validator("image_size")
     @classmethod
     def _sane_size(cls, size: tuple[int, int]) -> tuple[int, int]:
-        low, high = IMAGE_SIDE_RANGE
-        if not all(low <= side <= high for side in size):
-            raise ValueError(
-                f"image_size {tuple(size)} is out of bounds: each side must be between {low} "
-                f"and {high} pixels (height, width)"
-            )
-        return size
+        return check_image_size(size)
 
     @field_validator("output")
     @classmethod
     def _output_syntax(cls, output: str) -> str:
-        if output.startswith("s3://"):
-            _check_s3_uri(output, "output")
-        elif "://" in output:
-            raise ValueError(f"output {output!r}: expected a local path or s3://bucket/prefix")
-        return output
+        return check_output(output)
 
     @model_validator(mode="after")
     def _input_exists(self) -> DataParams:
         if self.input.startswith("s3://"):
-            _check_s3_uri(self.input, "input")
+            check_s3_uri(self.input, "input")
             if self.input_format == "digits":
                 raise ValueError(
                     f"input {self.input!r}: input_format 'digits' writes the bundled digits to "
@@ -282,7 +272,28 @@ class TrackingParams(BaseModel):
     )
 
 
-def _check_s3_uri(uri: str, name: str) -> None:
+def check_image_size(size: tuple[int, int]) -> tuple[int, int]:
+    """``size`` (height, width) unless a side is outside IMAGE_SIDE_RANGE."""
+    low, high = IMAGE_SIDE_RANGE
+    if not all(low <= side <= high for side in size):
+        raise ValueError(
+            f"image_size {tuple(size)} is out of bounds: each side must be between {low} "
+            f"and {high} pixels (height, width)"
+        )
+    return size
+
+
+def check_output(output: str) -> str:
+    """``output`` unless it is neither a local path nor s3://bucket/prefix."""
+    if output.startswith("s3://"):
+        check_s3_uri(output, "output")
+    elif "://" in output:
+        raise ValueError(f"output {output!r}: expected a local path or s3://bucket/prefix")
+    return output
+
+
+def check_s3_uri(uri: str, name: str) -> None:
+    """ValueError naming ``name`` unless ``uri`` is s3://bucket/prefix with a valid bucket."""
     try:
         bucket, _key = parse_uri(uri.rstrip("/") + "/x")
     except ValueError:

@@ -11,16 +11,20 @@ never fails the job; a file that is no image says what it is (sniff.py: an HTML 
 failed download, a JSON error response). An *environment* problem is not a bad file: an input
 folder this executor does not see, or an object store it cannot reach, raises
 ``InputUnreadableError`` naming the host and the path, and fails the job instead of
-quarantining every input.
+quarantining every input; on the driver, ``executor_errors`` turns it back into that message.
+Scoring (tasks/score/executor.py) reads and decodes its inputs with the same functions.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import socket
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,6 +36,8 @@ from tasks.preprocess.storage import S3Access, error_code, is_s3, split_s3
 
 # Why a local file is quarantined when this process may not read it.
 PERMISSION_DENIED = "permission denied: the file is not readable by this process (chmod a+r it)"
+# Why a listed object is quarantined when it is gone by the time it is read.
+OBJECT_GONE = "cannot read the object: it no longer exists"
 # Objects fetched ahead of the image being decoded, per partition (s3:// inputs).
 FETCH_AHEAD = 16
 
@@ -58,6 +64,19 @@ class Row(NamedTuple):
 
 class InputUnreadableError(RuntimeError):
     """An executor cannot read the input at all (not one bad file): the job must fail."""
+
+
+@contextmanager
+def executor_errors():
+    """On the driver, around a Spark action: an executor that cannot read the input at all
+    fails the job with its InputUnreadableError's message, not Spark's trace."""
+    try:
+        yield
+    except Exception as e:
+        found = re.search(rf"{InputUnreadableError.__name__}: (.+)", str(e))
+        if found:
+            raise RuntimeError(found.group(1).strip()) from e
+        raise
 
 
 @dataclass(frozen=True)
@@ -164,6 +183,83 @@ def decode_item(item, image_size: tuple[int, int], color_mode: str, max_pixels: 
 # --- fetching ------------------------------------------------------------------------------
 
 
+def fetch_ahead(
+    items: Iterable,
+    fetch: Callable,
+    pool: ThreadPoolExecutor | None,
+    alone: Callable[[object], bool] | None = None,
+) -> Iterator[tuple]:
+    """(item, fetch(item)) for every item, in order. With a ``pool``, up to FETCH_AHEAD fetches
+    are in flight while the caller decodes; an item ``alone`` says yes to is fetched in order
+    with none in flight beside it (one that takes much memory)."""
+    if pool is None:
+        for item in items:
+            yield item, fetch(item)
+        return
+    pending: deque = deque()
+    for item in items:
+        if alone is not None and alone(item):
+            while pending:
+                first, future = pending.popleft()
+                yield first, future.result()
+            yield item, fetch(item)
+            continue
+        pending.append((item, pool.submit(fetch, item)))
+        if len(pending) >= FETCH_AHEAD:
+            first, future = pending.popleft()
+            yield first, future.result()
+    while pending:
+        first, future = pending.popleft()
+        yield first, future.result()
+
+
+def file_bytes(source: str, path: str, get: Callable[[str], bytes | None]):
+    """The bytes of a local file or (through ``get``, e.g. get_object) an object, or a Bad
+    saying why they cannot be read."""
+    if not is_s3(path):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except PermissionError:
+            return Bad(source, PERMISSION_DENIED)
+        except OSError as e:
+            return Bad(source, f"cannot read the file: {e.strerror}")
+    data = get(path)
+    return Bad(source, OBJECT_GONE) if data is None else data
+
+
+def get_object(
+    client, access: S3Access, uri: str, first: int | None = None, last: int | None = None
+) -> bytes | None:
+    """An object's bytes (a byte range of it), None when it does not exist; an object store
+    this executor may not read or cannot reach raises InputUnreadableError."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3(uri)
+    kwargs = {"Bucket": bucket, "Key": key}
+    if first is not None:
+        kwargs["Range"] = f"bytes={first}-{last}"
+    try:
+        return client.get_object(**kwargs)["Body"].read()
+    except ClientError as e:
+        code = error_code(e)
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return None
+        if code == "InvalidRange":
+            return b""
+        raise InputUnreadableError(
+            f"executor host {host()!r} cannot read {uri} at {access.where} ({code}): "
+            "give the executors credentials for the bucket (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY)"
+        ) from None
+    except BotoCoreError as e:
+        raise InputUnreadableError(
+            f"executor host {host()!r} cannot reach the object store at "
+            f"{access.where} to read {uri} ({type(e).__name__}): set AWS_ENDPOINT_URL "
+            "to an address the executors can reach"
+        ) from None
+
+
 class _Fetcher:
     """Reads the bytes of input items: local files, or objects through one boto3 client."""
 
@@ -185,28 +281,17 @@ class _Fetcher:
 
     def fetch_all(self, items):
         """(item, fetched) in order; from object storage with up to FETCH_AHEAD in flight."""
-        if self._access is None:  # local files: threads would only compete with decoding
-            for item in items:
-                yield item, self.fetch(item)
-            return
-        if self._pool is None:
+        # Local files: threads would only compete with decoding.
+        if self._access is not None and self._pool is None:
             self._pool = ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="hvdflow-fetch")
-        pending: deque = deque()
-        for item in items:
-            pending.append((item, self._pool.submit(self.fetch, item)))
-            if len(pending) >= FETCH_AHEAD:
-                first, future = pending.popleft()
-                yield first, future.result()
-        while pending:
-            first, future = pending.popleft()
-            yield first, future.result()
+        yield from fetch_ahead(items, self.fetch, self._pool)
 
     def fetch(self, item):
         """A file's bytes (or a Bad), or for an IDX range (pixels, labels, rows, cols)."""
         if item.problem is not None:  # the listing found it unusable: never read
             return Bad(item.source, item.problem)
         if item.index is None:
-            return self._file_bytes(item.source, item.path)
+            return file_bytes(item.source, item.path, self._get)
         try:
             return self._idx_range(item)
         except (OSError, ValueError, EOFError) as e:
@@ -224,45 +309,8 @@ class _Fetcher:
                 name, item.index, item.count, pixels, labels, rows, cols, image_size, color_mode
             )
 
-    def _file_bytes(self, source: str, path: str):
-        if not is_s3(path):
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except PermissionError:
-                return Bad(source, PERMISSION_DENIED)
-            except OSError as e:
-                return Bad(source, f"cannot read the file: {e.strerror}")
-        data = self._get(path)
-        return Bad(source, "cannot read the object: it no longer exists") if data is None else data
-
     def _get(self, uri: str, first: int | None = None, last: int | None = None) -> bytes | None:
-        """An object's bytes (a byte range of it), None when it does not exist."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        bucket, key = split_s3(uri)
-        kwargs = {"Bucket": bucket, "Key": key}
-        if first is not None:
-            kwargs["Range"] = f"bytes={first}-{last}"
-        try:
-            return self.client.get_object(**kwargs)["Body"].read()
-        except ClientError as e:
-            code = error_code(e)
-            if code in ("NoSuchKey", "404", "NotFound"):
-                return None
-            if code == "InvalidRange":
-                return b""
-            raise InputUnreadableError(
-                f"executor host {host()!r} cannot read {uri} at {self._access.where} ({code}): "
-                "give the executors credentials for the bucket (AWS_ACCESS_KEY_ID, "
-                "AWS_SECRET_ACCESS_KEY)"
-            ) from None
-        except BotoCoreError as e:
-            raise InputUnreadableError(
-                f"executor host {host()!r} cannot reach the object store at "
-                f"{self._access.where} to read {uri} ({type(e).__name__}): set AWS_ENDPOINT_URL "
-                "to an address the executors can reach"
-            ) from None
+        return get_object(self.client, self._access, uri, first, last)
 
     def _idx_range(self, item):
         from tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header

@@ -34,11 +34,9 @@ import json
 import logging
 import math
 import os
-import re
 import time
 import uuid
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -244,7 +242,9 @@ def _check_listed(config: PreprocessConfig, listing: sources.Listing) -> None:
     )
 
 
-def _check_quality(config, good: int, bad: int, reasons: Counter, examples: list) -> None:
+def check_quality(config, good: int, bad: int, reasons: Counter, examples: list) -> None:
+    """Fail when no input, or more than ``config.max_bad_fraction`` of them, is a usable image
+    (``examples``: the first (source, reason) pairs, sorted)."""
     total = good + bad
     if good == 0:
         raise ValueError(
@@ -260,18 +260,6 @@ def _check_quality(config, good: int, bad: int, reasons: Counter, examples: list
         )
     if bad:
         logger.warning("quarantined %d of %d inputs (see quarantine.csv)", bad, total)
-
-
-@contextmanager
-def _executor_errors():
-    """An executor that cannot read the input at all fails the job: say so, not Spark's trace."""
-    try:
-        yield
-    except Exception as e:
-        found = re.search(r"InputUnreadableError: (.+)", str(e))
-        if found:
-            raise RuntimeError(found.group(1).strip()) from e
-        raise
 
 
 # --- the Spark job ---------------------------------------------------------------------------
@@ -301,7 +289,7 @@ def assign_partitions(weights: list[int], partitions: int) -> list[int]:
 
 
 def _build(spark, config, listing, split: SplitPlan, fingerprint, version, attempt: str):
-    from tasks.preprocess.decode import DecodePlan
+    from tasks.preprocess.decode import DecodePlan, executor_errors
     from tasks.preprocess.schema import image_shape
     from tasks.preprocess.write import (
         SPLITS,
@@ -353,13 +341,13 @@ def _build(spark, config, listing, split: SplitPlan, fingerprint, version, attem
         f"hvdflow preprocess: decoding and writing {sum(i.count for i in listing.items)} images"
     )
     try:
-        with _executor_errors():
+        with executor_errors():
             written = sc.parallelize(planned, partitions).mapPartitions(write).collect()
     finally:
         sc.setJobDescription(None)
     try:
         report = _Report.of(written)
-        _check_quality(config, report.good, report.bad, report.reasons, report.examples)
+        check_quality(config, report.good, report.bad, report.reasons, report.examples)
         report.check_row_groups(config)
     except ValueError:
         _discard(version, attempt)  # every task has ended: nothing writes there any more
@@ -433,6 +421,7 @@ def _finish(config, fingerprint, version, attempt, label_index, report: _Report)
         arrow_schema,
         write_empty_split,
         write_petastorm_metadata,
+        write_quarantine,
     )
 
     attempt_url = version.join(attempt)
@@ -445,7 +434,7 @@ def _finish(config, fingerprint, version, attempt, label_index, report: _Report)
             files[split][write_empty_split(split_url, arrow_schema(), version.access)] = 0
         row_groups[split] = write_petastorm_metadata(split_url, unischema, files[split])
     attempt_dir = Location(attempt_url, version.access)
-    _write_quarantine(attempt_dir, report.quarantine_parts)
+    write_quarantine(attempt_dir, report.quarantine_parts)
     attempt_dir.write_bytes("labels.json", json.dumps(label_index, indent=2).encode())
 
     manifest = DatasetManifest(
@@ -467,19 +456,6 @@ def _finish(config, fingerprint, version, attempt, label_index, report: _Report)
 
 
 # --- publishing -------------------------------------------------------------------------------
-
-
-def _write_quarantine(attempt_dir: Location, parts: list[str]) -> None:
-    from tasks.preprocess.write import QUARANTINE_HEADER, merge_quarantine
-
-    if not parts:
-        attempt_dir.write_bytes("quarantine.csv", (",".join(QUARANTINE_HEADER) + "\r\n").encode())
-        return
-    merge_quarantine(attempt_dir, parts, "quarantine.csv")
-    try:
-        attempt_dir.remove_tree("quarantine")
-    except Exception as e:  # the merged report exists; the parts are only clutter
-        logger.warning("could not remove %s: %s", attempt_dir.join("quarantine"), e)
 
 
 def read_manifest(version: Location) -> DatasetManifest | None:

@@ -13,6 +13,10 @@ once complete (storage.open_for_write).
 Then the driver adds what Petastorm's ``make_reader`` needs, with Petastorm's own utilities
 (what ``materialize_dataset`` does after a Spark write): the pickled Unischema and the row
 groups of every file in ``_common_metadata``, and checks that Petastorm sees every row group.
+
+Scoring (tasks/score/executor.py) writes its prediction and quarantine parts, and merges the
+quarantine report, with the same functions (ParquetPart, write_quarantine_part,
+write_quarantine).
 """
 
 from __future__ import annotations
@@ -21,15 +25,19 @@ import csv
 import heapq
 import io
 import json
+import logging
 import math
 import os
 import pickle
+import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tasks.preprocess.storage import S3Access, is_s3, join, open_for_write
+from tasks.preprocess.storage import Location, S3Access, is_s3, join, open_for_write
+
+logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
 # Row groups hold at most about this much (what materialize_dataset(row_group_size_mb=64) gave
@@ -114,6 +122,34 @@ PARQUET_OPTIONS = {
 }
 
 
+class ParquetPart:
+    """A part file written as Arrow tables come (storage.open_for_write): created at the first
+    table, complete at ``url`` only once closed; ``abort`` (in an ``except``) leaves nothing."""
+
+    def __init__(self, url: str, schema, access: S3Access | None, client, **options):
+        self.url, self.schema, self.access, self.client = url, schema, access, client
+        self.options = options  # for pyarrow's ParquetWriter
+        self._context = None
+        self._writer = None
+
+    def write(self, table, row_group_size: int | None = None) -> None:
+        import pyarrow.parquet as pq
+
+        if self._writer is None:
+            self._context = open_for_write(self.url, self.access, self.client)
+            self._writer = pq.ParquetWriter(self._context.__enter__(), self.schema, **self.options)
+        self._writer.write_table(table, row_group_size=row_group_size)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._context.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        if self._context is not None:
+            self._context.__exit__(*sys.exc_info())
+
+
 class _SplitFile:
     """One partition's Parquet file of one split, cut into the planned row groups.
 
@@ -123,15 +159,13 @@ class _SplitFile:
     """
 
     def __init__(self, url: str, split: str, sizes: list[int], access, client):
-        self.url, self.split, self.sizes = url, split, list(sizes)
-        self.access, self.client = access, client
+        self.split, self.sizes = split, list(sizes)
         self.sources: list[str] = []
         self.labels: list[int] = []
         self.images: list[bytes] = []
         self.written = 0
         self.groups = 0
-        self._context = None
-        self._writer = None
+        self._part = ParquetPart(url, arrow_schema(), access, client, **PARQUET_OPTIONS)
 
     def add(self, row) -> None:
         self.sources.append(row.source)
@@ -144,13 +178,7 @@ class _SplitFile:
 
     def _flush(self, rows: int) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        if self._writer is None:
-            self._context = open_for_write(self.url, self.access, self.client)
-            self._writer = pq.ParquetWriter(
-                self._context.__enter__(), arrow_schema(), **PARQUET_OPTIONS
-            )
         table = pa.Table.from_arrays(
             [
                 pa.array(self.images[:rows], pa.binary()),
@@ -158,9 +186,9 @@ class _SplitFile:
                 pa.array(self.sources[:rows], pa.string()),
                 pa.array([self.split] * rows, pa.string()),
             ],
-            schema=arrow_schema(),
+            schema=self._part.schema,
         )
-        self._writer.write_table(table, row_group_size=rows)
+        self._part.write(table, row_group_size=rows)
         self.written += rows
         self.groups += 1
         del self.images[:rows], self.labels[:rows], self.sources[:rows]
@@ -170,15 +198,10 @@ class _SplitFile:
         groups = max(1, min(len(self.sizes) - self.groups, rows))
         for i in range(groups if rows else 0):
             self._flush(rows // groups + (1 if i < rows % groups else 0))
-        if self._writer is not None:
-            self._writer.close()
-            self._context.__exit__(None, None, None)
+        self._part.close()
 
     def abort(self) -> None:
-        if self._context is not None:
-            import sys
-
-            self._context.__exit__(*sys.exc_info())
+        self._part.abort()
 
 
 def _crash_for_tests(partition: int) -> None:
@@ -240,10 +263,7 @@ def _write_one(partition: int, items, plan: WritePlan):
                 _crash_for_tests(partition)
         if bad:
             bad.sort()
-            name = part_name(partition, "csv")
-            url = join(plan.attempt_url, "quarantine", name)
-            with open_for_write(url, plan.access, client) as f:
-                f.write(_csv_bytes(bad))
+            name = write_quarantine_part(plan.attempt_url, partition, bad, plan.access, client)
             yield Written("quarantine", name, len(bad), 0)
             yield from _reasons(bad)
     except BaseException:
@@ -264,6 +284,15 @@ def _reasons(bad: list[tuple[str, str]]):
         yield Written("reason", kind, count, 0)
     for source, reason in bad[:3]:
         yield Written("example", f"{source}\0{reason}", 0, 0)
+
+
+def write_quarantine_part(attempt_url: str, partition: int, bad, access, client) -> str:
+    """A partition's unusable inputs, sorted (source, reason) pairs, as the attempt's
+    ``quarantine/part-NNNNN.csv``; returns the file's name (for write_quarantine)."""
+    name = part_name(partition, "csv")
+    with open_for_write(join(attempt_url, "quarantine", name), access, client) as f:
+        f.write(_csv_bytes(bad))
+    return name
 
 
 def _csv_bytes(rows) -> bytes:
@@ -327,7 +356,22 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
     return seen
 
 
-def merge_quarantine(location, parts: list[str], name: str) -> None:
+def write_quarantine(attempt_dir: Location, parts: list[str]) -> str:
+    """The executors' quarantine parts merged into the attempt's one sorted quarantine.csv
+    (only its header when there are none), the parts removed; returns its URL."""
+    if not parts:
+        return attempt_dir.write_bytes(
+            "quarantine.csv", (",".join(QUARANTINE_HEADER) + "\r\n").encode()
+        )
+    _merge_quarantine(attempt_dir, parts, "quarantine.csv")
+    try:
+        attempt_dir.remove_tree("quarantine")
+    except Exception as e:  # the merged report exists; the parts are only clutter
+        logger.warning("could not remove %s: %s", attempt_dir.join("quarantine"), e)
+    return attempt_dir.join("quarantine.csv")
+
+
+def _merge_quarantine(location, parts: list[str], name: str) -> None:
     """The executors' quarantine parts (each sorted) merged into one sorted CSV, streamed."""
 
     def rows(part: str):

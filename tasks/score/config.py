@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.config import DEFAULT_REGISTERED_MODEL, IMAGE_SIDE_RANGE
-from tasks.preprocess.storage import is_s3, split_s3
+from tasks.config import DEFAULT_REGISTERED_MODEL, check_image_size, check_output, check_s3_uri
+from tasks.preprocess.storage import is_s3
 
 CHAMPION = "champion"
 # "images": a folder or s3:// prefix of image files (any sub-folders); "dataset": Parquet files
@@ -79,7 +79,7 @@ class ScoreConfig(BaseModel):
     @classmethod
     def _input_exists(cls, value: str) -> str:
         if is_s3(value):
-            _check_s3(value, "input")  # listed (and its existence checked) when scoring starts
+            check_s3_uri(value, "input")  # listed (and its existence checked) when scoring starts
         elif "://" in value:
             raise ValueError(
                 f"input {value!r}: expected a folder every Spark executor can read (a shared "
@@ -95,27 +95,10 @@ class ScoreConfig(BaseModel):
     @field_validator("output")
     @classmethod
     def _output_syntax(cls, value: str) -> str:
-        if is_s3(value):
-            _check_s3(value, "output")
-        elif "://" in value:
-            raise ValueError(f"output {value!r}: expected a local path or s3://bucket/prefix")
-        return value
+        return check_output(value)
 
     @model_validator(mode="after")
     def _sane_size(self) -> ScoreConfig:
-        low, high = IMAGE_SIDE_RANGE
-        if self.image_size is not None and not all(low <= s <= high for s in self.image_size):
-            raise ValueError(
-                f"image_size {tuple(self.image_size)} is out of bounds: each side must be "
-                f"between {low} and {high} pixels (height, width)"
-            )
+        if self.image_size is not None:
+            check_image_size(self.image_size)
         return self
-
-
-def _check_s3(uri: str, name: str) -> None:
-    try:
-        bucket, _key = split_s3(uri)
-    except ValueError:
-        raise ValueError(f"{name} {uri!r}: expected s3://bucket/prefix") from None
-    if len(bucket) < 3:
-        raise ValueError(f"{name} {uri!r}: bucket names have at least 3 characters")

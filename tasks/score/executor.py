@@ -13,27 +13,28 @@ appears only once complete (storage.open_for_write).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from tasks.preprocess.decode import (
-    PERMISSION_DENIED,
+    FETCH_AHEAD,
     Bad,
-    InputUnreadableError,
     check_input_root,
     decode_image,
+    fetch_ahead,
+    file_bytes,
+    get_object,
     host,
 )
-from tasks.preprocess.storage import S3Access, error_code, is_s3, join, open_for_write, split_s3
+from tasks.preprocess.storage import S3Access, is_s3, join
+from tasks.preprocess.write import ParquetPart, part_name, write_quarantine_part
 from tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
 
 INPUT_SCHEMA = "source string, path string, row_group int, problem string"
@@ -43,9 +44,6 @@ INPUT_SCHEMA = "source string, path string, row_group int, problem string"
 # milliseconds (name: load, predict or fetch_decode_write: where the task's time went).
 REPORT_SCHEMA = "kind string, name string, count long"
 PREDICTION_COLUMNS = ("source", "class_name", "class_index", "probability")
-QUARANTINE_HEADER = ("source", "reason")
-# Objects fetched ahead of the image being decoded (s3:// inputs).
-FETCH_AHEAD = 16
 # Predictions per Parquet row group: a few MB of strings and numbers.
 ROW_GROUP_ROWS = 100_000
 
@@ -64,10 +62,6 @@ class ExecutorPlan:
     root: str  # the input folder (checked on every executor) or s3:// prefix
     attempt_url: str
     access: S3Access | None  # for s3:// inputs or outputs
-
-
-def part_name(partition: int, suffix: str = "parquet") -> str:
-    return f"part-{partition:05d}.{suffix}"
 
 
 def prediction_schema():
@@ -109,9 +103,7 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
         check_input_root(plan.root)
     uses_s3 = is_s3(plan.root) or is_s3(plan.attempt_url)
     client = plan.access.client(connections=FETCH_AHEAD) if uses_s3 else None
-    out = _PredictionFile(
-        join(plan.attempt_url, "predictions", part_name(partition)), plan.access, client
-    )
+    out = _PredictionFile(join(plan.attempt_url, "predictions", part_name(partition)), plan, client)
     fetcher = _Fetcher(plan.access, client, parallel=is_s3(plan.root))
     counts: Counter = Counter()
     bad: list[tuple[str, str]] = []
@@ -126,7 +118,7 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
         classes = probabilities.argmax(axis=1)
         timing["load"] += loaded - started
         timing["predict"] += time.perf_counter() - loaded
-        out.add(pending_sources, classes, probabilities[np.arange(len(classes)), classes], plan)
+        out.add(pending_sources, classes, probabilities[np.arange(len(classes)), classes])
         counts.update(classes.tolist())
         pending_images.clear()
         pending_sources.clear()
@@ -170,9 +162,7 @@ def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
     rows += [("class", str(index), count) for index, count in sorted(counts.items())]
     if bad:
         bad.sort()
-        name = part_name(partition, "csv")
-        with open_for_write(join(plan.attempt_url, "quarantine", name), plan.access, client) as f:
-            f.write(_csv_bytes(bad))
+        name = write_quarantine_part(plan.attempt_url, partition, bad, plan.access, client)
         rows.append(("quarantine", name, len(bad)))
         kinds = Counter(reason.split(":")[0] for _, reason in bad)
         rows += [("reason", kind, count) for kind, count in kinds.items()]
@@ -188,27 +178,18 @@ def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
     return rows
 
 
-def _csv_bytes(rows) -> bytes:
-    text = io.StringIO()
-    writer = csv.writer(text)
-    writer.writerow(QUARANTINE_HEADER)
-    writer.writerows(rows)
-    return text.getvalue().encode()
-
-
 class _PredictionFile:
     """One partition's Parquet file of predictions; created at the first row group."""
 
-    def __init__(self, url: str, access: S3Access | None, client):
-        self.url, self.access, self.client = url, access, client
+    def __init__(self, url: str, plan: ExecutorPlan, client):
+        self.labels = plan.labels
         self.columns: dict[str, list] = {name: [] for name in PREDICTION_COLUMNS}
         self.rows = 0
-        self._context = None
-        self._writer = None
+        self._part = ParquetPart(url, prediction_schema(), plan.access, client)
 
-    def add(self, sources, classes, probabilities, plan: ExecutorPlan) -> None:
+    def add(self, sources, classes, probabilities) -> None:
         self.columns["source"] += sources
-        self.columns["class_name"] += [plan.labels[int(c)] for c in classes]
+        self.columns["class_name"] += [self.labels[int(c)] for c in classes]
         self.columns["class_index"] += [int(c) for c in classes]
         self.columns["probability"] += [float(p) for p in probabilities]
         if len(self.columns["source"]) >= ROW_GROUP_ROWS:
@@ -216,27 +197,20 @@ class _PredictionFile:
 
     def _flush(self) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         if not self.columns["source"]:
             return
-        if self._writer is None:
-            self._context = open_for_write(self.url, self.access, self.client)
-            self._writer = pq.ParquetWriter(self._context.__enter__(), prediction_schema())
-        table = pa.Table.from_pydict(self.columns, schema=prediction_schema())
-        self._writer.write_table(table)
+        table = pa.Table.from_pydict(self.columns, schema=self._part.schema)
+        self._part.write(table)
         self.rows += table.num_rows
         self.columns = {name: [] for name in PREDICTION_COLUMNS}
 
     def close(self) -> None:
         self._flush()
-        if self._writer is not None:
-            self._writer.close()
-            self._context.__exit__(None, None, None)
+        self._part.close()
 
     def abort(self) -> None:
-        if self._context is not None:
-            self._context.__exit__(*sys.exc_info())
+        self._part.abort()
 
 
 class _Fetcher:
@@ -257,7 +231,7 @@ class _Fetcher:
     def records(self, units, plan: ExecutorPlan):
         """Good or Bad records (decode.py) of every unit, in order."""
         for unit, data in self._fetched(units):
-            if unit.row_group != WHOLE_FILE:
+            if _is_row_group(unit):
                 sources, images = data
                 for source, image in zip(sources, images, strict=True):
                     yield self._decode(source, image or b"", plan)
@@ -271,62 +245,21 @@ class _Fetcher:
         return decode_image(source, "", data, plan.image_size, plan.color_mode, plan.max_pixels)
 
     def _fetched(self, units):
-        if not self._parallel:
-            for unit in units:
-                yield unit, self._fetch(unit)
-            return
-        if self._pool is None:
+        if self._parallel and self._pool is None:
             self._pool = ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="hvdflow-score")
-        pending: deque = deque()
-        for unit in units:
-            if unit.row_group != WHOLE_FILE:  # a row group: in order, never several in memory
-                while pending:
-                    first, future = pending.popleft()
-                    yield first, future.result()
-                yield unit, self._fetch(unit)
-                continue
-            pending.append((unit, self._pool.submit(self._fetch, unit)))
-            if len(pending) >= FETCH_AHEAD:
-                first, future = pending.popleft()
-                yield first, future.result()
-        while pending:
-            first, future = pending.popleft()
-            yield first, future.result()
+        # A row group is fetched in order, alone: never several in memory.
+        yield from fetch_ahead(units, self._fetch, self._pool, alone=_is_row_group)
 
     def _fetch(self, unit: Unit):
         if unit.problem:  # the listing found it unusable: never read
             return Bad(unit.source, unit.problem)
-        if unit.row_group != WHOLE_FILE:
+        if _is_row_group(unit):
             return read_row_group(unit, self._access)
-        if not is_s3(unit.path):
-            try:
-                with open(unit.path, "rb") as f:
-                    return f.read()
-            except PermissionError:
-                return Bad(unit.source, PERMISSION_DENIED)
-            except OSError as e:
-                return Bad(unit.source, f"cannot read the file: {e.strerror}")
-        return self._get(unit)
+        return file_bytes(unit.source, unit.path, self._get)
 
-    def _get(self, unit: Unit):
-        from botocore.exceptions import BotoCoreError, ClientError
+    def _get(self, uri: str) -> bytes | None:
+        return get_object(self._client, self._access, uri)
 
-        bucket, key = split_s3(unit.path)
-        where = self._access.where
-        try:
-            return self._client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        except ClientError as e:
-            code = error_code(e)
-            if code in ("NoSuchKey", "404", "NotFound"):
-                return Bad(unit.source, "cannot read the object: it no longer exists")
-            raise InputUnreadableError(
-                f"executor host {host()!r} cannot read {unit.path} at {where} ({code}): give "
-                "the executors credentials for the bucket (AWS_ACCESS_KEY_ID, "
-                "AWS_SECRET_ACCESS_KEY)"
-            ) from None
-        except BotoCoreError as e:
-            raise InputUnreadableError(
-                f"executor host {host()!r} cannot reach the object store at {where} to read "
-                f"{unit.path} ({type(e).__name__}): set AWS_ENDPOINT_URL to an address the "
-                "executors can reach"
-            ) from None
+
+def _is_row_group(unit: Unit) -> bool:
+    return unit.row_group != WHOLE_FILE

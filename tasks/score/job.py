@@ -19,10 +19,11 @@ import re
 import time
 import zipfile
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from tasks.preprocess.job import assign_partitions, check_quality
 from tasks.preprocess.storage import Location, S3Access, is_s3, join
+from tasks.preprocess.write import write_quarantine
 from tasks.score import publish
 from tasks.score.config import ScoreConfig
 from tasks.score.inputs import ScoreInput, list_input
@@ -91,13 +92,13 @@ def score_images(spark, config: ScoreConfig, model: ScoringModel) -> ScoreResult
     rows = _run(spark, listing, plan, config)
     report = _Report.of(rows)
     try:
-        _check_quality(config, report)
+        check_quality(config, report.good, report.bad, report.reasons, report.examples)
         _check_visible(location, attempt, report)
     except ValueError:
         publish.discard(location, attempt)  # every task has ended: nothing writes there
         raise
     attempt_dir = Location(location.join(attempt), location.access)
-    quarantine = publish.write_quarantine(attempt_dir, report.quarantine_parts)
+    quarantine = write_quarantine(attempt_dir, report.quarantine_parts)
     counts = {model.labels[int(i)]: n for i, n in sorted(report.classes.items(), key=_index)}
     result = ScoreResult(
         output=location.base,
@@ -164,7 +165,7 @@ def partitions_for(images: int, units: int, slots: int) -> int:
 
 
 def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
-    from tasks.preprocess.job import assign_partitions
+    from tasks.preprocess.decode import executor_errors
     from tasks.score.executor import INPUT_SCHEMA, REPORT_SCHEMA, score_partition
 
     sc = spark.sparkContext
@@ -183,7 +184,7 @@ def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
     frame = spark.createDataFrame(units, INPUT_SCHEMA).mapInPandas(score, REPORT_SCHEMA)
     sc.setJobDescription(f"hvdflow score: {listing.rows} images from {config.input}")
     try:
-        with _executor_errors():
+        with executor_errors():
             return frame.collect()
     finally:
         sc.setJobDescription(None)
@@ -210,18 +211,6 @@ def _ship(sc, model: ScoringModel) -> str:
     sc.addArchive(f"{path}#{name}")
     _shipped[key] = name
     return name
-
-
-@contextmanager
-def _executor_errors():
-    """An executor that cannot read the input at all fails the job: say so, not Spark's trace."""
-    try:
-        yield
-    except Exception as e:
-        found = re.search(r"InputUnreadableError: (.+)", str(e))
-        if found:
-            raise RuntimeError(found.group(1).strip()) from e
-        raise
 
 
 # --- what the tasks reported -----------------------------------------------------------------
@@ -271,24 +260,6 @@ class _Report:
     @property
     def good(self) -> int:
         return sum(self.files.values())
-
-
-def _check_quality(config: ScoreConfig, report: _Report) -> None:
-    total = report.good + report.bad
-    if report.good == 0:
-        raise ValueError(
-            f"none of the {total} inputs in {config.input!r} is a usable image (most common "
-            f"reasons: {report.reasons.most_common(3)}); check the path and the input_format"
-        )
-    if report.bad and report.bad / total > config.max_bad_fraction:
-        shown = "; ".join(f"{s}: {r}" for s, r in report.examples[:3])
-        raise ValueError(
-            f"{report.bad} of {total} inputs ({report.bad / total:.0%}) are unusable, above "
-            f"max_bad_fraction={config.max_bad_fraction:g}; e.g. {shown}. Fix the inputs or "
-            "raise max_bad_fraction"
-        )
-    if report.bad:
-        logger.warning("quarantined %d of %d inputs (see quarantine.csv)", report.bad, total)
 
 
 def _check_visible(location: Location, attempt: str, report: _Report) -> None:

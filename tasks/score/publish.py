@@ -68,23 +68,6 @@ def read_manifest(location: Location) -> dict | None:
     return json.loads(data) if data is not None else None
 
 
-def write_quarantine(attempt_dir: Location, parts: list[str]) -> str:
-    """The executors' quarantine parts merged into one sorted quarantine.csv; returns its URL."""
-    from tasks.preprocess.write import merge_quarantine
-    from tasks.score.executor import QUARANTINE_HEADER
-
-    if not parts:
-        return attempt_dir.write_bytes(
-            "quarantine.csv", (",".join(QUARANTINE_HEADER) + "\r\n").encode()
-        )
-    merge_quarantine(attempt_dir, parts, "quarantine.csv")
-    try:
-        attempt_dir.remove_tree("quarantine")
-    except Exception as e:  # the merged report exists; the parts are only clutter
-        logger.warning("could not remove %s: %s", attempt_dir.join("quarantine"), e)
-    return attempt_dir.join("quarantine.csv")
-
-
 def publish(location: Location, attempt: str, record: dict) -> None:
     """Mark the predictions complete, write the manifest (the moment they become the output),
     then remove what it replaces."""

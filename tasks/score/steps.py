@@ -13,6 +13,7 @@ from prefect import get_run_logger, task
 from tasks.score.config import ModelRef, ScoreConfig
 from tasks.score.job import ScoreResult
 from tasks.score.model import ScoringModel
+from tasks.score.record import record_scoring
 from tasks.steps import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 
 
@@ -68,19 +69,10 @@ def score_step(
     return result
 
 
-@task(
+# The plain function itself, with retries: the step adds nothing else.
+record_step = task(
     name="record-scoring",
     retries=EDGE_RETRIES,
     retry_delay_seconds=EDGE_RETRY_DELAYS_S,
     retry_condition_fn=_unless_bad_value,
-)
-def record_step(
-    tracking_uri: str,
-    experiment: str,
-    model: ScoringModel,
-    config: ScoreConfig,
-    result: ScoreResult,
-) -> tuple[str, str]:
-    from tasks.score.record import record_scoring
-
-    return record_scoring(tracking_uri, experiment, model, config, result)
+)(record_scoring)
