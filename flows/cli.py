@@ -71,6 +71,20 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    import os
+
+    from flows.status import gather, render
+    from infra.services.local import LocalServices
+    from tasks.config import TrackingParams
+
+    model = args.model or TrackingParams().registered_model_name
+    experiment = args.experiment or TrackingParams().experiment
+    status = gather(LocalServices(), os.environ, model, experiment, args.last)
+    print("\n".join(render(status)))
+    return 0
+
+
 def _cmd_down(args: argparse.Namespace) -> int:
     from infra.services.local import LocalServices
 
@@ -97,6 +111,8 @@ BENCH_FLAGS = {
     "input": "data.input",
     "input_format": "data.input_format",
     "repetitions": "repetitions",
+    "threads_per_rank": "threads_per_rank",
+    "images": "images",
     "conditions": "conditions",
 }
 SCORE_FLAGS = {
@@ -120,7 +136,7 @@ def _pipeline_params(args: argparse.Namespace):
 def _cmd_run(args: argparse.Namespace) -> int:
     params = _pipeline_params(args)  # a bad parameter fails before any service starts
     _use_services()
-    from flows.pipeline import pipeline
+    from flows.pipeline import pipeline, throughput_lines
     from infra.services.local import LocalServices
 
     summary = pipeline(params)
@@ -129,10 +145,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"  MLflow run       {summary['mlflow_run_url']}")
     print(f"  model version    {summary['model']}  {summary['model_url'] or ''}")
     print(f"                   aliases: {', '.join(summary['aliases']) or 'none'}")
-    if "prefect_ui" in urls and summary["flow_run_id"]:
+    if summary.get("flow_run_url"):
+        print(f"  Prefect UI       {summary['flow_run_url']}")
+    elif "prefect_ui" in urls and summary["flow_run_id"]:
         print(f"  Prefect UI       {urls['prefect_ui']}/runs/flow-run/{summary['flow_run_id']}")
     print(f"  dataset          {summary['dataset']} ({summary['quarantined']} quarantined)")
-    print(f"  throughput       {summary['images_per_s']} images/s")
+    for i, line in enumerate(throughput_lines(summary)):
+        print(f"  {'throughput' if i == 0 else '':<16} {line}")
     print("Stop the services with: hvdflow down")
     return 0
 
@@ -201,6 +220,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from flows.benchmark import benchmark
 
     result = benchmark(params)
+    if result["dataset"].get("workload"):
+        print(
+            f"workload: {result['dataset']['workload']}, {result['dataset']['train_rows']} "
+            "training images\n"
+        )
     print(result["table"])
     print("\nplots: " + ", ".join(result["plots"]))
     print(f"MLflow run: {result['mlflow_run_id']}")
@@ -258,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = commands.add_parser("down", help="stop the services `hvdflow up` started")
     down.set_defaults(func=_cmd_down)
+
+    status = commands.add_parser(
+        "status",
+        help="the services (up or down, URLs) and the last runs (state, model version, aliases)",
+        description="Show whether the object store, MLflow and Prefect answer, and where; the "
+        "last runs of the pipeline's MLflow experiment with their state, registered version, "
+        "aliases (champion, candidate) and Prefect flow run state. Starts nothing.",
+    )
+    status.add_argument("--model", help="registered model name (default: hvdflow-classifier)")
+    status.add_argument("--experiment", help="MLflow experiment (default: hvdflow)")
+    status.add_argument("--last", type=int, default=5, help="how many runs (default 5)")
+    status.set_defaults(func=_cmd_status)
 
     for name, help_text, func in (
         ("run", "run the pipeline once (starts the services if needed)", _cmd_run),
@@ -332,8 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
         "epochs; report epoch times, images/s, scaling efficiency, ANOVA and Tukey HSD.",
     )
     bench.add_argument("--model", help="mnist_cnn (default), digits_mlp, vgg16, inceptionv3")
-    bench.add_argument("--conditions", help="comma-separated, e.g. keras,1,2,4")
+    bench.add_argument(
+        "--conditions",
+        help="comma-separated (default keras,keras1,ceiling2,hvd1,hvd2,tf2): keras (one process, "
+        "every core), kerasN (N threads), ceilingN (N Keras processes at once), hvdN "
+        "(HorovodRunner, N ranks), tfN (the tf_collective engine)",
+    )
     bench.add_argument("--repetitions", type=int)
+    bench.add_argument("--threads-per-rank", type=int, help="threads of each rank (default 1)")
+    bench.add_argument(
+        "--images", type=int, help="training images of the augmented digits (default 60000)"
+    )
     bench.add_argument("--epochs", type=int)
     bench.add_argument("--optimizer", help="adadelta (default), rmsprop, adam, radam, sgd")
     bench.add_argument("--input")

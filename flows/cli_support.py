@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -17,6 +18,10 @@ from tasks.stage_weights import redact
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.
 NOISY_LOGGERS = ("py4j", "pyspark", "httpx")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Prefect's run loggers, and a rank's log_to_driver line as HorovodRunner tags it (mpirun's tag,
+# ``infra.launcher.LogLine.prefix``): the runner's own logger already shows those on the terminal.
+RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+RANK_LOG_LINE = re.compile(r"\[\d+,\d+\]<log>:")
 
 
 class InvalidParameters(ValueError):
@@ -122,10 +127,13 @@ def configure_logging(
     _remove_our_handlers()  # main() may run twice in one process (tests, notebooks)
     terminal = getattr(logging, level.upper())
     root.setLevel(min(logging.INFO, terminal))
-    if not _console_handlers():
+    # The root's console is what propagating loggers (the flow's and tasks' run logs, hvdflow's
+    # own) reach: a console on some other logger (Prefect puts one on uvicorn's) is not one.
+    if not set(root.handlers) & set(_console_handlers()):
         console = logging.StreamHandler(sys.stderr)
         console._hvdflow = True
         console.setFormatter(logging.Formatter(LOG_FORMAT))
+        console.addFilter(_RankLinesOnce())
         root.addHandler(console)
     for handler in _console_handlers():
         handler.setLevel(terminal)
@@ -209,6 +217,18 @@ def _console_handlers() -> list[logging.Handler]:
             if not is_file and stream in (sys.stderr, sys.stdout) and handler not in found:
                 found.append(handler)
     return found
+
+
+class _RankLinesOnce(logging.Filter):
+    """The terminal shows each ``log_to_driver`` line of a rank once.
+
+    HorovodRunner's rank logger shows them (``[1,0]<log>:Epoch 3/5 done ...``); the training
+    step forwards the same lines to Prefect's run logger so that the Prefect UI has them. The
+    terminal leaves out that second copy; the log file and Prefect keep everything.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name in RUN_LOGGERS and RANK_LOG_LINE.match(str(record.getMessage())))
 
 
 class _WithoutTraceback(logging.Formatter):

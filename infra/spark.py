@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from infra import constants as c
 from infra._env import temporary_env
+from infra.progress import EVERY_S, tasks_line
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         c.SPARK_BARRIER_CHECK_MAX_FAILURES: "3",
         # Whoever reaches the UI must not be able to stop a training run from it.
         c.SPARK_UI_KILL_ENABLED: "false",
+        # Progress goes to the log as lines (SparkProgress); the console bar would be drawn into
+        # the middle of log lines on the same terminal.
+        c.SPARK_UI_SHOW_CONSOLE_PROGRESS: "false",
     }
     if master.startswith("local"):
         # The machine's hostname may resolve to an address other processes cannot reach.
@@ -104,36 +108,88 @@ def get_spark(
         return builder.getOrCreate()
 
 
-class SparkProgress:
-    """Logs the progress of running Spark stages every few seconds (for Prefect's run logs).
+class StageProgress:
+    """Which progress lines to log for Spark's active stages, given what was seen before.
 
-    Spark's console progress bar goes to the terminal only; this goes to ``log``.
+    A stage is reported when first seen and then only when its completed task count moved, with
+    its rate since first seen; a stage that is no longer active gets one closing line. A stage
+    that stands still is not repeated. Pure: ``update`` takes plain values and a time.
     """
 
-    def __init__(self, spark, log, every_s: float = 5.0):
+    def __init__(self):
+        # stage id -> (name, first seen at, tasks done when first seen, done at last report,
+        # total tasks)
+        self._seen: dict[int, tuple[str, float, int, int, int]] = {}
+
+    def update(self, stages: list[tuple[int, str, int, int, int]], now: float) -> list[str]:
+        """``stages``: (id, name, tasks done, tasks in all, tasks running) of each active stage."""
+        lines = []
+        active = set()
+        for stage_id, name, done, total, running in stages:
+            active.add(stage_id)
+            seen = self._seen.get(stage_id)
+            if seen is None:
+                self._seen[stage_id] = (name, now, done, done, total)
+                lines.append(tasks_line(stage_id, name, done, total, running, None))
+                continue
+            _name, since, done_then, reported, _total = seen
+            if done != reported:
+                rate = (done - done_then) / (now - since) if now > since else None
+                lines.append(tasks_line(stage_id, name, done, total, running, rate))
+                self._seen[stage_id] = (name, since, done_then, done, total)
+        for stage_id in sorted(set(self._seen) - active):
+            name, since, _done_then, _reported, total = self._seen.pop(stage_id)
+            lines.append(
+                f"Spark stage {stage_id} ({name}): no longer running ({total} tasks; seen "
+                f"for {now - since:.0f} s)"
+            )
+        return lines
+
+
+class SparkProgress:
+    """Logs the progress of running Spark stages as lines, at most one per stage every
+    ``every_s`` seconds (``StageProgress`` decides which), for the terminal and Prefect's run
+    logs alike. Spark's own console progress bar is off in hvdflow's sessions
+    (``spark.ui.showConsoleProgress``): its carriage-return bar would cut into these lines.
+    """
+
+    def __init__(self, spark, log, every_s: float = EVERY_S):
         import threading
 
         self._tracker = spark.sparkContext.statusTracker()
         self._log = log
         self._every_s = every_s
+        self._stages = StageProgress()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, daemon=True, name="hvdflow-spark-progress"
         )
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._every_s):
-            for stage_id in self._tracker.getActiveStageIds():
-                info = self._tracker.getStageInfo(stage_id)
-                if info is not None:
-                    self._log.info(
-                        "Spark stage %d (%s): %d/%d tasks done, %d running",
+    def _active(self) -> list[tuple[int, str, int, int, int]]:
+        stages = []
+        for stage_id in self._tracker.getActiveStageIds():
+            info = self._tracker.getStageInfo(stage_id)
+            if info is not None:
+                stages.append(
+                    (
                         stage_id,
                         info.name,
                         info.numCompletedTasks,
                         info.numTasks,
                         info.numActiveTasks,
                     )
+                )
+        return stages
+
+    def _run(self) -> None:
+        import time
+
+        while not self._stop.wait(self._every_s):
+            try:
+                for line in self._stages.update(self._active(), time.monotonic()):
+                    self._log.info("%s", line)
+            except Exception as e:  # progress is best effort: it never fails the job
+                logger.debug("Spark progress unavailable: %s", e)
 
     def __enter__(self) -> SparkProgress:
         self._thread.start()

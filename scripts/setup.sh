@@ -30,6 +30,17 @@ if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get
     || log "could not install iproute2: the multi-host tests will skip (fail under CI=true)"
 fi
 
+# The browser tests (tests/ui) drive Debian's chromium headless through playwright, which is told
+# to use it (playwright's own browser downloads cannot be reached here). Without it they skip
+# (and fail under CI=true).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  log "installing chromium (for the browser tests)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq chromium >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } \
+    || log "could not install chromium: the browser tests will skip (fail under CI=true)"
+fi
+
 # Everything that decides the environment's content; a change to any of it reinstalls.
 want=$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then

@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
+from infra.progress import ByteProgress, human_bytes
 from infra.secrets import redact_url, resolve, split_userinfo
 from infra.storage.locks import cache_root, machine_lock
 from infra.storage.object_store import ObjectStore, file_suffix, sha256_file
@@ -136,10 +137,12 @@ def _upload(store: ObjectStore, model: str, source: str, path: str) -> StagedWei
         store.config.key("weights", model, f"{digest}{file_suffix(path) or '.bin'}")
     )
     staged = StagedWeights(model, redact(source), uri, digest, size)
-    logger.info("uploading %s weights (%d bytes) to %s", model, size, uri)
+    logger.info("uploading %s weights (%s) to %s", model, human_bytes(size), uri)
     metadata = {**asdict(staged), "size": str(size)}
     metadata.pop("etag")
-    store.upload_file(path, uri, metadata=metadata)
+    progress = ByteProgress(f"uploading {model} weights", size, logger.info)
+    store.upload_file(path, uri, metadata=metadata, progress=progress)
+    progress.finish()
     head = store.head(uri)
     return replace(staged, etag=head["etag"] if head else "")
 
@@ -197,7 +200,9 @@ def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=
                 urllib.request.urlopen(_request(source), timeout=DOWNLOAD_TIMEOUT_S) as r,
                 open(path, "wb") as f,
             ):
-                shutil.copyfileobj(r, f)
+                length = r.headers.get("Content-Length")
+                total = int(length) if length and length.isdigit() else None
+                _copy(r, f, ByteProgress(f"downloading {model} weights", total, logger.info))
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise RuntimeError(
@@ -209,3 +214,11 @@ def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=
     path = os.path.join(workdir, os.path.basename(local))
     shutil.copyfile(local, path)
     return path
+
+
+def _copy(source, target, progress: ByteProgress, chunk: int = 1 << 20) -> None:
+    """Copy file object ``source`` into ``target``, reporting each chunk to ``progress``."""
+    while block := source.read(chunk):
+        target.write(block)
+        progress(len(block))
+    progress.finish()

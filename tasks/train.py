@@ -129,6 +129,25 @@ def train_and_track(
                 "images_per_s_epoch", result["images_per_epoch"] / seconds, step=epoch
             )
         aliases = assign_aliases(tracking.registered_model_name, result["model_version"])
+        # What the MLflow pages show beside the wall clock: steady-state throughput (the first
+        # epoch's warm-up left out), and on the version's page what produced it.
+        from tasks import model_card
+
+        steady = model_card.steady_images_per_s(result["images_per_epoch"], result["epoch_times"])
+        if steady is not None:
+            mlflow.log_metric(model_card.STEADY_METRIC, steady)
+        model_card.describe_version(
+            tracking.registered_model_name,
+            result["model_version"],
+            dataset_fingerprint=dataset.fingerprint,
+            np=launcher.np,
+            engine=getattr(launcher, "engine", model_card.DEFAULT_ENGINE),
+            flow_run_url=model_card.flow_run_url(flow_run_id),
+            flow_run_id=flow_run_id,
+            run_id=run_id,
+            steady_images_per_s=steady,
+            val_accuracy=(result["history"].get("val_accuracy") or [None])[-1],
+        )
 
     logger.info(
         "run %s: %.1f images/s, model %s version %s %s",

@@ -11,6 +11,10 @@ import pytest
 
 import tests.helpers  # noqa: F401  (marks this session's environment before anything starts)
 from tests.cluster.fixtures import netns_cluster  # noqa: F401  (the multi-host harness)
+from tests.deployments import (  # noqa: F401  (a real Prefect server, a deployed run)
+    deployed_pipeline_run,
+    prefect_server,
+)
 
 # The machine's hostname may resolve to an address that is not on any interface here.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -25,6 +29,9 @@ HEAVY_FIXTURES = {
     "digits_dataset",
     "prefect_harness",
     "netns_cluster",
+    "prefect_server",
+    "deployed_pipeline_run",
+    "browser",
 }
 
 

@@ -29,6 +29,16 @@ def format_metrics(metrics: Mapping | None) -> str:
     return ", ".join(f"{k}={v:.4f}" for k, v in sorted((metrics or {}).items()))
 
 
+def epochs_done(text: str) -> tuple[int, int] | None:
+    """``(epochs done, epochs)`` that one line shows: ``Epoch y/z`` means y-1 of z are done,
+    ``Epoch y/z done ...`` means y are; None for any other line."""
+    if match := _DONE.search(text):
+        return int(match.group(1)), int(match.group(2))
+    if match := _EPOCH.search(text):
+        return int(match.group(1)) - 1, int(match.group(2))
+    return None
+
+
 def epoch_times_from_log(lines: Iterable) -> list[float]:
     """Seconds per epoch from LogLines (anything with ``.time`` and ``.text``), in order from the
     first epoch the lines show (a resumed training starts after its checkpoint's)."""

@@ -202,6 +202,8 @@ def _log_model(model, example, run_id, registered_model_name):
 
     # Registry consumers get the architecture and weights only: the compiled model carries
     # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
+    # MLflow predicts on the input example to check it: no progress bar in rank 0's output.
+    tf.keras.utils.disable_interactive_logging()
     clean = tf.keras.models.clone_model(model)
     clean.set_weights(model.get_weights())
     signature = infer_signature(example, clean.predict(example, verbose=0))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import boto3
@@ -255,10 +256,27 @@ class ObjectStore:
             "metadata": response.get("Metadata", {}),
         }
 
-    def upload_file(self, path: str, uri: str, metadata: dict[str, str] | None = None) -> None:
+    def upload_file(
+        self,
+        path: str,
+        uri: str,
+        metadata: dict[str, str] | None = None,
+        progress: Callable[[int], object] | None = None,
+    ) -> None:
+        """Upload the file at ``path`` to ``uri``. ``progress(n)`` is called with the bytes sent
+        since its last call, from boto3's transfer threads (``infra.progress.ByteProgress``)."""
         bucket, key = parse_uri(uri)
         extra = {"Metadata": {k: str(v) for k, v in (metadata or {}).items()}}
-        self._call("upload", uri, self._client.upload_file, path, bucket, key, ExtraArgs=extra)
+        self._call(
+            "upload",
+            uri,
+            self._client.upload_file,
+            path,
+            bucket,
+            key,
+            ExtraArgs=extra,
+            Callback=progress,
+        )
 
     def put_bytes(self, data: bytes, uri: str, content_type: str = "application/json") -> None:
         bucket, key = parse_uri(uri)

@@ -15,7 +15,7 @@ from flows.cli import build_parser, main
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("command", ["smoke", "up", "down", "run", "serve", "bench"])
+@pytest.mark.parametrize("command", ["smoke", "up", "down", "status", "run", "serve", "bench"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([command, "--help"])
@@ -137,3 +137,45 @@ def test_a_failed_run_is_one_line_naming_the_full_log(
     log = Path(last.rsplit("(full log: ", 1)[1].rstrip(")"))
     assert log.parent == tmp_path / "home" / "logs"
     assert "Traceback" in log.read_text() and "no images found" in log.read_text()
+
+
+@pytest.mark.unit
+def test_log_lines_reach_the_terminal_once_prefect_has_set_up_its_own_logging(tmp_path, capfd):
+    import logging
+
+    from flows.cli_support import _remove_our_handlers, adopt_prefect_logging, configure_logging
+
+    root = logging.getLogger()
+    level = root.level
+    # Prefect's logging set-up puts a console of its own on uvicorn's logger, not on the root.
+    server = logging.getLogger("tests.uvicorn")
+    server.propagate = False
+    prefects_console = logging.StreamHandler(sys.stderr)
+    server.addHandler(prefects_console)
+    try:
+        configure_logging("INFO", "test", show_tracebacks=False, log_path=tmp_path / "t.log")
+        adopt_prefect_logging()
+        logging.getLogger("tasks.steps").info("Spark stage 3 (save): 1/2 tasks done")
+        err = capfd.readouterr().err
+    finally:
+        server.removeHandler(prefects_console)
+        _remove_our_handlers()
+        root.setLevel(level)
+    assert err.count("INFO tasks.steps: Spark stage 3 (save): 1/2 tasks done") == 1
+
+
+@pytest.mark.unit
+def test_the_terminal_shows_a_ranks_epoch_line_once_though_prefect_gets_a_copy():
+    import logging
+
+    from flows.cli_support import _RankLinesOnce
+
+    def record(name, message):
+        return logging.LogRecord(name, logging.INFO, __file__, 1, message, (), None)
+
+    once = _RankLinesOnce()
+    line = "[1,0]<log>:Epoch 1/2 done in 1.92s: loss=1.2087"
+    assert once.filter(record("infra.launcher.runner.ranks", line))  # the runner's own
+    assert not once.filter(record("prefect.task_runs", line))  # the copy for Prefect's UI
+    assert once.filter(record("prefect.task_runs", "[1,0]<stdout>:44/44 - 2s - loss: 1.2"))
+    assert once.filter(record("prefect.task_runs", "training digits_mlp with np=2"))

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
 
-from flows.pipeline import PipelineParams, pipeline
+from flows.pipeline import PipelineParams, pipeline, throughput_lines
 from infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import rank_processes, wait_for_no_ranks
 
@@ -86,6 +86,18 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     assert "hvdflow-timings" in by_key and "hvdflow-summary" in by_key
     assert summary["mlflow_run_url"] in by_key["hvdflow-summary"].data
     assert "Quarantined inputs: **0**" in by_key["hvdflow-summary"].data
+    # Two throughputs, named for what they measure: the training's and the wall clock's.
+    assert summary["steady_images_per_s"] == pytest.approx(
+        run.data.metrics["steady_images_per_s"], abs=0.05
+    )
+    for line in throughput_lines(summary, "- "):
+        assert line in by_key["hvdflow-summary"].data
+    progress = by_key["hvdflow-training-progress"]
+    assert progress.type == "progress" and progress.data == 100.0
+    # The version's page says what produced it.
+    described = client.get_model_version("tests-flow", version.version).description
+    assert f"- dataset fingerprint: `{run.data.params['dataset_fingerprint']}`" in described
+    assert "- np: 2 (2 ranks on the Spark cluster)" in described
 
     # Caches that cannot lie: the staged weights and the dataset's manifest are deleted behind
     # Prefect's back; the next run makes them again instead of handing the ranks what is gone.
@@ -171,3 +183,15 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         services.down()
         prefect_server.stop()
     assert wait_for_no_ranks() == []
+
+
+@pytest.mark.unit
+def test_the_summary_names_each_throughput_for_what_it_measures():
+    summary = {"steady_images_per_s": 2498.9, "images_per_s": 121.1, "wall_clock_s": 23.3}
+    assert throughput_lines(summary) == [
+        "training throughput (steady state): 2498.9 images/s (epochs after the first)",
+        "wall clock incl. launch: 121.1 images/s, 23.3 s",
+    ]
+    assert throughput_lines({**summary, "steady_images_per_s": None}) == [
+        "wall clock incl. launch: 121.1 images/s, 23.3 s"
+    ]

@@ -20,6 +20,8 @@ EVERY_SESSION = {
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
     "spark.ui.killEnabled": "false",
+    # Progress goes to the log as lines; Spark's bar would be drawn into them.
+    "spark.ui.showConsoleProgress": "false",
 }
 
 
@@ -155,3 +157,40 @@ def test_executors_run_the_interpreter_pyspark_python_names(monkeypatch):
     assert launch_env(conf)["PYSPARK_PYTHON"] == "./environment/bin/python"
     monkeypatch.delenv("PYSPARK_PYTHON")
     assert spark_conf("spark://master:7077")["spark.pyspark.python"] == sys.executable
+
+
+@pytest.mark.integration
+def test_a_session_draws_no_console_progress_bar_into_the_log(spark):
+    # PySpark's own default turns the bar on (spark.ui.showConsoleProgress=true); hvdflow's
+    # sessions report stage progress as log lines instead (SparkProgress).
+    assert spark.sparkContext.getConf().get("spark.ui.showConsoleProgress") == "false"
+    assert spark.sparkContext._jsc.sc().progressBar().isEmpty()
+
+
+@pytest.mark.integration
+def test_a_long_stage_is_logged_as_lines_with_counts_and_a_rate(spark):
+    import re
+    import time
+
+    from infra.spark import SparkProgress
+
+    class Lines:
+        def __init__(self):
+            self.lines = []
+
+        def info(self, fmt, *args):
+            self.lines.append(fmt % args)
+
+    def slow(partition):
+        time.sleep(1.0)
+        return partition
+
+    log = Lines()
+    with SparkProgress(spark, log, every_s=0.3):
+        spark.sparkContext.parallelize(range(6), 6).mapPartitions(slow).count()
+        time.sleep(0.8)  # one more look after the stage ended
+    moving = [line for line in log.lines if re.search(r"\d/6 tasks done \(\d+%\)", line)]
+    assert moving and all(line.startswith("Spark stage ") for line in moving)
+    assert any(re.search(r", [\d.]+ tasks/s$", line) for line in moving)
+    assert re.search(r"no longer running \(6 tasks; seen for \d+ s\)$", log.lines[-1])
+    assert len(log.lines) <= 8  # a line when it moved, not one every 0.3 s

@@ -284,3 +284,31 @@ def test_a_corrupted_staged_object_is_uploaded_again_when_staging_again(
     assert (again.uri, again.sha256) == (staged.uri, staged.sha256)
     assert hashlib.sha256(store.get_bytes(staged.uri)).hexdigest() == staged.sha256
     assert fetch_weights(staged.uri, staged.sha256, store)  # the ranks load it now
+
+
+@pytest.mark.integration
+def test_a_large_download_and_upload_report_bytes_and_rates_line_by_line(
+    store, caplog, monkeypatch
+):
+    import functools
+
+    import tasks.stage_weights
+    from infra.progress import ByteProgress
+
+    # A line for every chunk instead of one every few seconds, so that a fast machine shows some.
+    monkeypatch.setattr(
+        tasks.stage_weights, "ByteProgress", functools.partial(ByteProgress, every_s=0.0)
+    )
+    caplog.set_level(logging.INFO, "tasks.stage_weights")
+    big = bytes(range(256)) * (12 * 4096)  # 12 MiB: more than one chunk, a multipart upload
+    with counting_http_server({"/big.weights.h5": big}) as (base, _requests):
+        staged = stage_weights("vgg16", f"{base}/big.weights.h5", store)
+    assert staged.size == len(big)
+    lines = [r.getMessage() for r in caplog.records]
+    downloading = [line for line in lines if line.startswith("downloading vgg16 weights: ")]
+    assert len(downloading) >= 12  # one a MiB chunk, then the total
+    assert "of 12.0 MiB (" in downloading[0] and "MiB/s" in downloading[0]
+    assert downloading[-1].startswith("downloading vgg16 weights: done, 12.0 MiB in ")
+    uploading = [line for line in lines if line.startswith("uploading vgg16 weights: ")]
+    assert uploading[-1].startswith("uploading vgg16 weights: done, 12.0 MiB in ")
+    assert any("of 12.0 MiB (" in line for line in uploading[:-1])

@@ -1,0 +1,85 @@
+"""The registered version's description and the steady-state throughput beside the wall clock."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tasks.model_card import describe_version, flow_run_url, steady_images_per_s, version_card
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("epoch_times", "expected"),
+    [
+        ([9.0, 2.0, 2.0], 500.0),  # the first epoch's warm-up left out
+        ([9.0, 1.0, 3.0], 500.0),  # the mean of the others
+        ([4.0], 250.0),  # one epoch: that one
+        ([], None),
+        ([0.0], None),
+    ],
+)
+def test_steady_throughput_leaves_the_warm_up_epoch_out(epoch_times, expected):
+    assert steady_images_per_s(1000, epoch_times) == expected
+
+
+@pytest.mark.unit
+def test_the_version_card_says_what_produced_the_version():
+    card = version_card(
+        dataset_fingerprint="abc123",
+        np=-1,
+        engine="horovod",
+        flow_run_url="http://127.0.0.1:4200/runs/flow-run/f-1",
+        flow_run_id="f-1",
+        run_id="r-1",
+        steady_images_per_s=2498.94,
+        val_accuracy=0.92613,
+    )
+    assert card.splitlines() == [
+        "Trained by the hvdflow pipeline.",
+        "",
+        "- dataset fingerprint: `abc123`",
+        "- np: -1 (1 rank on the driver)",
+        "- engine: horovod",
+        "- Prefect flow run: [f-1](http://127.0.0.1:4200/runs/flow-run/f-1)",
+        "- MLflow run: `r-1`",
+        "- val_accuracy (last epoch): 0.9261",
+        "- training throughput (steady state): 2498.9 images/s",
+    ]
+    assert "- np: 2 (2 ranks on the Spark cluster)" in version_card(dataset_fingerprint="x", np=2)
+
+
+class Registry:
+    def __init__(self, refuse: bool = False):
+        self.refuse = refuse
+        self.descriptions: dict[tuple[str, str], str] = {}
+
+    def update_model_version(self, name, version, description=None):
+        if self.refuse:
+            raise RuntimeError("RESOURCE_DOES_NOT_EXIST")
+        self.descriptions[(name, version)] = description
+
+
+@pytest.mark.unit
+def test_describe_version_writes_the_card_and_a_refusal_only_warns(caplog):
+    registry = Registry()
+    text = describe_version("m", "3", dataset_fingerprint="abc", np=2, client=registry)
+    assert registry.descriptions == {("m", "3"): text}
+    assert "- engine: horovod" in text  # the default engine
+
+    caplog.set_level(logging.WARNING, "tasks.model_card")
+    assert describe_version("m", "3", dataset_fingerprint="a", np=2, client=Registry(True)) is None
+    assert "could not describe m version 3 in MLflow: RESOURCE_DOES_NOT_EXIST" in caplog.text
+    assert describe_version("m", None, dataset_fingerprint="a", np=2, client=registry) is None
+
+
+@pytest.mark.unit
+def test_the_flow_run_link_is_under_the_prefect_ui():
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        assert flow_run_url("f-1") == "http://127.0.0.1:4200/runs/flow-run/f-1"
+    with temporary_settings({PREFECT_UI_URL: "https://prefect.example.org"}):
+        assert flow_run_url("f-1") == "https://prefect.example.org/runs/flow-run/f-1"
+    assert flow_run_url(None) is None
