@@ -79,7 +79,7 @@ class Measurement:
     images: int  # images trained over all epochs, by every process together
     train_seconds: float = 0.0  # model.fit, in the (slowest) process
     processes: int = 1
-    threads: int = 0  # per process; 0: every core
+    threads: int = 0  # per process; 0: every core (shared among the processes)
     kind: str = HOROVOD
     extra: dict = field(default_factory=dict)
 
@@ -170,7 +170,8 @@ def measure(
         images=sum(r["images_per_epoch"] for r in results) * epochs,
         train_seconds=max(r.get("train_seconds", 0.0) for r in results),
         processes=c.processes,
-        threads=c.n if c.kind == KERAS else threads_per_rank,
+        # The GCN shares each host's cores among its ranks itself: no fixed budget (0).
+        threads=c.n if c.kind == KERAS else (threads_per_rank if trainer == "classifier" else 0),
         kind=c.kind,
     )
 

@@ -149,7 +149,7 @@ def markdown(rows: list[dict], anova_result: tuple[float, float] | None) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        threads = r["threads"] or "all"
+        threads = r["threads"] or ("all" if r["processes"] == 1 else "shared")
         lines.append(
             f"| {r['condition']} | {r['processes']} x {threads} | {r['warmup_s']:.2f} "
             f"| {r['epoch_time_mean_s']:.3f} ± {r['epoch_time_std_s']:.3f} "

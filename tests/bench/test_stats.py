@@ -153,3 +153,11 @@ def test_the_augmented_workload_is_deterministic_and_mnist_shaped():
     assert not np.array_equal(images, augmented_digits(50, seed=4)[0])
     assert total_for_training(60_000, 0.05) == 63_158  # 60,000 left after a 5% split
     assert total_for_training(60_000, 0.0) == 60_000
+
+
+@pytest.mark.unit
+def test_ranks_without_a_thread_budget_are_shown_sharing_the_cores():
+    shared = [m("hvd2", "hvd", 2, [2.0, 1.0], processes=2, threads=0)]
+    assert "| hvd2 | 2 x shared |" in markdown(summary_table(shared), None)
+    alone = [m("keras", "keras", 0, [2.0, 1.0], threads=0)]
+    assert "| keras | 1 x all |" in markdown(summary_table(alone), None)
