@@ -19,6 +19,7 @@ import json
 import sys
 
 from bench.reader_in_rank import steady_images_per_s
+from bench.study import study_kwargs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,27 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from infra import HorovodOptions, HorovodRunner
-    from tasks.preprocess.job import read_manifest
-    from tasks.preprocess.storage import Location
     from training.trainer import train_classifier
 
-    dataset = read_manifest(Location(args.dataset))
-    if dataset is None:
-        parser.error(f"--dataset {args.dataset}: no complete published dataset there")
-    kwargs = {
-        "train_url": dataset.train_url,
-        "val_url": dataset.val_url,
-        "train_rows": dataset.train_rows,
-        "val_rows": dataset.val_rows,
-        "num_classes": dataset.num_classes,
-        "input_shape": tuple(dataset.image_shape),
-        "model_name": "mnist_cnn",
-        "epochs": args.epochs,
-        "batch_size": 128,
-        "learning_rate": 1.0,
-        "optimizer": "adadelta",
-        "threads": 1,
-    }
+    kwargs = study_kwargs(args.dataset, args.epochs)
     variants = {
         "hvd2 (default, 1 ms cycle)": ("horovod", HorovodOptions(), {}),
         "hvd2 cycle_time_ms=10": ("horovod", HorovodOptions(cycle_time_ms=10), {}),

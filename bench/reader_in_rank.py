@@ -19,6 +19,8 @@ import json
 import statistics
 import sys
 
+from bench.study import study_kwargs
+
 
 def steady_images_per_s(result: dict) -> float:
     steady = result["epoch_times"][1:] or result["epoch_times"]
@@ -33,38 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from infra import HorovodRunner
-    from tasks.preprocess.job import read_manifest
-    from tasks.preprocess.storage import Location
     from training.trainer import train_classifier
 
-    dataset = read_manifest(Location(args.dataset))
-    if dataset is None:
-        parser.error(f"--dataset {args.dataset}: no complete published dataset there")
-    kwargs = {
-        "train_url": dataset.train_url,
-        "val_url": dataset.val_url,
-        "train_rows": dataset.train_rows,
-        "val_rows": dataset.val_rows,
-        "num_classes": dataset.num_classes,
-        "input_shape": tuple(dataset.image_shape),
-        "model_name": "mnist_cnn",
-        "epochs": args.epochs,
-        "batch_size": 128,
-        "learning_rate": 1.0,
-        "optimizer": "adadelta",
-        "threads": 1,
-    }
+    kwargs = study_kwargs(args.dataset, args.epochs)
     rates: dict[str, list[float]] = {"streamed": [], "in memory": []}
     for round_ in range(args.rounds):
         for name, max_mb in (("streamed", 0.0), ("in memory", 1024.0)):
-            result = HorovodRunner(np=1).run(train_classifier, **kwargs, in_memory_max_mb=max_mb)
+            result = HorovodRunner(np=1).run(
+                train_classifier, **{**kwargs, "in_memory_max_mb": max_mb}
+            )
             rates[name].append(steady_images_per_s(result))
             print(f"round {round_ + 1}: {name:>9} {rates[name][-1]:7.1f} images/s", flush=True)
     best = {name: max(values) for name, values in rates.items()}
     print(
         json.dumps(
             {
-                "train_rows": dataset.train_rows,
+                "train_rows": kwargs["train_rows"],
                 "best_images_per_s": best,
                 "ratio_in_memory_over_streamed": best["in memory"] / best["streamed"],
                 "reader_share_of_streamed_epoch": 1 - best["streamed"] / best["in memory"],

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from bench.conditions import parse_condition
+from bench.study import STUDY_DATA, STUDY_TRAINING
 from tasks.config import (
     GRAPH_MODELS,
     DataParams,
@@ -23,19 +24,8 @@ from tasks.train import TrainConfig
 
 # The benchmark's default workload: the bundled digits, augmented to an MNIST-sized set.
 AUGMENTED_DIGITS = "augmented_digits"
-# The study's setup, under what a caller changes. A small validation split: the study times
-# training over the MNIST-sized training set.
-BENCH_DATA = {"image_size": (28, 28), "val_fraction": 0.05}
-BENCH_TRAINING = {
-    "model": "mnist_cnn",
-    # The paper's MNIST setup (and Databricks' example): batch 128 per rank, Adadelta at its
-    # customary rate.
-    "batch_size": 128,
-    "learning_rate": 1.0,
-    "optimizer": "adadelta",
-    # '' trains from scratch; a source is staged once and loaded by every rank.
-    "weights_source": "",
-}
+# The study's setup (bench.study), under what a caller changes.
+BENCH_DATA, BENCH_TRAINING = STUDY_DATA, STUDY_TRAINING
 
 
 class PipelineParams(BaseModel):

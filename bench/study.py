@@ -1,0 +1,32 @@
+"""The study's setup, in one place: the flow's defaults and the side-by-side scripts use it.
+
+The paper's MNIST setup (and Databricks' example): the MNIST CNN, batch 128 per rank, Adadelta
+at its customary rate; a small validation split, since the study times training.
+"""
+
+from __future__ import annotations
+
+STUDY_DATA = {"image_size": (28, 28), "val_fraction": 0.05}
+STUDY_TRAINING = {
+    "model": "mnist_cnn",
+    "batch_size": 128,
+    "learning_rate": 1.0,
+    "optimizer": "adadelta",
+    # '' trains from scratch; a source is staged once and loaded by every rank.
+    "weights_source": "",
+}
+
+
+def study_kwargs(dataset_folder: str, epochs: int, threads: int = 1) -> dict:
+    """``train_classifier``'s arguments for the study on the dataset published in
+    ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
+    from tasks.config import TrainingParams
+    from tasks.preprocess.job import read_manifest
+    from tasks.preprocess.storage import Location
+    from tasks.train import training_kwargs
+
+    dataset = read_manifest(Location(dataset_folder))
+    if dataset is None:
+        raise SystemExit(f"--dataset {dataset_folder}: no complete published dataset there")
+    training = TrainingParams(**STUDY_TRAINING, epochs=epochs)
+    return {**training_kwargs(training, dataset), "threads": threads}
