@@ -113,6 +113,23 @@ def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
 _configured: dict = {}
 
 
+class _StderrNow(logging.StreamHandler):
+    """A console handler that writes to ``sys.stderr`` as it is when a record comes, not as it
+    was when the handler was made: main() run in a process whose stderr is later swapped and
+    closed (a test's capture, a notebook cell) must not leave a handler on a closed stream."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass  # always the current sys.stderr
+
+
 def configure_logging(
     level: str, command: str, *, show_tracebacks: bool, log_path: Path | None = None
 ) -> Path | None:
@@ -130,7 +147,7 @@ def configure_logging(
     # The root's console is what propagating loggers (the flow's and tasks' run logs, hvdflow's
     # own) reach: a console on some other logger (Prefect puts one on uvicorn's) is not one.
     if not set(root.handlers) & set(_console_handlers()):
-        console = logging.StreamHandler(sys.stderr)
+        console = _StderrNow()
         console._hvdflow = True
         console.setFormatter(logging.Formatter(LOG_FORMAT))
         console.addFilter(_RankLinesOnce())
