@@ -70,3 +70,13 @@ def http_server(respond: Callable[[BaseHTTPRequestHandler], bytes | None]):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def assert_refused_before_any_service(argv, expected: str, tmp_path, monkeypatch, capfd) -> None:
+    """``hvdflow ARGV`` exits 2 with the one line ``expected`` and starts no service."""
+    from flows.cli import main
+
+    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
+    assert main(argv) == 2
+    assert capfd.readouterr().err.strip().splitlines() == [expected]
+    assert not (tmp_path / "home" / "services.json").exists()  # no service was started

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from flows.cli import build_parser, main
+from tests.helpers import assert_refused_before_any_service
 
 
 @pytest.mark.unit
@@ -82,10 +83,7 @@ def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch,
 def test_a_bad_parameter_is_one_line_exit_2_and_starts_nothing(
     argv, expected, tmp_path, monkeypatch, capfd
 ):
-    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
-    assert main(argv) == 2
-    assert capfd.readouterr().err.strip().splitlines() == [expected]
-    assert not (tmp_path / "home" / "services.json").exists()  # no service was started
+    assert_refused_before_any_service(argv, expected, tmp_path, monkeypatch, capfd)
 
 
 @pytest.mark.unit

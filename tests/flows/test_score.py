@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
 from flows.params import ScoreParams
+from tests.helpers import assert_refused_before_any_service
 from tests.tasks.score.helpers import BAD_FILES, model_predictions, read_files, write_digits
 
 MODEL = "tests-score-flow"
@@ -160,10 +160,7 @@ def test_a_missing_alias_fails_the_flow_naming_the_aliases_the_model_has(
 def test_a_bad_score_parameter_is_one_line_exit_2_and_starts_nothing(
     argv, expected, tmp_path, monkeypatch, capfd
 ):
-    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
-    assert main(argv) == 2
-    assert capfd.readouterr().err.strip().splitlines() == [expected]
-    assert not (tmp_path / "home" / "services.json").exists()  # no service was started
+    assert_refused_before_any_service(argv, expected, tmp_path, monkeypatch, capfd)
 
 
 @pytest.mark.unit
