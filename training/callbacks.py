@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 
 import tensorflow as tf
@@ -88,12 +90,10 @@ class EpochMetricsSender:
     """Sends epochs' metrics to MLflow from a thread of its own, keeping them while it cannot."""
 
     def __init__(self, run_id: str, retry_s: float = 5.0, client=None):
-        import collections
-        import threading
-
         self.run_id = run_id
         self.retry_s = retry_s
         self._client = client
+        self._probe = client is None  # a real server: probe /health before each send
         self._pending: collections.deque = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
@@ -122,7 +122,9 @@ class EpochMetricsSender:
         return unsent
 
     def _run(self) -> None:
-        outage_since = None
+        import mlflow.entities  # noqa: F401  (imported here, not in the first timed send)
+
+        outage = _Outage()
         while True:
             with self._wake:
                 while not self._pending and not self._closing:
@@ -130,33 +132,29 @@ class EpochMetricsSender:
                 if not self._pending:
                     return
                 epoch, metrics, at = self._pending[0]
+            # A server that goes down in the middle of a send holds it in MLflow's own retries
+            # (minutes of backoff) without an error: a send slower than retry_s is an outage too.
+            slow = threading.Timer(self.retry_s, outage.begin, (epoch, "no answer"))
+            slow.daemon = True
+            slow.start()
             try:
                 self._send(epoch, metrics, at)
             except Exception as e:  # the server is down or refusing: keep the epoch, retry
-                if outage_since is None:
-                    outage_since = time.time()
-                    log_to_driver(
-                        f"MLflow: could not log epoch {epoch + 1} ({type(e).__name__}); training "
-                        f"goes on, its metrics are kept and sent when the tracking server is back"
-                    )
+                slow.cancel()
+                outage.begin(epoch, type(e).__name__)
                 with self._wake:
                     self._wake.wait(self.retry_s)
                 continue
+            slow.cancel()
             with self._wake:
                 self._pending.popleft()
                 self.sent.append(epoch)
-            if outage_since is not None:
-                log_to_driver(
-                    f"MLflow: tracking server back after {time.time() - outage_since:.0f} s; "
-                    "sending the buffered epochs"
-                )
-                outage_since = None
+            outage.end()
 
     def _send(self, epoch: int, metrics: dict[str, float], at: int) -> None:
-        from mlflow import MlflowClient
         from mlflow.entities import Metric
 
-        if self._client is None:
+        if self._probe:
             # A quick probe first: MLflow's own retries would hold an epoch for minutes before
             # saying anything about a server that is down.
             import mlflow
@@ -164,10 +162,37 @@ class EpochMetricsSender:
             from infra.tracking import check_reachable
 
             check_reachable(mlflow.get_tracking_uri())
-        client = self._client or MlflowClient()
+            self._client = self._client or mlflow.MlflowClient()
         batch = [Metric(k, v, at, epoch) for k, v in sorted(metrics.items())]
         if batch:
-            client.log_batch(self.run_id, metrics=batch)
+            self._client.log_batch(self.run_id, metrics=batch)
+
+
+class _Outage:
+    """Says once when the tracking server stops answering, and once when it is back."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._since = None
+
+    def begin(self, epoch: int, why: str) -> None:
+        with self._lock:
+            if self._since is not None:
+                return
+            self._since = time.time()
+        log_to_driver(
+            f"MLflow: could not log epoch {epoch + 1} ({why}); training goes on, its metrics "
+            "are kept and sent when the tracking server is back"
+        )
+
+    def end(self) -> None:
+        with self._lock:
+            since, self._since = self._since, None
+        if since is not None:
+            log_to_driver(
+                f"MLflow: tracking server back after {time.time() - since:.0f} s; "
+                "sending the buffered epochs"
+            )
 
 
 class ProgressCallback(tf.keras.callbacks.Callback):
@@ -185,8 +210,6 @@ class ProgressCallback(tf.keras.callbacks.Callback):
         self._stop = None
 
     def on_train_begin(self, logs=None):
-        import threading
-
         self._stop = threading.Event()
         report_progress(self.begun, self.finished, watch=True)
         threading.Thread(target=self._report, daemon=True, name="hvdflow-progress").start()
