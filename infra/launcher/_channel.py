@@ -299,6 +299,9 @@ class DriverChannel:
         self._on_line = on_line
         self._lock = threading.Lock()
         self._connections: list[_wire.Connection] = []
+        # Connections whose messages are still being read; ``drain`` waits for them to end.
+        self._reading = 0
+        self._drained = threading.Condition(self._lock)
         self.failures: list[dict] = []
         self.failed = threading.Event()
         self._closed = False
@@ -364,6 +367,7 @@ class DriverChannel:
                 conn.close()
                 return
             self._connections.append(conn)
+            self._reading += 1
         self.liveness.join(conn, hello.get("partition"), hello.get("hostname"))
         hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
         try:
@@ -371,6 +375,19 @@ class DriverChannel:
                 self._dispatch(conn, message, hostname)
         finally:
             self.liveness.leave(conn)
+            with self._drained:
+                self._reading -= 1
+                self._drained.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every task has closed its connection, all it sent read; False on timeout.
+
+        A task closes its connection after shipping its rank's last lines and before Spark
+        returns its result, but the result can reach the driver first: closing the channel
+        then would drop those lines. A successful run drains before it closes.
+        """
+        with self._drained:
+            return self._drained.wait_for(lambda: self._reading == 0, timeout_s)
 
     def _dispatch(self, conn: _wire.Connection, message: dict, hostname: str = "") -> None:
         kind = message.get("type")

@@ -49,6 +49,8 @@ _STOP_GRACE_S = 30.0
 # How long to gather the ranks' failure reports before naming the one that caused the others.
 _SETTLE_S = 2.0
 _POLL_S = 0.2
+# How long a successful run waits for the tasks' connections to end (their last lines read).
+_DRAIN_S = 5.0
 # How long the driver waits for every rank's stacks after the run stalled.
 _STACKS_WAIT_S = 5.0
 
@@ -318,6 +320,12 @@ class HorovodRunner:
             raise rank_failed(
                 f"HorovodRunner np={self.np}: {failure['reason']}{also}. {heading}:\n{tail}",
                 failure.get("cause"),
+            )
+        if not ended_badly() and not channel.drain(_DRAIN_S):
+            logger.warning(
+                "a task's connection was still open %g s after the ranks ended: its last "
+                "lines may be missing from the log",
+                _DRAIN_S,
             )
 
     def _stall_report(self, channel: DriverChannel) -> dict:

@@ -62,6 +62,12 @@ def print_a_50_mb_line():
     sys.stdout.flush()
 
 
+def print_many_lines_then_return():
+    for i in range(20_000):
+        print(f"line {i}")
+    return "done"
+
+
 def print_ready_then_wait():
     print("ready", flush=True)
     time.sleep(600)
@@ -319,6 +325,19 @@ def test_a_50_mb_line_is_shipped_cut_with_a_marker_and_the_next_line_arrives(tmp
     # The driver (and, with np < 0, the task) never held the line: far below its 50 MB.
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before_kib) / 1024
     assert grown_mib < 20, f"peak memory grew by {grown_mib:.0f} MiB"
+
+
+@pytest.mark.integration
+def test_every_line_a_rank_printed_before_returning_reaches_the_log(tmp_path):
+    # The rank's last lines are still on their way when its result is: the driver reads them
+    # all before it closes the channel.
+    lines = []
+    runner = HorovodRunner(np=-1, log_dir=str(tmp_path), on_log_line=lines.append)
+    assert runner.run(print_many_lines_then_return) == "done"
+    printed = [f"line {i}" for i in range(20_000)]
+    assert [line.text for line in lines if line.stream == "stdout"] == printed
+    log_lines = (tmp_path / "driver.log").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in log_lines] == [f"[1,0]<stdout>:{t}" for t in printed]
 
 
 @pytest.mark.integration
