@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from infra import constants as c
 from infra.secrets import redact_url
 
-# Seconds each service gets to answer a status question.
-PROBE_TIMEOUT_S = 2.0
+# Seconds each service gets to answer a status question: a stopped one refuses at once, and a
+# busy one on a loaded machine can take a few seconds without being down.
+PROBE_TIMEOUT_S = 5.0
 # What the MLflow client may take per request here (it retries for minutes by default).
 TRACKING_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 LABELS = {"s3": "object store (S3)", "mlflow": "MLflow UI", "prefect": "Prefect UI"}

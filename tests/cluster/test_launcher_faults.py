@@ -186,7 +186,9 @@ def test_a_sigkilled_rank_is_named_with_its_host_within_seconds_and_nothing_is_l
     assert message.startswith(
         f"HorovodRunner np=2: rank 1 on {host.name} ({host.ip}) was killed by SIGKILL (exit -9)"
     ), message
-    assert failed_at - killed_at < 10.0, f"the error came {failed_at - killed_at:.1f} s after"
+    # Well inside the 60 s heartbeat timeout: the kill itself was reported, not the silence.
+    # (About 1 s when the machine is quiet; the bound leaves room for stopping the Spark job.)
+    assert failed_at - killed_at < 20.0, f"the error came {failed_at - killed_at:.1f} s after"
     assert "[1,1]<stdout>:READY rank 1" in message  # the tail of the killed rank's output
     assert wait_for_no_cluster_ranks(netns_cluster, time.monotonic() + 10) == []
     # Nor anything else of the run, once its driver is gone: executors and their workers too.

@@ -131,6 +131,9 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         "PREFECT_API_URL": api_url,
         "HVDFLOW_HOME": str(tmp_path / "home"),
         "SPARK_LOCAL_IP": "127.0.0.1",
+        # The runner hears of a cancel through a websocket; if that drops, it polls, every 10 s
+        # by default, which is the whole budget below.
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
     }
     server = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "serve", "--np", "-1"],

@@ -188,7 +188,12 @@ def test_a_long_stage_is_logged_as_lines_with_counts_and_a_rate(spark):
     log = Lines()
     with SparkProgress(spark, log, every_s=0.3):
         spark.sparkContext.parallelize(range(6), 6).mapPartitions(slow).count()
-        time.sleep(0.8)  # one more look after the stage ended
+        # One more look after the stage ended; Spark's status store may lag behind count().
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            log.lines and "no longer running" in log.lines[-1]
+        ):
+            time.sleep(0.1)
     moving = [line for line in log.lines if re.search(r"\d/6 tasks done \(\d+%\)", line)]
     assert moving and all(line.startswith("Spark stage ") for line in moving)
     assert any(re.search(r", [\d.]+ tasks/s$", line) for line in moving)

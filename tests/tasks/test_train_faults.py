@@ -38,12 +38,12 @@ def test_a_killed_training_resumes_from_its_checkpoint_in_the_same_run(
     spark, mlflow_server, digits_dataset, store, tmp_path
 ):
     checkpoints = store.config.uri(store.config.key("checkpoints"))
-    training = {"epochs": 5, "batch_size": 8, "checkpoints": checkpoints}
+    training = {"epochs": 6, "batch_size": 8, "checkpoints": checkpoints}
     tracking = {"experiment": "tests-resume", "registered_model_name": "tests-resume"}
     client = MlflowClient(mlflow_server.tracking_uri)
 
-    # 1. Rank 1 SIGKILLed in epoch 2 of 5, no retries: the training fails for good.
-    consume, killed = kill_rank_when("Epoch 2/5")
+    # 1. Rank 1 SIGKILLed in epoch 2 of 6, no retries: the training fails for good.
+    consume, killed = kill_rank_when("Epoch 2/6")
     with pytest.raises(RankFailed, match="rank 1 .* was killed by SIGKILL"):
         train_and_track(
             spark,
@@ -61,8 +61,9 @@ def test_a_killed_training_resumes_from_its_checkpoint_in_the_same_run(
     assert failed.info.status == "FAILED"
 
     # 2. `--resume` (tracking.resume='last'): the same MLflow run goes on from its checkpoint;
-    # rank 1 is SIGKILLed again in epoch 4, and launcher.retries runs it once more.
-    consume, killed = kill_rank_when("Epoch 4/5")
+    # rank 1 is SIGKILLed again in epoch 4, and launcher.retries runs it once more. (Six epochs
+    # of about half a second: the kill, found by a scan of the processes, lands before the end.)
+    consume, killed = kill_rank_when("Epoch 4/6")
     result = train_and_track(
         spark,
         TrainConfig(
@@ -79,11 +80,11 @@ def test_a_killed_training_resumes_from_its_checkpoint_in_the_same_run(
     assert result.run_id == failed.info.run_id and result.attempts == 3
     for key in EPOCH_METRICS:
         steps = [m.step for m in client.get_metric_history(result.run_id, key)]
-        assert sorted(steps) == [0, 1, 2, 3, 4], key  # every epoch once, none twice
+        assert sorted(steps) == [0, 1, 2, 3, 4, 5], key  # every epoch once, none twice
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["training_attempts"] == 3
     assert result.model_version is not None and result.aliases[0] == "candidate"
-    assert len(result.history["loss"]) == 5 and len(result.epoch_times) == 5
+    assert len(result.history["loss"]) == 6 and len(result.epoch_times) == 6
 
     # Each attempt trained after the last checkpoint only: finished epochs were not run again.
     first_epoch = {}
@@ -94,13 +95,13 @@ def test_a_killed_training_resumes_from_its_checkpoint_in_the_same_run(
         text = open(log).read()
         resumed_after = int(text.split("resuming after epoch ")[1].split()[0])
         for epoch in range(1, resumed_after + 1):
-            assert f"Epoch {epoch}/5" not in text
-        assert f"Epoch {resumed_after + 1}/5" in text
+            assert f"Epoch {epoch}/6" not in text
+        assert f"Epoch {resumed_after + 1}/6" in text
         first_epoch[attempt] = resumed_after + 1
     assert first_epoch[2] >= 2 and first_epoch[3] >= 4
     # The newest 2 checkpoints (checkpoint_keep) are kept, and latest.json names the last.
     keys = store.list_keys(store.config.key("checkpoints", result.run_id))
-    assert {k.split("/")[-2] for k in keys if k.count("/") > 3} == {"epoch-0004", "epoch-0005"}
+    assert {k.split("/")[-2] for k in keys if k.count("/") > 3} == {"epoch-0005", "epoch-0006"}
     assert wait_for_no_ranks() == []
 
 

@@ -76,6 +76,10 @@ def page(browser, request):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(30_000)
+    # expect() keeps its own 5 s default: too short for a single-page app on a loaded machine.
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=30_000)
     try:
         yield page
     finally:

@@ -160,5 +160,7 @@ def test_the_benchmark_plots_show_in_the_flow_runs_artifacts(prefect_server, pag
         image.scroll_into_view_if_needed()
         expect(image).to_be_visible()
         # Decoded and drawn: a broken image has no natural width.
-        assert image.evaluate("img => img.complete && img.naturalWidth") > 0
+        page.wait_for_function(
+            "img => img.complete && img.naturalWidth > 0", arg=image.element_handle()
+        )
     screenshot(page, "prefect-benchmark-plots")

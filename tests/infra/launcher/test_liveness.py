@@ -164,10 +164,10 @@ def test_the_driver_answers_heartbeats_and_names_a_task_that_went_silent():
             assert read_message(task0, 5) == {"type": _wire.PLAN_OK}
             task1.sendall(_wire.encode({"type": _wire.HEARTBEAT}))
             assert read_message(task1, 5) == {"type": _wire.HEARTBEAT}
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 task0.sendall(_wire.encode({"type": _wire.HEARTBEAT}))  # task 0 stays alive
-                if lost := channel.liveness.lost(timeout_s=0.5):
+                if lost := channel.liveness.lost(timeout_s=2.0):
                     break
                 time.sleep(0.1)
             assert [r["reason"].split(" stopped")[0] for r in lost] == [
@@ -218,15 +218,15 @@ def test_a_task_that_hears_nothing_from_the_driver_kills_its_rank(monkeypatch):
     try:
         started = time.monotonic()
         with pytest.raises(RankFailed) as err:
-            run_task(spec_for(driver, payload, 2.0), 0, ["127.0.0.1"], barrier=lambda: None)
+            run_task(spec_for(driver, payload, 5.0), 0, ["127.0.0.1"], barrier=lambda: None)
         took = time.monotonic() - started
         message = str(err.value)
         assert message.startswith(
             f"rank 0 on {socket.gethostname()} (127.0.0.1) stopped: heard nothing from the "
-            "driver for 2 s (HorovodRunner heartbeat_timeout_s); the driver, or the network to "
+            "driver for 5 s (HorovodRunner heartbeat_timeout_s); the driver, or the network to "
             "it, is gone. Last lines of its output:\n[1,0]<stdout>:pid "
         )
-        assert 2.0 < took < 10.0
+        assert 5.0 < took < 15.0
         rank_pid = int(message.rsplit("pid ", 1)[1].split()[0])
         assert not psutil.pid_exists(rank_pid) or (
             psutil.Process(rank_pid).status() == psutil.STATUS_ZOMBIE
