@@ -1,8 +1,8 @@
 """Batch scoring throughput: the Spark scoring job against a single-process predict loop.
 
-The same model (a Keras CNN of training/models.py, seeded weights, 224x224 RGB input, saved in
-MLflow's format) scores the same Caltech101-like JPEGs (~300x200, resized to 224x224) two ways,
-in one run:
+Each model (of training/models.py, seeded weights, 224x224 RGB input, saved in MLflow's format;
+by default a CNN whose forward pass is the work and an MLP for which decoding is) scores the same
+Caltech101-like JPEGs (~300x200, resized to 224x224) three ways, in one run:
 
 1. ``tasks.score.job.score_images`` on Spark local[2]: the whole call (listing, the Spark job,
    Parquet writes by the executors, publication). The session is warm: a first, smaller run
@@ -10,6 +10,10 @@ in one run:
 2. A loop in one process doing the same per-image work (read, decode and resize with
    preprocessing's rules) and calling the same model's ``predict`` on batches of the same size,
    TensorFlow using every core; its predictions written to one Parquet file.
+3. The forward pass alone, on images held in memory (``predict_on_batch``, as the executors):
+   one process with TensorFlow's threads on both cores, against two one-thread processes at
+   once (what Spark's two one-core slots run). Their ratio is what two slots can gain over one
+   process on the model's own work, on this machine, whatever schedules them.
 
 Each way runs ``--rounds`` times, interleaved; the best of each is shown (the machine is shared
 and noisy: the best is the least disturbed).
@@ -58,15 +62,14 @@ def spark_run(spark, model, images: Path, out: Path, batch_size: int):
     return result, time.perf_counter() - started
 
 
-def loop_run(keras_model, images: Path, out: Path, batch_size: int) -> tuple[int, float, float]:
-    """(images scored, seconds, seconds in predict) of the single-process loop."""
+def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float, float]:
+    """(images scored, seconds, seconds in predict) of the single-process loop over ``units``."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tasks.preprocess.decode import Good, decode_image
     from tasks.score.executor import prediction_schema, to_model_input
-    from tasks.score.inputs import list_images
 
     started = time.perf_counter()
     in_predict = 0.0
@@ -85,7 +88,7 @@ def loop_run(keras_model, images: Path, out: Path, batch_size: int) -> tuple[int
         batch.clear()
         batch_sources.clear()
 
-    for unit in list_images(str(images)).units:
+    for unit in units:
         with open(unit.path, "rb") as f:
             record = decode_image(unit.source, "", f.read(), IMAGE_SIZE, "RGB", 50_000_000)
         if isinstance(record, Good):
@@ -109,10 +112,132 @@ def loop_run(keras_model, images: Path, out: Path, batch_size: int) -> tuple[int
     return len(sources), time.perf_counter() - started, in_predict
 
 
+def forward_seconds(keras_model, batches: int, batch_size: int) -> float:
+    """Seconds for ``batches`` forward passes of ``batch_size`` images held in memory, with
+    ``predict_on_batch`` as the executors call it: the forward pass and nothing else."""
+    import numpy as np
+
+    x = np.random.default_rng(0).random((batch_size, *IMAGE_SIZE, 3), dtype=np.float32)
+    keras_model.predict_on_batch(x[:2])  # tracing
+    started = time.perf_counter()
+    for _ in range(batches):
+        keras_model.predict_on_batch(x)
+    return time.perf_counter() - started
+
+
+def _one_thread_forward(model_dir: str, batches: int, batch_size: int, ready, results) -> None:
+    import mlflow.tensorflow
+
+    from training.threads import use_threads
+
+    use_threads(1)  # as a Spark task with spark.task.cpus = 1 (tasks.score.model_cache)
+    keras_model = mlflow.tensorflow.load_model(model_dir)
+    forward_seconds(keras_model, 1, 2)
+    ready.wait()
+    results.put(forward_seconds(keras_model, batches, batch_size))
+
+
+def forward_pass_rates(keras_model, model_dir: str, images: int, batch_size: int):
+    """images/s of the forward pass alone: (one process with TensorFlow's threads on every core,
+    two one-thread processes at once with half the batches each).
+
+    Their ratio is what two one-core slots can gain over one process on the forward pass, on
+    this machine, whatever runs them: the measure of how far a job like Spark's can go.
+    """
+    import multiprocessing
+
+    batches = max(2, images // batch_size // 2 * 2)
+    one = batches * batch_size / forward_seconds(keras_model, batches, batch_size)
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Barrier(3), context.Queue()
+    workers = [
+        context.Process(
+            target=_one_thread_forward,
+            args=(model_dir, batches // 2, batch_size, ready, results),
+        )
+        for _ in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    ready.wait(timeout=600)
+    slowest = max(results.get(timeout=3600) for _ in workers)
+    for worker in workers:
+        worker.join()
+    return one, batches * batch_size / slowest
+
+
+def measure(spark, name: str, workdir: Path, units, rounds: int, batch_size: int) -> dict:
+    """One model's rounds of the three ways; the best rate of each and where the time went."""
+    import mlflow.tensorflow
+    import numpy as np
+
+    print(f"{name}:", flush=True)
+    model = save_model(name, workdir / f"model-{name}")
+    # Warm-up: the executors' Python workers load the model (once each), as in a warm session.
+    _, cold_s = spark_run(spark, model, workdir / "warmup", workdir / f"warmup-{name}", 16)
+    print(f"  warm-up (40 images; the executors load the model): {cold_s:.1f} s", flush=True)
+    keras_model = mlflow.tensorflow.load_model(model.local_dir)
+    keras_model.predict(np.zeros((2, *IMAGE_SIZE, 3), "float32"), verbose=0)  # tracing
+
+    rates: dict[str, list[float]] = {"spark": [], "loop": [], "forward1": [], "forward2": []}
+    split = {}
+    for round_ in range(rounds):
+        out = workdir / f"{name}-{round_}"
+        result, spark_s = spark_run(spark, model, workdir / "images", out / "spark", batch_size)
+        rates["spark"].append(result.scored / spark_s)
+        rows, loop_s, predict_s = loop_run(keras_model, units, out / "loop", batch_size)
+        rates["loop"].append(rows / loop_s)
+        one, two = forward_pass_rates(keras_model, model.local_dir, len(units), batch_size)
+        rates["forward1"].append(one)
+        rates["forward2"].append(two)
+        if rates["spark"][-1] == max(rates["spark"]):
+            split["spark"] = {k: v / 1000 for k, v in result.milliseconds.items()}
+        if rates["loop"][-1] == max(rates["loop"]):
+            split["loop"] = (predict_s, loop_s - predict_s)
+        print(
+            f"  round {round_ + 1}: Spark {rates['spark'][-1]:6.1f} images/s, loop "
+            f"{rates['loop'][-1]:6.1f}; forward pass alone: one process {one:6.1f}, two "
+            f"one-thread processes {two:6.1f}",
+            flush=True,
+        )
+    return {"name": name, "scored": result.scored, "rates": rates, "split": split}
+
+
+def report(results: list[dict], rounds: int) -> None:
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    print(f"\nscoring, best of {rounds} rounds (images/s; load average {load}):")
+    print(
+        f"  {'model':<11} {'images':>6} {'Spark local[2]':>15} {'predict loop':>13} {'ratio':>6}"
+        f" {'forward: 1 process':>19} {'2x1-thread':>11} {'ratio':>6}"
+    )
+    for r in results:
+        spark, loop, one, two = (
+            max(r["rates"][k]) for k in ("spark", "loop", "forward1", "forward2")
+        )
+        print(
+            f"  {r['name']:<11} {r['scored']:>6} {spark:15.1f} {loop:13.1f} {spark / loop:6.2f}"
+            f" {one:19.1f} {two:11.1f} {two / one:6.2f}"
+        )
+    print("  (images: ~300x200 JPEGs decoded and resized to 224x224 RGB)")
+    for r in results:
+        spark, (predict_s, rest_s) = r["split"]["spark"], r["split"]["loop"]
+        print(
+            f"  {r['name']}: Spark tasks' time (both slots, s): predict "
+            f"{spark.get('predict', 0):.1f}, fetch+decode+write "
+            f"{spark.get('fetch_decode_write', 0):.1f}; loop's time (s): predict "
+            f"{predict_s:.1f}, read+decode+write {rest_s:.1f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=600)
-    parser.add_argument("--model", default="mnist_cnn", help="a model of training/models.py")
+    parser.add_argument(
+        "--models",
+        default="mnist_cnn,digits_mlp",
+        help="models of training/models.py, comma-separated (default: a CNN whose forward pass "
+        "is the work, and an MLP for which decoding is)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
@@ -120,60 +245,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.preprocess_throughput import make_caltech_like
     from infra.spark import get_spark
+    from tasks.score.inputs import list_images
 
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-score-"))
     try:
-        print(f"writing {args.images} images and saving {args.model} ...", flush=True)
+        print(f"writing {args.images} images ...", flush=True)
         make_caltech_like(workdir / "images", args.images)
         make_caltech_like(workdir / "warmup", 40)
-        model = save_model(args.model, workdir / "model")
+        units = list_images(str(workdir / "images")).units
         spark = get_spark("local[2]", "hvdflow-bench", {"spark.ui.showConsoleProgress": "false"})
         spark.sparkContext.setLogLevel("ERROR")
-        # Warm-up: the executors' Python workers start and load the model (once each).
-        _, cold_s = spark_run(spark, model, workdir / "warmup", workdir / "out-warmup", 16)
-        print(f"  warm-up (40 images; workers start, model loaded): {cold_s:.1f} s", flush=True)
-
-        import mlflow.tensorflow
-        import numpy as np
-
-        keras_model = mlflow.tensorflow.load_model(model.local_dir)
-        keras_model.predict(np.zeros((2, *IMAGE_SIZE, 3), "float32"), verbose=0)  # tracing
-
-        spark_rates, loop_rates, split = [], [], {}
-        for round_ in range(args.rounds):
-            result, spark_s = spark_run(
-                spark, model, workdir / "images", workdir / f"out-{round_}", args.batch_size
-            )
-            spark_rates.append(result.scored / spark_s)
-            rows, loop_s, predict_s = loop_run(
-                keras_model, workdir / "images", workdir / f"loop-{round_}", args.batch_size
-            )
-            loop_rates.append(rows / loop_s)
-            if spark_rates[-1] == max(spark_rates):
-                split["spark"] = result.milliseconds
-            if loop_rates[-1] == max(loop_rates):
-                split["loop"] = (predict_s, loop_s - predict_s)
-            print(
-                f"  round {round_ + 1}: Spark {spark_rates[-1]:6.1f} images/s, loop "
-                f"{loop_rates[-1]:6.1f} images/s",
-                flush=True,
-            )
+        results = [
+            measure(spark, name, workdir, units, args.rounds, args.batch_size)
+            for name in args.models.split(",")
+        ]
         spark.stop()
-
-        load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-        best_spark, best_loop = max(spark_rates), max(loop_rates)
-        label = f"{result.scored} ~300x200 JPEG -> 224x224 RGB, {args.model}"
-        print(f"\nscoring, best of {args.rounds} rounds (images/s; load average {load}):")
-        print(f"  {'workload':<46} {'Spark local[2]':>15} {'predict loop':>13} {'ratio':>6}")
-        print(f"  {label:<46} {best_spark:15.1f} {best_loop:13.1f} {best_spark / best_loop:6.2f}")
-        seconds = {k: v / 1000 for k, v in split["spark"].items()}
-        print(
-            f"  Spark tasks' time (both slots, s): predict {seconds.get('predict', 0):.1f}, "
-            f"fetch+decode+write {seconds.get('fetch_decode_write', 0):.1f}, "
-            f"model load {seconds.get('load', 0):.1f}"
-        )
-        predict_s, rest_s = split["loop"]
-        print(f"  loop's time (s): predict {predict_s:.1f}, read+decode+write {rest_s:.1f}")
+        report(results, args.rounds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
