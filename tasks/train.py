@@ -286,19 +286,39 @@ def run_to_resume(experiment_id: str, resume: str, flow_run_id: str | None) -> s
         return resume
     where = "attributes.status != 'FINISHED'"
     if resume == "last":
-        # Failed ones only: a RUNNING run may be another driver's, training right now.
-        runs = client.search_runs(
-            [experiment_id],
-            "attributes.status = 'FAILED'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        if not runs:
+        # Failed ones only: a RUNNING run may be another driver's, training right now. One whose
+        # driver was killed stays RUNNING too: a newer one is named, for the user to resume.
+        def newest(status: str):
+            runs = client.search_runs(
+                [experiment_id],
+                f"attributes.status = '{status}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+            return runs[0] if runs else None
+
+        failed, running = newest("FAILED"), newest("RUNNING")
+        if failed is None:
+            also = (
+                f"; run {running.info.run_id} is RUNNING: if its driver is gone (killed, its "
+                f"machine lost), continue it with --resume {running.info.run_id}"
+                if running
+                else ""
+            )
             raise ValueError(
                 f"tracking.resume='last': experiment {experiment_id} has no failed run to "
-                "continue; run without --resume"
+                f"continue{also}; else run without --resume"
             )
-        return runs[0].info.run_id
+        if running is not None and running.info.start_time > failed.info.start_time:
+            logger.warning(
+                "tracking.resume='last' continues failed run %s; newer run %s is RUNNING and "
+                "is left alone (another driver may be training it; if its driver is gone, "
+                "continue it with --resume %s)",
+                failed.info.run_id,
+                running.info.run_id,
+                running.info.run_id,
+            )
+        return failed.info.run_id
     if flow_run_id:
         runs = client.search_runs(
             [experiment_id],
