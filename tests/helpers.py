@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
+import pytest
 
 RANK_ENTRY = "infra.launcher._rank"
 # Set in this test session's environment before any Spark JVM or rank starts, so every rank it
@@ -80,3 +81,10 @@ def assert_refused_before_any_service(argv, expected: str, tmp_path, monkeypatch
     assert main(argv) == 2
     assert capfd.readouterr().err.strip().splitlines() == [expected]
     assert not (tmp_path / "home" / "services.json").exists()  # no service was started
+
+
+def skip_here_fail_in_ci(reason: str, what: str) -> None:
+    """Skip with ``reason``; under CI=true fail instead, since ``what`` must run in CI."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: {what} must run in CI)", pytrace=False)
+    pytest.skip(reason)

@@ -6,7 +6,6 @@ why; under CI=true that is a failure instead, so CI cannot pass without running 
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 
@@ -14,6 +13,7 @@ import pytest
 
 from tests.cluster import cleanup, netns
 from tests.cluster.spark_cluster import netns_spark_cluster
+from tests.helpers import skip_here_fail_in_ci
 
 # Bounds the cluster's start: namespaces, a master and two worker JVMs on two busy cores.
 START_TIMEOUT_S = 120.0
@@ -24,9 +24,7 @@ def require_harness() -> None:
     reason = netns.unavailable_reason()
     if reason is None:
         return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the multi-host tests must run in CI)", pytrace=False)
-    pytest.skip(reason)
+    skip_here_fail_in_ci(reason, "the multi-host tests")
 
 
 @pytest.fixture(scope="session")

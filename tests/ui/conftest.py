@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import skip_here_fail_in_ci
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 # Debian's chromium (scripts/setup.sh installs it); HVDFLOW_CHROMIUM names another.
 CHROMIUM = os.environ.get("HVDFLOW_CHROMIUM", "/usr/bin/chromium")
@@ -46,9 +48,7 @@ def require_browser() -> None:
             reason = "the playwright package is missing: run scripts/setup.sh"
     if reason is None:
         return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the browser tests must run in CI)", pytrace=False)
-    pytest.skip(reason)
+    skip_here_fail_in_ci(reason, "the browser tests")
 
 
 @pytest.fixture(scope="module")
