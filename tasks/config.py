@@ -20,6 +20,7 @@ from infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
 from infra.storage.object_store import parse_uri
 from tasks.preprocess import PreprocessConfig
 from tasks.stage_weights import OFFLINE_SOURCE, redact
+from training.optimizers import OPTIMIZERS
 
 InputFormat = Literal["folders", "mnist_idx", "digits"]
 # Image sides a preprocessing run accepts: 8x8 digits up to large photos; beyond this a typo
@@ -35,6 +36,16 @@ def image_models() -> list[str]:
     from training.models import model_names
 
     return model_names()
+
+
+def model_recipe(model: str):
+    """The model's training defaults (``training.models.Recipe``); None for an unknown one.
+    The graph model trains full-batch: its ranks split one batch, so its rate needs no scaling."""
+    from training.models import Recipe, recipe
+
+    if model in GRAPH_MODELS:
+        return Recipe("adam", 0.01, 0.0)
+    return recipe(model) if model in image_models() else None
 
 
 class DataParams(BaseModel):
@@ -127,8 +138,35 @@ class TrainingParams(BaseModel):
     model: str = "digits_mlp"
     epochs: int = Field(default=3, ge=1)
     batch_size: int = Field(default=32, ge=1, description="per rank")
-    learning_rate: float = Field(default=0.01, gt=0, description="before scaling by np")
-    optimizer: str = "adam"
+    optimizer: str = Field(
+        default="",
+        description=f"one of {', '.join(OPTIMIZERS)}; '' the model's own (with its learning "
+        "rate and warm-up, training.models)",
+    )
+    learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="for one rank; lr_scaling scales it for np ranks. None: the model's rate, "
+        "or the optimizer's customary one when the optimizer is given",
+    )
+    lr_scaling: Literal["auto", "linear", "sqrt", "none"] = Field(
+        default="auto",
+        description="how the learning rate follows np: 'linear' (x np, Goyal et al.: SGD, "
+        "Adadelta), 'sqrt' (x sqrt(np): Adam, RAdam, RMSprop), 'none'; 'auto' by optimizer",
+    )
+    warmup_epochs: float | None = Field(
+        default=None,
+        ge=0,
+        description="epochs over which the rate climbs from learning_rate to its scaled value "
+        "(gradual warm-up); None: the model's",
+    )
+    chance_margin: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="a run whose final val_accuracy is not above chance (1/classes) by this "
+        "much is marked failed and its model not registered",
+    )
     seed: int = 0
     checkpoints: str = Field(
         default="",
@@ -157,6 +195,30 @@ class TrainingParams(BaseModel):
         "is recorded as given",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_recipe(cls, data):
+        """Fill in what the user left to the model: its optimizer, rate and warm-up."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        model = str(data.get("model") or "digits_mlp").lower()
+        defaults = model_recipe(model)
+        if defaults is None:  # an unknown model: the field's validator names the choices
+            return data
+        optimizer = str(data.get("optimizer") or "")
+        if not optimizer:
+            data["optimizer"] = defaults.optimizer
+            if data.get("learning_rate") is None:
+                data["learning_rate"] = defaults.learning_rate
+        elif data.get("learning_rate") is None:
+            from training.optimizers import DEFAULT_LEARNING_RATES
+
+            data["learning_rate"] = DEFAULT_LEARNING_RATES.get(optimizer.lower(), 0.001)
+        if data.get("warmup_epochs") is None:
+            data["warmup_epochs"] = defaults.warmup_epochs
+        return data
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str) -> str:
@@ -168,8 +230,6 @@ class TrainingParams(BaseModel):
     @field_validator("optimizer")
     @classmethod
     def _known_optimizer(cls, optimizer: str) -> str:
-        from training.optimizers import OPTIMIZERS
-
         if optimizer.lower() not in OPTIMIZERS:
             raise ValueError(
                 f"optimizer {optimizer!r} is unknown: expected one of {', '.join(OPTIMIZERS)}"

@@ -21,7 +21,7 @@ from infra.tracking import check_reachable, wait_until_reachable
 from tasks.config import LauncherParams, TrackingParams, TrainingParams
 from tasks.registry import assign_aliases
 from training.epoch_log import epoch_times_by_number
-from training.optimizers import scaled_learning_rate
+from training.optimizers import resolve_scaling, scaled_learning_rate
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,14 @@ FLOW_RUN_TAG = "hvdflow.flow_run_id"
 ATTEMPTS_TAG = "hvdflow.training_attempts"
 # How long the driver waits for a tracking server that is down before logging a finished run.
 TRACKER_WAIT_S = 300.0
+# The MLflow run's tag saying why its model was not published (training.quality).
+REJECTED_TAG = "hvdflow.rejected"
+
+
+class ModelRejected(RuntimeError):
+    """The training finished, but its model is no better than chance or diverged: the run is
+    marked failed in MLflow and the model is not registered. Not retried: the same settings
+    would train the same way."""
 
 
 class TrainConfig(BaseModel):
@@ -128,6 +136,13 @@ def train_and_track(
             mlflow.log_metric(
                 "images_per_s_epoch", result["images_per_epoch"] / seconds, step=epoch
             )
+        rejected = result.get("rejected")
+        if rejected:
+            if result.get("stopped"):
+                mlflow.set_tag("hvdflow.stopped", result["stopped"])
+            mlflow.set_tag(REJECTED_TAG, rejected)
+            # Raised inside the run: MLflow ends it as FAILED.
+            raise ModelRejected(f"run {run_id}: {rejected}")
         aliases = assign_aliases(tracking.registered_model_name, result["model_version"])
         # What the MLflow pages show beside the wall clock: steady-state throughput (the first
         # epoch's warm-up left out), and on the version's page what produced it.
@@ -394,6 +409,9 @@ def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:
         "batch_size": training.batch_size,
         "learning_rate": training.learning_rate,
         "optimizer": training.optimizer,
+        "lr_scaling": training.lr_scaling,
+        "warmup_epochs": training.warmup_epochs,
+        "chance_margin": training.chance_margin,
         "seed": training.seed,
         "weights_uri": weights.uri if weights else None,
         "weights_sha256": weights.sha256 if weights else None,
@@ -404,6 +422,7 @@ def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:
 
 def _params(config: TrainConfig, dataset, weights) -> dict:
     training, launcher = config.training, config.launcher
+    rule = resolve_scaling(training.optimizer, training.lr_scaling)
     params = {
         "model": training.model,
         "np": launcher.np,
@@ -412,8 +431,10 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
         "epochs": training.epochs,
         "batch_size": training.batch_size,
         "base_learning_rate": training.learning_rate,
-        "scaled_learning_rate": scaled_learning_rate(training.learning_rate, launcher.np),
+        "scaled_learning_rate": scaled_learning_rate(training.learning_rate, launcher.np, rule),
         "optimizer": training.optimizer,
+        "lr_scaling": rule,
+        "warmup_epochs": training.warmup_epochs,
         "seed": training.seed,
         "dataset_fingerprint": dataset.fingerprint,
         "dataset_path": dataset.path,

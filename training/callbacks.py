@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from infra.launcher.rank_events import log_to_driver, report_progress
 from training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
+from training.quality import divergence
 
 
 class LogCallback(tf.keras.callbacks.Callback):
@@ -58,6 +59,45 @@ class EpochTimer(tf.keras.callbacks.Callback):
         self.epoch_times.append(time.perf_counter() - self._started)
         if logs is not None:
             logs["epoch_time_s"] = self.epoch_times[-1]
+
+
+class LearningRateLog(tf.keras.callbacks.Callback):
+    """Puts the learning rate an epoch ended with into its logs (``learning_rate``), so the
+    warm-up (``training.warmup``) shows in MLflow and in the epoch lines. ``plan``: the run's
+    ``training.optimizers.LearningRatePlan``, read at the optimizer's own step count."""
+
+    def __init__(self, plan):
+        super().__init__()
+        self.plan = plan
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            steps = int(tf.keras.backend.get_value(self.model.optimizer.iterations))
+            logs["learning_rate"] = self.plan.at_step(max(steps - 1, 0))
+
+
+class DivergenceGuard(tf.keras.callbacks.Callback):
+    """Stops training at the end of an epoch whose loss diverged (``training.quality``).
+
+    Epoch ends only: there every rank reads the same metrics (averaged over ranks by the
+    engine), so all stop together; a batch's loss differs by rank, and one rank stopping alone
+    would leave the others waiting in their next allreduce. Put it after the engine's callbacks.
+    """
+
+    def __init__(self, num_classes: int, learning_rate: str = "", rank: int = 0):
+        super().__init__()
+        self.num_classes = num_classes
+        self.learning_rate = learning_rate
+        self.rank = rank
+        self.reason: str | None = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        reason = divergence(epoch + 1, logs or {}, self.num_classes, self.learning_rate)
+        if reason is not None:
+            self.reason = reason
+            self.model.stop_training = True
+            if self.rank == 0:
+                log_to_driver(f"stopping: {reason}")
 
 
 class MlflowEpochMetrics(tf.keras.callbacks.Callback):

@@ -102,7 +102,6 @@ def train_gcn(
 
     from infra.launcher.rank_events import log_to_driver
     from training.epoch_log import epoch_done_line, epoch_started_line
-    from training.optimizers import scaled_learning_rate
 
     if use_horovod:
         import horovod.tensorflow as hvd
@@ -123,7 +122,9 @@ def train_gcn(
     w0 = tf.Variable(tf.keras.initializers.GlorotUniform(seed)((features.shape[1], hidden)))
     w1 = tf.Variable(tf.keras.initializers.GlorotUniform(seed + 1)((hidden, len(names))))
     variables = [w0, w1]
-    optimizer = tf.keras.optimizers.Adam(scaled_learning_rate(learning_rate, size))
+    # Not scaled by the ranks: they split the one full batch of labelled nodes and average
+    # their gradients, so the global batch, and with it the right rate, does not change.
+    optimizer = tf.keras.optimizers.Adam(learning_rate)
 
     def forward(training: bool):
         h = tf.nn.relu(a_hat @ (x @ w0))

@@ -8,14 +8,30 @@ classifier head; ``digits_mlp`` is a small model for the bundled 8x8 digits.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 # name -> (default input shape, builder(input_shape, num_classes))
 _BUILDERS: dict[str, tuple[tuple[int, int, int], Callable]] = {}
 
 
-def _register(name: str, input_shape: tuple[int, int, int]):
+@dataclass(frozen=True)
+class Recipe:
+    """How a model trains by default: the optimizer and base learning rate (for one rank;
+    ``training.optimizers`` scales it for more) and the warm-up epochs to the scaled rate.
+    Chosen so that np=1, 2 and 4 end at the same accuracy (README, "Learning rate and ranks")."""
+
+    optimizer: str
+    learning_rate: float
+    warmup_epochs: float
+
+
+_RECIPES: dict[str, Recipe] = {}
+
+
+def _register(name: str, input_shape: tuple[int, int, int], defaults: Recipe):
     def wrap(fn):
         _BUILDERS[name] = (input_shape, fn)
+        _RECIPES[name] = defaults
         return fn
 
     return wrap
@@ -23,6 +39,12 @@ def _register(name: str, input_shape: tuple[int, int, int]):
 
 def model_names() -> list[str]:
     return sorted(_BUILDERS)
+
+
+def recipe(name: str) -> Recipe:
+    """``name``'s default optimizer, learning rate and warm-up."""
+    _lookup(name)  # the error naming the choices
+    return _RECIPES[name.lower()]
 
 
 def default_input_shape(name: str) -> tuple[int, int, int]:
@@ -57,7 +79,7 @@ def build_model(
     return builder(tuple(input_shape or default_shape), num_classes)
 
 
-@_register("digits_mlp", (8, 8, 1))
+@_register("digits_mlp", (8, 8, 1), Recipe("adam", 0.01, 1.0))
 def _digits_mlp(input_shape, num_classes):
     import tensorflow as tf
 
@@ -72,7 +94,7 @@ def _digits_mlp(input_shape, num_classes):
     )
 
 
-@_register("mnist_cnn", (28, 28, 1))
+@_register("mnist_cnn", (28, 28, 1), Recipe("adam", 0.001, 1.0))
 def _mnist_cnn(input_shape, num_classes):
     import tensorflow as tf
 
@@ -101,14 +123,14 @@ def _application(base_fn, input_shape, num_classes, name):
     return tf.keras.Model(base.input, outputs, name=name)
 
 
-@_register("vgg16", (224, 224, 3))
+@_register("vgg16", (224, 224, 3), Recipe("sgd", 0.01, 1.0))
 def _vgg16(input_shape, num_classes):
     import tensorflow as tf
 
     return _application(tf.keras.applications.VGG16, input_shape, num_classes, "vgg16")
 
 
-@_register("inceptionv3", (299, 299, 3))
+@_register("inceptionv3", (299, 299, 3), Recipe("sgd", 0.01, 1.0))
 def _inceptionv3(input_shape, num_classes):
     import tensorflow as tf
 

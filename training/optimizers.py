@@ -1,17 +1,118 @@
-"""Optimizers the paper compared, built by name, with the learning rate already scaled."""
+"""Optimizers the paper compared, built by name, and how their learning rate follows the ranks.
+
+More ranks mean a larger global batch (the per-rank batch stays): ``ranks x batch_size``. The
+learning rate must follow, or the model trains on fewer, equally cautious steps; but followed
+naively it diverges in the first steps. Two rules from the literature, each with its warm-up:
+
+- ``linear`` (Goyal et al., 2017, "Accurate, Large Minibatch SGD"): ``lr x ranks``, reached by a
+  gradual warm-up from ``lr`` over the first epochs. Proven for SGD with momentum; Horovod's own
+  examples scale Adadelta the same way (``Adadelta(1.0 * hvd.size())`` with
+  ``LearningRateWarmupCallback``), which is the paper's MNIST setup.
+- ``sqrt`` (Malladi et al., 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
+  Algorithms"; Hoffer et al., 2017): ``lr x sqrt(ranks)`` for Adam-like optimizers, whose steps
+  are already normalised by the gradients' second moment. Linear scaling of Adam is what made
+  np=2 train to chance with the pipeline's old defaults.
+
+``auto`` picks the rule by optimizer (AUTO_SCALING); ``none`` keeps ``lr`` whatever the ranks.
+The warm-up itself is ``training.warmup.WarmupSchedule``: a learning-rate schedule inside the
+optimizer, so both engines (Horovod, TensorFlow collectives) and a resumed checkpoint follow it.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 OPTIMIZERS = ("adadelta", "rmsprop", "adam", "radam", "sgd")
+SCALING_RULES = ("auto", "linear", "sqrt", "none")
+# The rule ``auto`` picks: linear where the literature and Horovod's examples scale linearly,
+# square root for the optimizers that divide by the gradients' second moment.
+AUTO_SCALING = {
+    "sgd": "linear",
+    "adadelta": "linear",
+    "adam": "sqrt",
+    "radam": "sqrt",
+    "rmsprop": "sqrt",
+}
+# Each optimizer's customary learning rate, used when a run names the optimizer but no rate.
+DEFAULT_LEARNING_RATES = {
+    "sgd": 0.01,
+    "adadelta": 1.0,
+    "adam": 0.001,
+    "radam": 0.001,
+    "rmsprop": 0.001,
+}
+# SGD as Goyal et al. ran it: with momentum (plain SGD needs far more epochs to get anywhere).
+SGD_MOMENTUM = 0.9
 
 
-def scaled_learning_rate(learning_rate: float, ranks: int) -> float:
-    """The learning rate scaled by the number of ranks, as Horovod recommends."""
-    return learning_rate * abs(ranks)
+@dataclass(frozen=True)
+class LearningRatePlan:
+    """The learning rate a run trains with: ``base`` scaled by ``rule`` for ``ranks``, reached
+    after ``warmup_steps`` optimizer steps that start at ``base``."""
+
+    base: float
+    ranks: int
+    rule: str  # linear, sqrt or none: never auto
+    warmup_steps: int
+
+    @property
+    def target(self) -> float:
+        return scaled_learning_rate(self.base, self.ranks, self.rule)
+
+    def at_step(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (from 0): the warm-up is a straight line
+        from ``base`` at step 0 to ``target`` at ``warmup_steps``."""
+        if step >= self.warmup_steps:
+            return self.target
+        return self.base + (self.target - self.base) * step / self.warmup_steps
 
 
-def make_optimizer(name: str, learning_rate: float):
-    """A Keras optimizer; ``radam`` is Rectified Adam from tensorflow-addons (as in the paper)."""
+def resolve_scaling(optimizer: str, rule: str = "auto") -> str:
+    """The rule ``rule`` means for ``optimizer``: ``auto`` picks by optimizer."""
+    if rule not in SCALING_RULES:
+        raise ValueError(f"lr_scaling {rule!r} is unknown: expected one of {SCALING_RULES}")
+    if rule != "auto":
+        return rule
+    key = optimizer.lower()
+    if key not in AUTO_SCALING:
+        raise ValueError(f"optimizer {optimizer!r} is unknown: expected one of {OPTIMIZERS}")
+    return AUTO_SCALING[key]
+
+
+def scaled_learning_rate(learning_rate: float, ranks: int, rule: str = "linear") -> float:
+    """``learning_rate`` for ``ranks`` ranks under ``rule`` (linear, sqrt or none)."""
+    ranks = abs(ranks)
+    if rule == "linear":
+        return learning_rate * ranks
+    if rule == "sqrt":
+        return learning_rate * math.sqrt(ranks)
+    if rule == "none":
+        return learning_rate
+    raise ValueError(f"lr_scaling {rule!r} is not a rule: expected linear, sqrt or none")
+
+
+def learning_rate_plan(
+    optimizer: str,
+    learning_rate: float,
+    ranks: int,
+    rule: str = "auto",
+    warmup_epochs: float = 0.0,
+    steps_per_epoch: int = 1,
+) -> LearningRatePlan:
+    """The plan for ``ranks`` ranks; no warm-up where there is nothing to warm up to."""
+    resolved = resolve_scaling(optimizer, rule)
+    plan = LearningRatePlan(learning_rate, abs(ranks), resolved, 0)
+    if plan.target == plan.base or warmup_epochs <= 0:
+        return plan
+    return LearningRatePlan(
+        learning_rate, abs(ranks), resolved, max(1, round(warmup_epochs * steps_per_epoch))
+    )
+
+
+def make_optimizer(name: str, learning_rate):
+    """A Keras optimizer; ``learning_rate`` a float or a Keras schedule. ``radam`` is Rectified
+    Adam from tensorflow-addons (as in the paper); ``sgd`` has momentum SGD_MOMENTUM."""
     import tensorflow as tf
 
     key = name.lower()
@@ -22,7 +123,7 @@ def make_optimizer(name: str, learning_rate: float):
     if key == "adam":
         return tf.keras.optimizers.Adam(learning_rate)
     if key == "sgd":
-        return tf.keras.optimizers.SGD(learning_rate)
+        return tf.keras.optimizers.SGD(learning_rate, momentum=SGD_MOMENTUM)
     if key == "radam":
         try:
             import tensorflow_addons as tfa
@@ -33,3 +134,12 @@ def make_optimizer(name: str, learning_rate: float):
             ) from None
         return tfa.optimizers.RectifiedAdam(learning_rate)
     raise ValueError(f"optimizer {name!r} is unknown: expected one of {OPTIMIZERS}")
+
+
+def make_planned_optimizer(name: str, plan: LearningRatePlan):
+    """The optimizer with ``plan``'s learning rate: a constant, or the warm-up schedule."""
+    if plan.warmup_steps == 0:
+        return make_optimizer(name, plan.target)
+    from training.warmup import WarmupSchedule
+
+    return make_optimizer(name, WarmupSchedule(plan.base, plan.target, plan.warmup_steps))

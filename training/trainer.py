@@ -25,8 +25,11 @@ def train_classifier(
     model_name: str,
     epochs: int = 2,
     batch_size: int = 32,
-    learning_rate: float = 0.05,
+    learning_rate: float = 0.001,
     optimizer: str = "adam",
+    lr_scaling: str = "auto",
+    warmup_epochs: float = 0.0,
+    chance_margin: float | None = None,
     weights_uri: str | None = None,
     weights_sha256: str | None = None,
     run_id: str | None = None,
@@ -55,20 +58,29 @@ def train_classifier(
     ``in_memory_max_mb``: a rank whose training shard decodes to at most this many MB holds it
     in memory after reading it once (``training.reader``); 0 always streams from Petastorm.
 
+    ``lr_scaling`` and ``warmup_epochs``: how ``learning_rate`` follows the number of ranks
+    (``training.optimizers``). ``chance_margin``: a training that ends no better than chance by
+    this much in val_accuracy is not registered, and says why in ``result["rejected"]``
+    (``training.quality``); a diverging loss stops it early (``result["stopped"]``). None
+    judges nothing (the benchmark's conditions time training, whatever it reaches).
+
     ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
     every epoch, and a run that finds one there resumes after its epoch, with the model's and
     optimizer's state and the history of the epochs before (``training.checkpoints``).
     """
     from training.callbacks import (
         CheckpointCallback,
+        DivergenceGuard,
         EpochTimer,
+        LearningRateLog,
         LogCallback,
         MlflowEpochMetrics,
         ProgressCallback,
     )
     from training.engines import NONE, start_engine
     from training.models import build_model, model_input_shape
-    from training.optimizers import make_optimizer, scaled_learning_rate
+    from training.optimizers import learning_rate_plan, make_planned_optimizer
+    from training.quality import rejection
     from training.reader import open_dataset, shard_megabytes, steps_per_epoch
 
     # First, before any TensorFlow op. Fair use of the CPU: the ranks on a host split its cores;
@@ -81,7 +93,12 @@ def train_classifier(
         import tensorflow as tf
 
         tf.keras.mixed_precision.set_global_policy("mixed_float16")
-    scaled_lr = scaled_learning_rate(learning_rate, size)
+    steps = steps_per_epoch(train_rows, size, batch_size)
+    val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
+    plan = learning_rate_plan(optimizer, learning_rate, size, lr_scaling, warmup_epochs, steps)
+    rate = describe_rate(plan)
+    if rank == 0:
+        log_to_driver(f"learning rate: {rate}")
     with engine_.scope():
         model = build_model(model_name, model_input_shape(input_shape), num_classes, seed=seed)
         if mixed_precision:
@@ -90,7 +107,7 @@ def train_classifier(
             from training.weights import fetch_weights
 
             model.load_weights(fetch_weights(weights_uri, weights_sha256))
-        opt = engine_.optimizer(make_optimizer(optimizer, scaled_lr))
+        opt = engine_.optimizer(make_planned_optimizer(optimizer, plan))
         model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
     resumed, checkpoints, checkpoint = None, None, None
     if checkpoint_url:
@@ -108,7 +125,8 @@ def train_classifier(
     timer = EpochTimer()
     # The engine's first (they make the logs equal on every rank), then the stall watch's feed.
     watch = [ProgressCallback()] if use_horovod else []
-    callbacks = [*engine_.callbacks(), *watch, timer, LogCallback(rank)]
+    guard = DivergenceGuard(num_classes, rate, rank)
+    callbacks = [*engine_.callbacks(), *watch, timer, LearningRateLog(plan), LogCallback(rank)]
     if rank == 0 and checkpoints is not None:
         callbacks.append(CheckpointCallback(checkpoints, checkpoint, resumed))
     if rank == 0 and run_id:
@@ -118,13 +136,13 @@ def train_classifier(
         if tracking_uri:
             mlflow.set_tracking_uri(tracking_uri)
         callbacks.append(MlflowEpochMetrics(run_id))
+    if chance_margin is not None:
+        callbacks.append(guard)  # last: the diverged epoch's metrics are logged first
     if resumed is not None and rank == 0:
         log_to_driver(
             f"resuming after epoch {resumed.epoch} from the checkpoint at "
             f"{checkpoints.url}/{resumed.folder}"
         )
-    steps = steps_per_epoch(train_rows, size, batch_size)
-    val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
     shard_mb = shard_megabytes(train_rows + val_rows, size, input_shape)
     in_memory = 0 < shard_mb <= in_memory_max_mb
     if rank == 0:
@@ -154,18 +172,27 @@ def train_classifier(
             checkpoints.close()
         example = next(iter(val if val_steps else train))[0][:4].numpy()
 
+    whole = _whole_history(resumed, history.history)
+    rejected = None
+    if chance_margin is not None:
+        rejected = rejection(whole, num_classes, chance_margin, rate)
     result = {
         "size": size,
-        "history": _whole_history(resumed, history.history),
+        "history": whole,
         "epoch_times": (resumed.epoch_times if resumed else []) + timer.epoch_times,
         "resumed_from_epoch": initial_epoch,
         "train_seconds": train_s,
         "steps_per_epoch": steps,
         "images_per_epoch": steps * batch_size * size,
-        "scaled_learning_rate": scaled_lr,
+        "scaled_learning_rate": plan.target,
+        "warmup_steps": plan.warmup_steps,
+        "stopped": guard.reason,
+        "rejected": rejected,
         "model_version": None,
     }
-    if rank == 0 and run_id:
+    if rank == 0 and rejected:
+        log_to_driver(f"not registering the model: {rejected}")
+    if rank == 0 and run_id and not rejected:
         import mlflow
 
         from infra.tracking import wait_until_reachable
@@ -173,6 +200,19 @@ def train_classifier(
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         result["model_version"] = _log_model(model, example, run_id, registered_model_name)
     return result
+
+
+def describe_rate(plan) -> str:
+    """How the learning rate was made, for the logs and for the reasons that name it."""
+    if plan.target == plan.base:
+        return f"{plan.base:g} (lr_scaling {plan.rule!r}, {plan.ranks} rank(s))"
+    factor = f"{plan.ranks}" if plan.rule == "linear" else f"sqrt({plan.ranks})"
+    warmup = (
+        f"; warm-up from {plan.base:g} over {plan.warmup_steps} steps"
+        if plan.warmup_steps
+        else "; no warm-up"
+    )
+    return f"{plan.target:.4g} ({plan.base:g} x {factor} ranks, lr_scaling {plan.rule!r}{warmup})"
 
 
 def _float32_output(model):

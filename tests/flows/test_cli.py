@@ -69,8 +69,9 @@ def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch,
         (
             ["run", "--params", '{"training": {"optimiser": "sgd"}}'],
             "hvdflow run: invalid parameter training.optimiser='sgd': no such parameter; expected "
-            "one of: model, epochs, batch_size, learning_rate, optimizer, seed, checkpoints, "
-            "checkpoint_keep, in_memory_max_mb, mixed_precision, weights_source",
+            "one of: model, epochs, batch_size, optimizer, learning_rate, lr_scaling, "
+            "warmup_epochs, chance_margin, seed, checkpoints, checkpoint_keep, in_memory_max_mb, "
+            "mixed_precision, weights_source",
         ),
         (["run", "--params", "[1]"], "hvdflow run: --params must be a JSON object, not '[1]'"),
         (

@@ -57,6 +57,26 @@ def test_names_are_case_insensitive_and_stored_lower_case():
     assert (training.model, training.optimizer) == ("mnist_cnn", "adadelta")
 
 
+def test_each_model_brings_its_optimizer_rate_and_warm_up_unless_told_otherwise():
+    cnn = TrainingParams(model="mnist_cnn")
+    assert (cnn.optimizer, cnn.learning_rate, cnn.warmup_epochs) == ("adam", 0.001, 1.0)
+    mlp = TrainingParams()
+    assert (mlp.model, mlp.optimizer, mlp.learning_rate, mlp.lr_scaling) == (
+        "digits_mlp",
+        "adam",
+        0.01,
+        "auto",
+    )
+    # An optimizer without a rate gets that optimizer's customary rate, not the model's.
+    assert TrainingParams(model="mnist_cnn", optimizer="adadelta").learning_rate == 1.0
+    # A rate without an optimizer is a rate for the model's optimizer.
+    given = TrainingParams(model="mnist_cnn", learning_rate=0.5, warmup_epochs=0)
+    assert (given.optimizer, given.learning_rate, given.warmup_epochs) == ("adam", 0.5, 0)
+    assert TrainingParams(model="gcn").learning_rate == 0.01
+    assert "lr_scaling" in error_of(TrainingParams, lr_scaling="cubic")
+    assert "greater than or equal to 0" in error_of(TrainingParams, warmup_epochs=-1)
+
+
 def test_image_size_must_be_sane():
     assert "image_size (8, 40000) is out of bounds" in error_of(DataParams, image_size=(8, 40000))
     assert "image_size (1, 8) is out of bounds" in error_of(DataParams, image_size=(1, 8))

@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from infra.services import free_port
-from tasks.train import TrainConfig, train_and_track
+from tasks.train import REJECTED_TAG, ModelRejected, TrainConfig, train_and_track
 from tests.helpers import wait_for_no_ranks
 
 
@@ -32,8 +32,14 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     params = run.data.params
     assert params["np"] == "2" and params["model"] == "digits_mlp"
     assert params["dataset_fingerprint"] == digits_dataset.fingerprint
-    assert params["base_learning_rate"] == "0.01" and params["scaled_learning_rate"] == "0.02"
-    assert params["optimizer"] == "adam" and params["horovod_autotune"] == "False"
+    # Adam follows np by the square root, reached by a one-epoch warm-up.
+    assert params["base_learning_rate"] == "0.01" and params["lr_scaling"] == "sqrt"
+    assert float(params["scaled_learning_rate"]) == pytest.approx(0.01 * 2**0.5)
+    assert params["optimizer"] == "adam" and params["warmup_epochs"] == "1.0"
+    assert params["horovod_autotune"] == "False"
+    rates = [m.value for m in client.get_metric_history(result.run_id, "learning_rate")]
+    assert rates[0] == pytest.approx(0.01 * 2**0.5, rel=0.05)  # warmed up by epoch 1's end
+    assert rates[1:] == [pytest.approx(0.01 * 2**0.5)] * 2
 
     for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
         history = client.get_metric_history(result.run_id, key)
@@ -58,7 +64,7 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     worse = train_and_track(
         spark,
         TrainConfig(
-            training={"epochs": 1, "learning_rate": 1e-7},
+            training={"epochs": 1, "learning_rate": 0.002},  # worse, but better than chance
             launcher=config.launcher,
             tracking=config.tracking,
         ),
@@ -106,6 +112,42 @@ classes = probabilities.argmax(axis=1)
 print(json.dumps({"batch": len(classes), "shape": list(probabilities.shape),
                   "accuracy": float((classes == labels.numpy()).mean())}))
 """
+
+
+@pytest.mark.slow
+def test_a_diverged_model_is_marked_failed_and_never_published(
+    spark, mlflow_server, digits_dataset
+):
+    # Adam scaled linearly with no warm-up, as the pipeline's defaults once were, but hotter.
+    config = TrainConfig(
+        training={
+            "epochs": 3,
+            "optimizer": "adam",
+            "learning_rate": 5.0,
+            "lr_scaling": "linear",
+            "warmup_epochs": 0,
+        },
+        launcher={"np": 2},
+        tracking={"experiment": "tests-rejected", "registered_model_name": "tests-rejected"},
+    )
+    with pytest.raises(ModelRejected) as err:
+        train_and_track(spark, config, digits_dataset, mlflow_server.tracking_uri)
+    message = str(err.value)
+    assert "no better than chance (0.100 for 10 classes" in message
+    assert "learning rate 10 (5 x 2 ranks, lr_scaling 'linear'; no warm-up)" in message
+    assert "lower training.learning_rate" in message
+
+    client = MlflowClient(mlflow_server.tracking_uri)
+    experiment = client.get_experiment_by_name("tests-rejected")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags[REJECTED_TAG] in message
+    # Stopped after the epoch that diverged, which is still in the run's metrics.
+    assert run.data.tags["hvdflow.stopped"].startswith("training diverged in epoch 1")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0]
+    # Not registered: no version of the model exists, so no first version became champion.
+    assert client.search_model_versions("name = 'tests-rejected'") == []
+    assert wait_for_no_ranks() == []
 
 
 @pytest.mark.integration
