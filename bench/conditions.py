@@ -82,6 +82,19 @@ class Measurement:
     threads: int = 0  # per process; 0: every core (shared among the processes)
     kind: str = HOROVOD
     extra: dict = field(default_factory=dict)
+    val_accuracy: list[float] = field(default_factory=list)  # after each epoch
+
+    @property
+    def final_val_accuracy(self) -> float | None:
+        return self.val_accuracy[-1] if self.val_accuracy else None
+
+    def seconds_to(self, target: float) -> float | None:
+        """Wall clock from the launch to the end of the first epoch whose val_accuracy reached
+        ``target`` (MLPerf's time to train, launch included); None if none did."""
+        for epoch, accuracy in enumerate(self.val_accuracy):
+            if accuracy >= target:
+                return self.launch_s + sum(self.epoch_times[: epoch + 1])
+        return None
 
     @property
     def images_per_epoch(self) -> float:
@@ -173,6 +186,8 @@ def measure(
         # The GCN shares each host's cores among its ranks itself: no fixed budget (0).
         threads=c.n if c.kind == KERAS else (threads_per_rank if trainer == "classifier" else 0),
         kind=c.kind,
+        # A ceiling's processes each train the whole model alike: the first one's accuracy.
+        val_accuracy=[float(a) for a in results[0]["history"].get("val_accuracy", [])],
     )
 
 

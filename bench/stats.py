@@ -7,7 +7,12 @@ run of a condition (its own processes), and its epochs are not independent sampl
 - steady-state epoch time and images/s: the mean over a repetition's epochs after the first,
   then mean ± std over repetitions; the first epoch is reported on its own as warm-up;
 - launch overhead: wall clock minus model.fit, per repetition;
-- ANOVA and Tukey HSD: on the per-repetition steady epoch means;
+- ANOVA and Tukey HSD: on the per-repetition steady epoch means, and on the per-repetition
+  times to the target accuracy;
+- time to target (MLPerf Training's measure): wall clock from the launch to the end of the
+  first epoch whose val_accuracy reached the target; more ranks that get there later, or never,
+  are no speed-up however many images per second they push. A condition with a repetition that
+  never reached it has no time (n/a) and stays out of the statistics on time;
 - scaling efficiency of N ranks: images/s(N) / (N x images/s(1 rank of the same engine)), every
   rank with the same thread budget; the machine's ceiling (``ceilingN``: N plain processes at
   once) is that same ratio for processes that exchange nothing, the most N ranks can reach here.
@@ -40,24 +45,40 @@ def repetition_means(measurements: list[Measurement]) -> dict[str, list[float]]:
     return dict(samples)
 
 
-def anova(measurements: list[Measurement]) -> tuple[float, float] | None:
-    """One-way ANOVA on per-repetition steady epoch times: (F, p), or None if it cannot run."""
+def times_to_target(measurements: list[Measurement], target: float) -> dict[str, list[float]]:
+    """Each repetition's time to ``target``, per condition whose repetitions all reached it."""
+    samples: dict[str, list[float | None]] = defaultdict(list)
+    for m in measurements:
+        samples[m.condition].append(m.seconds_to(target))
+    return {c: v for c, v in samples.items() if None not in v}
+
+
+def anova(
+    measurements: list[Measurement], samples: dict[str, list[float]] | None = None
+) -> tuple[float, float] | None:
+    """One-way ANOVA on per-repetition values (default: steady epoch times): (F, p), or None
+    if it cannot run."""
     from scipy.stats import f_oneway
 
-    groups = [g for g in repetition_means(measurements).values() if len(g) >= 2]
+    samples = repetition_means(measurements) if samples is None else samples
+    groups = [g for g in samples.values() if len(g) >= 2]
     if len(groups) < 2:
         return None
     result = f_oneway(*groups)
     return float(result.statistic), float(result.pvalue)
 
 
-def tukey_against(measurements: list[Measurement], reference: str = REFERENCE) -> dict[str, float]:
-    """Tukey HSD p-value of each condition's per-repetition steady epoch times against
-    ``reference``'s."""
+def tukey_against(
+    measurements: list[Measurement],
+    reference: str = REFERENCE,
+    samples: dict[str, list[float]] | None = None,
+) -> dict[str, float]:
+    """Tukey HSD p-value of each condition's per-repetition values (default: steady epoch
+    times) against ``reference``'s."""
     from scipy.stats import tukey_hsd
 
-    samples = repetition_means(measurements)
-    names = [c for c in order(measurements) if len(samples[c]) >= 2]
+    samples = repetition_means(measurements) if samples is None else samples
+    names = [c for c in order(measurements) if len(samples.get(c, [])) >= 2]
     if reference not in names or len(names) < 2:
         return {}
     result = tukey_hsd(*[samples[c] for c in names])
@@ -69,13 +90,18 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summary_table(measurements: list[Measurement], reference: str = REFERENCE) -> list[dict]:
-    """One row per condition, shaped like the paper's tables, steady state first."""
+def summary_table(
+    measurements: list[Measurement], reference: str = REFERENCE, target: float | None = None
+) -> list[dict]:
+    """One row per condition, shaped like the paper's tables, steady state first; with a
+    ``target`` accuracy, the time to reach it last."""
     groups: dict[str, list[Measurement]] = defaultdict(list)
     for m in measurements:
         groups[m.condition].append(m)
     rate = {c: statistics.mean(m.steady_images_per_s for m in g) for c, g in groups.items()}
     tukey = tukey_against(measurements, reference)
+    to_target = times_to_target(measurements, target) if target is not None else {}
+    tukey_target = tukey_against(measurements, reference, to_target) if to_target else {}
     rows = []
     for condition in order(measurements):
         group = groups[condition]
@@ -105,6 +131,22 @@ def summary_table(measurements: list[Measurement], reference: str = REFERENCE) -
                 "vs_keras": _ratio(rate, condition, KERAS, first.np >= 1),
                 "vs_keras1": _ratio(rate, condition, "keras1", first.np == 1),
                 "repetitions": len(group),
+                "val_accuracy": _mean_or_none(
+                    [m.final_val_accuracy for m in group if m.final_val_accuracy is not None]
+                ),
+                "target_accuracy": target,
+                "reached_target": sum(
+                    target is not None and m.seconds_to(target) is not None for m in group
+                ),
+                "time_to_target_s": _mean_or_none(to_target.get(condition, [])),
+                "time_to_target_std_s": _std_or_none(to_target.get(condition, [])),
+                "tukey_p_time_to_target": tukey_target.get(condition),
+                "time_to_target_vs_hvd1": _ratio(
+                    {c: statistics.mean(v) for c, v in to_target.items()},
+                    condition,
+                    reference,
+                    condition in to_target,
+                ),
             }
         )
     return rows
@@ -135,7 +177,15 @@ def _mean_or_none(values: list[float]) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def markdown(rows: list[dict], anova_result: tuple[float, float] | None) -> str:
+def _std_or_none(values: list[float]) -> float | None:
+    return _mean_std(values)[1] if values else None
+
+
+def markdown(
+    rows: list[dict],
+    anova_result: tuple[float, float] | None,
+    anova_time_to_target: tuple[float, float] | None = None,
+) -> str:
     def fmt(value, spec, suffix=""):
         return "n/a" if value is None else format(value, spec) + suffix
 
@@ -145,23 +195,39 @@ def markdown(rows: list[dict], anova_result: tuple[float, float] | None) -> str:
     lines = [
         "| condition | processes x threads | warm-up epoch (s) | steady epoch mean ± std (s) "
         "| Tukey p vs hvd1 | steady images/s | scaling efficiency | of machine ceiling "
-        "| vs Keras (all cores) | launch overhead (s) | wall-clock images/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| vs Keras (all cores) | launch overhead (s) | wall-clock images/s "
+        "| final val_accuracy | time to target ± std (s) | Tukey p (time) | time vs hvd1 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         threads = r["threads"] or ("all" if r["processes"] == 1 else "shared")
+        if r.get("time_to_target_s") is not None:
+            to_target = f"{r['time_to_target_s']:.1f} ± {r['time_to_target_std_s']:.1f}"
+        elif r.get("target_accuracy") is not None:
+            to_target = f"not reached ({r['reached_target']}/{r['repetitions']})"
+        else:
+            to_target = "n/a"
         lines.append(
             f"| {r['condition']} | {r['processes']} x {threads} | {r['warmup_s']:.2f} "
             f"| {r['epoch_time_mean_s']:.3f} ± {r['epoch_time_std_s']:.3f} "
             f"| {fmt(r['tukey_p'], '.3g')} "
             f"| {r['images_per_s']:.1f} ± {r['images_per_s_std']:.1f} "
             f"| {pct(r['scaling_efficiency'])} | {pct(r['of_ceiling'])} | {pct(r['vs_keras'])} "
-            f"| {r['launch_s']:.1f} | {r['wall_images_per_s']:.1f} |"
+            f"| {r['launch_s']:.1f} | {r['wall_images_per_s']:.1f} "
+            f"| {fmt(r.get('val_accuracy'), '.4f')} | {to_target} "
+            f"| {fmt(r.get('tukey_p_time_to_target'), '.3g')} "
+            f"| {fmt(r.get('time_to_target_vs_hvd1'), '.2f', 'x')} |"
         )
     if anova_result:
         lines.append(
             f"\nOne-way ANOVA on the per-repetition steady epoch times: F = {anova_result[0]:.3g}"
             f", p = {anova_result[1]:.3g}"
+        )
+    if anova_time_to_target:
+        target = next((r["target_accuracy"] for r in rows), None)
+        lines.append(
+            f"\nOne-way ANOVA on the per-repetition times to val_accuracy {target}: "
+            f"F = {anova_time_to_target[0]:.3g}, p = {anova_time_to_target[1]:.3g}"
         )
     return "\n".join(lines)
 
@@ -202,6 +268,28 @@ def plot(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
     ax.set(ylabel="scaling efficiency (%)", title=f"{title}: scaling", ylim=(0, 120))
     ax.legend()
     paths.append(out_dir / "scaling_efficiency.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    target = next((r.get("target_accuracy") for r in rows), None)
+    if target is None:
+        return paths
+    fig, ax = plt.subplots(figsize=(7, 4))
+    reached = [r for r in rows if r.get("time_to_target_s") is not None]
+    ax.bar(
+        [r["condition"] for r in reached],
+        [r["time_to_target_s"] for r in reached],
+        yerr=[r["time_to_target_std_s"] for r in reached],
+        color=[colours.get(r["kind"], "tab:green") for r in reached],
+    )
+    missed = [r["condition"] for r in rows if r.get("time_to_target_s") is None]
+    note = f" (not reached: {', '.join(missed)})" if missed else ""
+    ax.set(
+        ylabel=f"seconds to val_accuracy {target:g}, launch included",
+        title=f"{title}: time to accuracy{note}",
+    )
+    paths.append(out_dir / "time_to_target.png")
     fig.tight_layout()
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)

@@ -148,9 +148,11 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
 
     from bench import stats
 
-    rows = stats.summary_table(measurements)
+    target = params.target_accuracy
+    rows = stats.summary_table(measurements, target=target)
     anova = stats.anova(measurements)
-    table = stats.markdown(rows, anova)
+    anova_time = stats.anova(measurements, stats.times_to_target(measurements, target))
+    table = stats.markdown(rows, anova, anova_time)
     out_dir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-"))
     model = params.training.model
     plots = stats.plot(rows, out_dir, model)
@@ -167,11 +169,20 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
             tag = row["condition"]
             for key in ("images_per_s", "epoch_time_mean_s", "warmup_s", "launch_s"):
                 mlflow.log_metric(f"{tag}_{key}", row[key])
-            for key in ("scaling_efficiency", "of_ceiling", "vs_keras", "vs_keras1"):
+            for key in (
+                "scaling_efficiency",
+                "of_ceiling",
+                "vs_keras",
+                "vs_keras1",
+                "val_accuracy",
+                "time_to_target_s",
+            ):
                 if row[key] is not None:
                     mlflow.log_metric(f"{tag}_{key}", row[key])
         if anova:
             mlflow.log_metrics({"anova_f": anova[0], "anova_p": anova[1]})
+        if anova_time:
+            mlflow.log_metrics({"anova_time_f": anova_time[0], "anova_time_p": anova_time[1]})
         for path in [*plots, out_dir / "table.md", out_dir / "measurements.json"]:
             mlflow.log_artifact(str(path), "benchmark")
 
@@ -191,6 +202,7 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     return {
         "rows": rows,
         "anova": anova,
+        "anova_time_to_target": anova_time,
         "table": table,
         "plots": [str(p) for p in plots],
         "mlflow_run_id": run.info.run_id,
@@ -229,6 +241,7 @@ def _bench_params(params: BenchParams) -> dict:
         "color_mode": params.data.color_mode,
         "conditions": ",".join(params.conditions),
         "repetitions": params.repetitions,
+        "target_accuracy": params.target_accuracy,
         # Horovod's knobs, but never extra_env: it may carry secrets.
         **{f"horovod_{k}": v for k, v in horovod.model_dump(exclude={"extra_env"}).items()},
     }

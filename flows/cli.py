@@ -114,6 +114,7 @@ BENCH_FLAGS = {
     "threads_per_rank": "threads_per_rank",
     "images": "images",
     "conditions": "conditions",
+    "target_accuracy": "target_accuracy",
 }
 SCORE_FLAGS = {
     "input": "data.input",
@@ -380,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--images", type=int, help="training images of the augmented digits (default 60000)"
     )
     bench.add_argument("--epochs", type=int)
+    bench.add_argument(
+        "--target-accuracy",
+        type=float,
+        help="val_accuracy whose time to reach the table reports per condition (default 0.97)",
+    )
     bench.add_argument("--optimizer", help="adadelta (default), rmsprop, adam, radam, sgd")
     bench.add_argument("--input")
     bench.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])

@@ -161,3 +161,58 @@ def test_ranks_without_a_thread_budget_are_shown_sharing_the_cores():
     assert "| hvd2 | 2 x shared |" in markdown(summary_table(shared), None)
     alone = [m("keras", "keras", 0, [2.0, 1.0], threads=0)]
     assert "| keras | 1 x all |" in markdown(summary_table(alone), None)
+
+
+def with_accuracy(measurement, accuracies):
+    from dataclasses import replace
+
+    return replace(measurement, val_accuracy=accuracies)
+
+
+@pytest.mark.unit
+def test_time_to_target_counts_launch_and_every_epoch_up_to_the_first_that_reached_it():
+    # Launch 5 s (wall minus fit), then epochs of 9, 1 and 1 s; 0.95 is reached in epoch 2.
+    one = with_accuracy(m("hvd1", "hvd", 1, [9.0, 1.0, 1.0]), [0.90, 0.95, 0.97])
+    assert one.seconds_to(0.95) == pytest.approx(5.0 + 9.0 + 1.0)
+    assert one.seconds_to(0.90) == pytest.approx(14.0)
+    assert one.seconds_to(0.99) is None
+    assert one.final_val_accuracy == 0.97
+
+
+@pytest.mark.unit
+def test_the_table_reports_accuracy_and_time_to_target_and_never_averages_a_miss():
+    measured = [
+        with_accuracy(m("hvd1", "hvd", 1, [9.0, 1.0, 1.0]), [0.90, 0.95, 0.97]),
+        with_accuracy(m("hvd1", "hvd", 1, [9.0, 1.0, 2.0], rep=1), [0.90, 0.94, 0.96]),
+        with_accuracy(
+            m("hvd2", "hvd", 2, [5.0, 0.6, 0.6], images_per_epoch=2000, processes=2),
+            [0.95, 0.97, 0.97],
+        ),
+        with_accuracy(
+            m("hvd2", "hvd", 2, [5.0, 0.6, 0.6], rep=1, images_per_epoch=2000, processes=2),
+            [0.96, 0.97, 0.98],
+        ),
+        # More ranks that never get there: a miss, however fast.
+        with_accuracy(
+            m("hvd4", "hvd", 4, [2.0, 0.3, 0.3], images_per_epoch=4000, processes=4),
+            [0.10, 0.11, 0.11],
+        ),
+        with_accuracy(
+            m("hvd4", "hvd", 4, [2.0, 0.3, 0.3], rep=1, images_per_epoch=4000, processes=4),
+            [0.10, 0.11, 0.96],
+        ),
+    ]
+    rows = {r["condition"]: r for r in summary_table(measured, target=0.95)}
+    assert rows["hvd1"]["time_to_target_s"] == pytest.approx((15.0 + 17.0) / 2)
+    assert rows["hvd1"]["val_accuracy"] == pytest.approx(0.965)
+    assert rows["hvd2"]["time_to_target_s"] == pytest.approx(10.0)
+    assert rows["hvd2"]["time_to_target_vs_hvd1"] == pytest.approx(10.0 / 16.0)
+    assert rows["hvd4"]["time_to_target_s"] is None and rows["hvd4"]["reached_target"] == 1
+    assert rows["hvd4"]["images_per_s"] > rows["hvd2"]["images_per_s"]  # fast, and useless
+    table = markdown(list(rows.values()), None, anova(measured, {"a": [1, 2], "b": [3, 4]}))
+    assert "| hvd4 |" in table and "not reached (1/2)" in table
+    assert "| 10.0 ± 0.0 |" in table and "0.62x" in table
+    assert "One-way ANOVA on the per-repetition times to val_accuracy 0.95: F = " in table
+    # Without a target the columns say n/a.
+    plain = summary_table(measured)
+    assert plain[0]["time_to_target_s"] is None and plain[0]["target_accuracy"] is None

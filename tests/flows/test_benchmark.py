@@ -40,6 +40,7 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
         # Both engines and the machine's ceiling, twice each (Tukey needs repetitions).
         conditions=["ceiling2", "hvd1", "tf2"],
         repetitions=2,
+        target_accuracy=0.5,
         experiment="tests-bench",
     )
     result = benchmark(params)
@@ -50,7 +51,12 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     # The table is the statistics of what was measured, nothing else: recompute it exactly.
     out_dir = Path(result["plots"][0]).parent
     measured = [Measurement(**m) for m in json.loads((out_dir / "measurements.json").read_text())]
-    assert summary_table(measured) == result["rows"]
+    assert summary_table(measured, target=0.5) == result["rows"]
+    # Every condition learned the digits and says when it got there, launch included.
+    for m in measured:
+        assert len(m.val_accuracy) == 2 and m.final_val_accuracy > 0.5
+        assert m.launch_s < m.seconds_to(0.5) <= m.wall_clock_s
+    assert rows["hvd1"]["time_to_target_s"] is not None and rows["hvd1"]["reached_target"] == 2
     assert list(anova(measured)) == pytest.approx(list(result["anova"]))
     assert rows["tf2"]["tukey_p"] == tukey_against(measured, "hvd1")["tf2"]
     assert [(m.condition, m.repetition) for m in measured] == [
@@ -74,6 +80,7 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     assert logged == {
         "benchmark/images_per_s.png",
         "benchmark/scaling_efficiency.png",
+        "benchmark/time_to_target.png",
         "benchmark/table.md",
         "benchmark/measurements.json",
     }
@@ -81,6 +88,8 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     assert metrics["tf2_images_per_s"] == pytest.approx(rows["tf2"]["images_per_s"])
     assert metrics["tf2_scaling_efficiency"] == pytest.approx(rows["tf2"]["scaling_efficiency"])
     assert metrics["anova_p"] == pytest.approx(result["anova"][1])
+    assert metrics["tf2_time_to_target_s"] == pytest.approx(rows["tf2"]["time_to_target_s"])
+    assert metrics["tf2_val_accuracy"] == pytest.approx(rows["tf2"]["val_accuracy"])
     with get_client(sync_client=True) as prefect:
         by_key = {a.key: a for a in prefect.read_latest_artifacts()}
     assert {"hvdflow-benchmark-table", "hvdflow-benchmark-summary"} <= set(by_key)
