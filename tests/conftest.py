@@ -15,6 +15,7 @@ from tests.deployments import (  # noqa: F401  (a real Prefect server, a deploye
     deployed_pipeline_run,
     prefect_server,
 )
+from tests.helpers import preprocessed_digits
 
 # The machine's hostname may resolve to an address that is not on any interface here.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -121,18 +122,7 @@ def mlflow_server(seaweed, tmp_path_factory):
 @pytest.fixture(scope="session")
 def digits_dataset(spark, tmp_path_factory):
     """The bundled digits, preprocessed once for the session (8x8 grayscale)."""
-    from tasks.preprocess import PreprocessConfig, preprocess_images
-
-    root = tmp_path_factory.mktemp("digits")
-    return preprocess_images(
-        spark,
-        PreprocessConfig(
-            input=str(root / "images"),
-            input_format="digits",
-            output=str(root / "out"),
-            image_size=(8, 8),
-        ),
-    )
+    return preprocessed_digits(spark, tmp_path_factory.mktemp("digits"), 8)
 
 
 @pytest.fixture(scope="session")

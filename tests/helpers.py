@@ -88,3 +88,18 @@ def skip_here_fail_in_ci(reason: str, what: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: {what} must run in CI)", pytrace=False)
     pytest.skip(reason)
+
+
+def preprocessed_digits(spark, root, side: int):
+    """The bundled digits preprocessed under ``root`` at ``side`` x ``side`` grayscale."""
+    from tasks.preprocess import PreprocessConfig, preprocess_images
+
+    return preprocess_images(
+        spark,
+        PreprocessConfig(
+            input=str(root / "images"),
+            input_format="digits",
+            output=str(root / "out"),
+            image_size=(side, side),
+        ),
+    )

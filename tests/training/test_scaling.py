@@ -17,6 +17,7 @@ import pytest
 from infra import HorovodRunner
 from tasks.config import TrainingParams
 from tasks.train import training_kwargs
+from tests.helpers import preprocessed_digits
 from training.trainer import train_classifier
 
 EPOCHS = 10
@@ -26,18 +27,7 @@ TOLERANCE = 0.02
 @pytest.fixture(scope="module")
 def digits_28(spark, tmp_path_factory):
     """The bundled digits at MNIST's 28x28, as the CNN takes them."""
-    from tasks.preprocess import PreprocessConfig, preprocess_images
-
-    root = tmp_path_factory.mktemp("digits28")
-    return preprocess_images(
-        spark,
-        PreprocessConfig(
-            input=str(root / "images"),
-            input_format="digits",
-            output=str(root / "out"),
-            image_size=(28, 28),
-        ),
-    )
+    return preprocessed_digits(spark, tmp_path_factory.mktemp("digits28"), 28)
 
 
 def final_val_accuracy(dataset, model: str, np: int, engine: str = "horovod") -> float:
