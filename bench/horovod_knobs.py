@@ -1,12 +1,12 @@
 """Why Horovod trails TensorFlow's collectives here: two ranks of one thread, knob by knob.
 
 Two ranks of one thread each (the benchmark's hvd2 and tf2) train the MNIST CNN on the
-benchmark's dataset, alternating in each round: Horovod as configured by default (its
-background thread wakes every 1 ms), Horovod with a 10 ms cycle (HOROVOD_CYCLE_TIME), Horovod
-sending fp16 gradients, and the tf_collective engine. Steady-state images/s (the first epoch
+benchmark's dataset, alternating in each round: Horovod's background thread waking every 1 ms
+(Horovod's default) and every 10 ms (HOROVOD_CYCLE_TIME; hvdflow's default on CPU ranks),
+Horovod sending fp16 gradients, and the tf_collective engine. Steady-state images/s (the first epoch
 left out) of each, best of the rounds.
 
-    .venv/bin/python -m bench.horovod_knobs --dataset DATASET_FOLDER [--rounds 1]
+    .venv/bin/python -m bench.horovod_knobs --dataset DATASET_FOLDER [--rounds 1] [--timeline P]
 
 DATASET_FOLDER holds a published dataset's ``manifest.json`` (for ``hvdflow bench``:
 ``$HVDFLOW_HOME/datasets/<fingerprint>``).
@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", required=True, help="a published dataset's folder")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="then run hvd2 with Horovod's timeline written to PATH and print where its steady "
+        "epochs went (waiting for the peer, allreduce, compute and input)",
+    )
     args = parser.parse_args(argv)
 
     from infra import HorovodOptions, HorovodRunner
@@ -34,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 
     kwargs = study_kwargs(args.dataset, args.epochs)
     variants = {
-        "hvd2 (default, 1 ms cycle)": ("horovod", HorovodOptions(), {}),
-        "hvd2 cycle_time_ms=10": ("horovod", HorovodOptions(cycle_time_ms=10), {}),
+        # Both cycle times set: hvdflow's CPU ranks default to 10 ms (training.engines).
+        "hvd2 cycle_time_ms=1 (Horovod's)": ("horovod", HorovodOptions(cycle_time_ms=1), {}),
+        "hvd2 cycle_time_ms=10 (hvdflow's)": ("horovod", HorovodOptions(cycle_time_ms=10), {}),
         "hvd2 fp16_compression": ("horovod", HorovodOptions(), {"fp16_compression": True}),
         "tf2": ("tf_collective", HorovodOptions(), {}),
     }
@@ -47,7 +54,26 @@ def main(argv: list[str] | None = None) -> int:
             rates[name].append(steady_images_per_s(result))
             print(f"round {round_ + 1}: {name:<28} {rates[name][-1]:7.1f} images/s", flush=True)
     print(json.dumps({name: max(values) for name, values in rates.items()}))
+    if args.timeline:
+        print(json.dumps(where_time_goes(kwargs, args.timeline)), flush=True)
     return 0
+
+
+def where_time_goes(kwargs: dict, path: str) -> dict[str, dict[str, float]]:
+    """One more hvd2 run of each cycle time with Horovod's timeline on: the share of the steady
+    epochs spent waiting for the peer, in the allreduce, and in compute and input (the timeline
+    slows training, so its runs are not among the rates above)."""
+    from bench.timeline import breakdown, load_events
+    from infra import HorovodOptions, HorovodRunner
+    from training.trainer import train_classifier
+
+    shares = {}
+    for cycle in (1, 10):
+        options = HorovodOptions(timeline_path=path, cycle_time_ms=cycle)
+        result = HorovodRunner(np=2, horovod=options).run(train_classifier, **kwargs)
+        name = f"hvd2 cycle_time_ms={cycle}"
+        shares[name] = breakdown(load_events(path), skip_first_s=result["epoch_times"][0])
+    return shares
 
 
 if __name__ == "__main__":
