@@ -97,6 +97,9 @@ class BenchParams(BaseModel):
         pipeline's (whose model, batch and optimizer are not the paper's)."""
         if isinstance(value, dict):
             defaults = BENCH_DATA if info.field_name == "data" else BENCH_TRAINING
+            if "optimizer" in value and "learning_rate" not in value:
+                # Adadelta's 1.0 is no rate for another optimizer: that one's customary rate.
+                defaults = {k: v for k, v in defaults.items() if k != "learning_rate"}
             return {**defaults, **value}
         return value
 

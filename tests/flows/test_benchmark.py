@@ -124,3 +124,11 @@ def test_a_changed_setting_keeps_the_rest_of_the_studys_setup():
     )
     assert training.epochs == 3 and training.learning_rate == 1.0
     assert params.data.image_size == (28, 28) and params.data.val_fraction == 0.1
+
+
+@pytest.mark.unit
+def test_another_optimizer_brings_its_own_rate_not_adadeltas():
+    adam = BenchParams.model_validate({"training": {"optimizer": "adam"}}).training
+    assert (adam.optimizer, adam.learning_rate, adam.batch_size) == ("adam", 0.001, 128)
+    given = BenchParams.model_validate({"training": {"optimizer": "sgd", "learning_rate": 0.1}})
+    assert given.training.learning_rate == 0.1
