@@ -118,7 +118,8 @@ def train_and_track(
         )
         wall = attempt.last_wall_s
         wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
-        epochs_run = training.epochs - result["resumed_from_epoch"]
+        # The epochs this attempt trained: fewer than asked when the training stopped early.
+        epochs_run = len(result["epoch_times"]) - result["resumed_from_epoch"]
         metrics = {
             "wall_clock_s": wall,  # launch overhead included
             "train_seconds": result["train_seconds"],

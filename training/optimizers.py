@@ -60,6 +60,21 @@ class LearningRatePlan:
     def target(self) -> float:
         return scaled_learning_rate(self.base, self.ranks, self.rule)
 
+    def describe(self) -> str:
+        """How the rate was made, for the logs and for the reasons that name it, e.g.
+        ``0.02 (0.01 x 2 ranks, lr_scaling 'linear'; warm-up from 0.01 over 45 steps)``."""
+        if self.target == self.base:
+            return f"{self.base:g} (lr_scaling {self.rule!r}, {self.ranks} rank(s))"
+        factor = f"{self.ranks}" if self.rule == "linear" else f"sqrt({self.ranks})"
+        warmup = (
+            f"; warm-up from {self.base:g} over {self.warmup_steps} steps"
+            if self.warmup_steps
+            else "; no warm-up"
+        )
+        return (
+            f"{self.target:.4g} ({self.base:g} x {factor} ranks, lr_scaling {self.rule!r}{warmup})"
+        )
+
     def at_step(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (from 0): the warm-up is a straight line
         from ``base`` at step 0 to ``target`` at ``warmup_steps``."""

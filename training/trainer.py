@@ -96,7 +96,7 @@ def train_classifier(
     steps = steps_per_epoch(train_rows, size, batch_size)
     val_steps = steps_per_epoch(val_rows, size, batch_size) if val_rows else None
     plan = learning_rate_plan(optimizer, learning_rate, size, lr_scaling, warmup_epochs, steps)
-    rate = describe_rate(plan)
+    rate = plan.describe()
     if rank == 0:
         log_to_driver(f"learning rate: {rate}")
     with engine_.scope():
@@ -200,19 +200,6 @@ def train_classifier(
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         result["model_version"] = _log_model(model, example, run_id, registered_model_name)
     return result
-
-
-def describe_rate(plan) -> str:
-    """How the learning rate was made, for the logs and for the reasons that name it."""
-    if plan.target == plan.base:
-        return f"{plan.base:g} (lr_scaling {plan.rule!r}, {plan.ranks} rank(s))"
-    factor = f"{plan.ranks}" if plan.rule == "linear" else f"sqrt({plan.ranks})"
-    warmup = (
-        f"; warm-up from {plan.base:g} over {plan.warmup_steps} steps"
-        if plan.warmup_steps
-        else "; no warm-up"
-    )
-    return f"{plan.target:.4g} ({plan.base:g} x {factor} ranks, lr_scaling {plan.rule!r}{warmup})"
 
 
 def _float32_output(model):

@@ -96,3 +96,14 @@ def test_the_keras_schedule_gives_the_plans_rates_and_survives_horovods_rebuild(
     rebuilt = type(optimizer).from_config(optimizer.get_config())
     assert float(rebuilt._learning_rate(4)) == pytest.approx(plan.at_step(4))
     assert isinstance(rebuilt._learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule)
+
+
+@pytest.mark.unit
+def test_a_plan_says_how_its_rate_was_made():
+    linear = learning_rate_plan("adam", 0.01, 2, "linear", warmup_epochs=1, steps_per_epoch=45)
+    assert linear.describe() == (
+        "0.02 (0.01 x 2 ranks, lr_scaling 'linear'; warm-up from 0.01 over 45 steps)"
+    )
+    sqrt = learning_rate_plan("adam", 0.01, 4, "auto")
+    assert sqrt.describe() == "0.02 (0.01 x sqrt(4) ranks, lr_scaling 'sqrt'; no warm-up)"
+    assert learning_rate_plan("sgd", 0.1, 1).describe() == "0.1 (lr_scaling 'linear', 1 rank(s))"
