@@ -1,4 +1,4 @@
-"""The benchmark's baseline as its own process: ``python -m bench.baseline TRAINER JSON``.
+"""The benchmark's baseline as its own process: ``python -m hvdflow.bench.baseline TRAINER JSON``.
 
 A separate process, like a rank, so that both pay for starting Python and importing
 TensorFlow; it prints the result as one JSON line. Output lines are tagged like rank 0's, so
@@ -11,13 +11,13 @@ import json
 import logging
 import sys
 
-from bench.conditions import trainer_for
+from hvdflow.bench.conditions import trainer_for
 
 
 def _show_driver_messages_on_stdout() -> None:
     """Outside a rank, ``log_to_driver`` logs instead; print those lines like rank 0's, so the
     paper's log method sees the same epoch lines (``Epoch z/z done`` too) in both conditions."""
-    from infra.launcher import rank_events
+    from hvdflow.infra.launcher import rank_events
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))

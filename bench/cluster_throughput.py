@@ -10,7 +10,7 @@ with ``spark.cores.max`` at 1 (one host) or 2 (both). Rounds alternate 1 and 2. 
 ``hvdflow run --np 2`` on the digits in the bucket gives the pipeline's wall clock, launch and
 services' round trips included. Needs root and iproute2, like the tests on the harness.
 
-    .venv/bin/python -m bench.cluster_throughput
+    .venv/bin/python -m hvdflow.bench.cluster_throughput
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 PREPROCESS = textwrap.dedent(
     """
     import json, sys, time
-    from infra.spark import get_spark
-    from tasks.preprocess import PreprocessConfig, preprocess_images
+    from hvdflow.infra.spark import get_spark
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
 
     source, output, cores = sys.argv[1], sys.argv[2], sys.argv[3]
     spark = get_spark(conf={"spark.cores.max": cores})
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--digits", type=int, default=400, help="images for the pipeline run")
     args = parser.parse_args(argv)
 
-    from bench.preprocess_throughput import make_caltech_like, make_small_images
-    from infra._env import temporary_env
-    from infra.services.local import LocalServices
-    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.bench.preprocess_throughput import make_caltech_like, make_small_images
+    from hvdflow.infra._env import temporary_env
+    from hvdflow.infra.services.local import LocalServices
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
     from tests.cluster import netns
     from tests.cluster.driver import run_driver
     from tests.cluster.spark_cluster import netns_spark_cluster
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline = run_driver(
                 cluster,
                 "-m",
-                "flows.cli",
+                "hvdflow.flows.cli",
                 "run",
                 *("--np", "2", "--epochs", "2", "--input-format", "folders"),
                 *("--input", "s3://hvdflow/bench/digits/", "--output", "s3://hvdflow/bench/e2e"),

@@ -26,8 +26,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from infra import LogLine
-from training.epoch_log import epoch_times_from_log
+from hvdflow.infra import LogLine
+from hvdflow.training.epoch_log import epoch_times_from_log
 
 KERAS, CEILING, HOROVOD, TF = "keras", "ceiling", "hvd", "tf"
 ENGINE_OF = {HOROVOD: "horovod", TF: "tf_collective"}
@@ -132,11 +132,11 @@ class Measurement:
 def trainer_for(name: str):
     """The rank function of a trainer: ``classifier`` (images) or ``gcn`` (graphs)."""
     if name == "gcn":
-        from training.gcn import train_gcn
+        from hvdflow.training.gcn import train_gcn
 
         return train_gcn
     if name == "classifier":
-        from training.trainer import train_classifier
+        from hvdflow.training.trainer import train_classifier
 
         return train_classifier
     raise ValueError(f"trainer {name!r} is unknown: expected 'classifier' or 'gcn'")
@@ -160,7 +160,7 @@ def measure(
     elif c.kind == CEILING:
         results = _run_baselines(trainer, _threads(trainer, kwargs, threads_per_rank), c.n, lines)
     else:
-        from infra import HorovodRunner
+        from hvdflow.infra import HorovodRunner
 
         if trainer == "classifier":
             kwargs.update(engine=ENGINE_OF[c.kind], threads=threads_per_rank)
@@ -226,7 +226,7 @@ def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine])
 
 def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dict:
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.baseline", trainer, json.dumps(train_kwargs)],
+        [sys.executable, "-m", "hvdflow.bench.baseline", trainer, json.dumps(train_kwargs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -6,7 +6,8 @@ benchmark's dataset, alternating in each round: Horovod's background thread waki
 Horovod sending fp16 gradients, and the tf_collective engine. Steady-state images/s (the first epoch
 left out) of each, best of the rounds.
 
-    .venv/bin/python -m bench.horovod_knobs --dataset DATASET_FOLDER [--rounds 1] [--timeline P]
+    .venv/bin/python -m hvdflow.bench.horovod_knobs --dataset DATASET_FOLDER \
+        [--rounds 1] [--timeline P]
 
 DATASET_FOLDER holds a published dataset's ``manifest.json`` (for ``hvdflow bench``:
 ``$HVDFLOW_HOME/datasets/<fingerprint>``).
@@ -18,8 +19,8 @@ import argparse
 import json
 import sys
 
-from bench.reader_in_rank import steady_images_per_s
-from bench.study import study_kwargs
+from hvdflow.bench.reader_in_rank import steady_images_per_s
+from hvdflow.bench.study import study_kwargs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from infra import HorovodOptions, HorovodRunner
-    from training.trainer import train_classifier
+    from hvdflow.infra import HorovodOptions, HorovodRunner
+    from hvdflow.training.trainer import train_classifier
 
     kwargs = study_kwargs(args.dataset, args.epochs)
     variants = {
-        # Both cycle times set: hvdflow's CPU ranks default to 10 ms (training.engines).
+        # Both cycle times set: hvdflow's CPU ranks default to 10 ms (hvdflow.training.engines).
         "hvd2 cycle_time_ms=1 (Horovod's)": ("horovod", HorovodOptions(cycle_time_ms=1), {}),
         "hvd2 cycle_time_ms=10 (hvdflow's)": ("horovod", HorovodOptions(cycle_time_ms=10), {}),
         "hvd2 fp16_compression": ("horovod", HorovodOptions(), {"fp16_compression": True}),
@@ -63,9 +64,9 @@ def where_time_goes(kwargs: dict, path: str) -> dict[str, dict[str, float]]:
     """One more hvd2 run of each cycle time with Horovod's timeline on: the share of the steady
     epochs spent waiting for the peer, in the allreduce, and in compute and input (the timeline
     slows training, so its runs are not among the rates above)."""
-    from bench.timeline import breakdown, load_events
-    from infra import HorovodOptions, HorovodRunner
-    from training.trainer import train_classifier
+    from hvdflow.bench.timeline import breakdown, load_events
+    from hvdflow.infra import HorovodOptions, HorovodRunner
+    from hvdflow.training.trainer import train_classifier
 
     shares = {}
     for cycle in (1, 10):

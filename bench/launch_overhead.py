@@ -3,7 +3,7 @@
 Both run the same trivial ``f`` (``hvd.init()``, return the size) on one local[2] Spark session,
 alternating, so that both see the same machine state. Prints each repetition and the medians.
 
-    .venv/bin/python -m bench.launch_overhead --repeats 5
+    .venv/bin/python -m hvdflow.bench.launch_overhead --repeats 5
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import horovod.spark
 
-    from infra import HorovodRunner
-    from infra.spark import get_spark
+    from hvdflow.infra import HorovodRunner
+    from hvdflow.infra.spark import get_spark
 
     spark = get_spark(
         f"local[{args.np}]",

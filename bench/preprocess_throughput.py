@@ -16,7 +16,7 @@
    against what the MNIST CNN consumes per second when training in one process on in-memory
    arrays (``--no-reader`` skips it).
 
-    .venv/bin/python -m bench.preprocess_throughput
+    .venv/bin/python -m hvdflow.bench.preprocess_throughput
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def make_caltech_like(root: Path, count: int, classes: int = 101) -> None:
 
 def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
     """The executors' per-image work in one process: read, decode, fit, PNG-encode."""
-    from tasks.preprocess.decode import Good, decode_item
-    from tasks.preprocess.schema import image_schema
-    from tasks.preprocess.sources import list_class_folders
+    from hvdflow.tasks.preprocess.decode import Good, decode_item
+    from hvdflow.tasks.preprocess.schema import image_schema
+    from hvdflow.tasks.preprocess.sources import list_class_folders
 
     field = image_schema(image_size, color_mode).image
     started = time.perf_counter()
@@ -99,7 +99,7 @@ def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
 
 
 def spark_job(spark, root: Path, out: Path, workload: Workload):
-    from tasks.preprocess import PreprocessConfig, preprocess_images
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
 
     config = PreprocessConfig(
         input=str(root),
@@ -116,7 +116,7 @@ def mnist_cnn_consumption(batch_size: int, images: int) -> float:
     import numpy as np
     import tensorflow as tf
 
-    from training.models import build_model
+    from hvdflow.training.models import build_model
 
     x = np.random.default_rng(0).random((images, 28, 28, 1), dtype=np.float32)
     y = np.random.default_rng(1).integers(0, 10, images)
@@ -129,7 +129,7 @@ def mnist_cnn_consumption(batch_size: int, images: int) -> float:
 
 
 def reader_rate(url: str, batch_size: int, images: int) -> float:
-    from training.reader import open_dataset
+    from hvdflow.training.reader import open_dataset
 
     with open_dataset(url, batch_size=batch_size) as dataset:
         iterator = iter(dataset)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    from infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark
 
     workloads = [
         Workload("caltech", args.caltech_images, (224, 224), "RGB", "~300x200 JPEG -> 224x224 RGB"),

@@ -6,7 +6,7 @@ benchmark's dataset twice per round, alternating: once streaming every epoch fro
 training: ``in_memory_max_mb=0``), once reading its shard once and serving it from memory
 (the default). Steady-state images/s (the first epoch left out) of each, and their ratio.
 
-    .venv/bin/python -m bench.reader_in_rank --dataset DATASET_FOLDER [--rounds 2]
+    .venv/bin/python -m hvdflow.bench.reader_in_rank --dataset DATASET_FOLDER [--rounds 2]
 
 DATASET_FOLDER is a published dataset's folder, the one holding its ``manifest.json`` (for
 ``hvdflow bench``: ``$HVDFLOW_HOME/datasets/<fingerprint>``).
@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 
-from bench.study import study_kwargs
+from hvdflow.bench.study import study_kwargs
 
 
 def steady_images_per_s(result: dict) -> float:
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from infra import HorovodRunner
-    from training.trainer import train_classifier
+    from hvdflow.infra import HorovodRunner
+    from hvdflow.training.trainer import train_classifier
 
     kwargs = study_kwargs(args.dataset, args.epochs)
     rates: dict[str, list[float]] = {"streamed": [], "in memory": []}

@@ -4,9 +4,9 @@ Each model (of training/models.py, seeded weights, 224x224 RGB input, saved in M
 by default a CNN whose forward pass is the work and an MLP for which decoding is) scores the same
 Caltech101-like JPEGs (~300x200, resized to 224x224) three ways, in one run:
 
-1. ``tasks.score.job.score_images`` on Spark local[2]: the whole call (listing, the Spark job,
-   Parquet writes by the executors, publication). The session is warm: a first, smaller run
-   started the Python workers and loaded the model in each, as in a long-lived session.
+1. ``hvdflow.tasks.score.job.score_images`` on Spark local[2]: the whole call (listing, the
+   Spark job, Parquet writes by the executors, publication). The session is warm: a first,
+   smaller run started the Python workers and loaded the model in each, as in a long-lived session.
 2. A loop in one process doing the same per-image work (read, decode and resize with
    preprocessing's rules) and calling the same model's ``predict`` on batches of the same size,
    TensorFlow using every core; its predictions written to one Parquet file.
@@ -18,7 +18,7 @@ Caltech101-like JPEGs (~300x200, resized to 224x224) three ways, in one run:
 Each way runs ``--rounds`` times, interleaved; the best of each is shown (the machine is shared
 and noisy: the best is the least disturbed).
 
-    .venv/bin/python -m bench.score_throughput
+    .venv/bin/python -m hvdflow.bench.score_throughput
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def save_model(name: str, folder: Path):
     import numpy as np
     from mlflow.models import infer_signature
 
-    from tasks.score.model import local_model
-    from training.models import build_model
+    from hvdflow.tasks.score.model import local_model
+    from hvdflow.training.models import build_model
 
     keras_model = build_model(name, (*IMAGE_SIZE, 3), CLASSES, seed=0)
     example = np.random.default_rng(0).random((2, *IMAGE_SIZE, 3), dtype=np.float32)
@@ -53,8 +53,8 @@ def save_model(name: str, folder: Path):
 
 
 def spark_run(spark, model, images: Path, out: Path, batch_size: int):
-    from tasks.score.config import ScoreConfig
-    from tasks.score.job import score_images
+    from hvdflow.tasks.score.config import ScoreConfig
+    from hvdflow.tasks.score.job import score_images
 
     config = ScoreConfig(input=str(images), output=str(out), batch_size=batch_size)
     started = time.perf_counter()
@@ -68,8 +68,8 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tasks.preprocess.decode import Good, decode_image
-    from tasks.score.executor import prediction_schema, to_model_input
+    from hvdflow.tasks.preprocess.decode import Good, decode_image
+    from hvdflow.tasks.score.executor import prediction_schema, to_model_input
 
     started = time.perf_counter()
     in_predict = 0.0
@@ -128,9 +128,9 @@ def forward_seconds(keras_model, batches: int, batch_size: int) -> float:
 def _one_thread_forward(model_dir: str, batches: int, batch_size: int, ready, results) -> None:
     import mlflow.tensorflow
 
-    from training.threads import use_threads
+    from hvdflow.training.threads import use_threads
 
-    use_threads(1)  # as a Spark task with spark.task.cpus = 1 (tasks.score.model_cache)
+    use_threads(1)  # as a Spark task with spark.task.cpus = 1 (hvdflow.tasks.score.model_cache)
     keras_model = mlflow.tensorflow.load_model(model_dir)
     forward_seconds(keras_model, 1, 2)
     ready.wait()
@@ -243,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    from bench.preprocess_throughput import make_caltech_like
-    from infra.spark import get_spark
-    from tasks.score.inputs import list_images
+    from hvdflow.bench.preprocess_throughput import make_caltech_like
+    from hvdflow.infra.spark import get_spark
+    from hvdflow.tasks.score.inputs import list_images
 
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-score-"))
     try:

@@ -24,7 +24,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from bench.conditions import CEILING, HOROVOD, KERAS, TF, Measurement
+from hvdflow.bench.conditions import CEILING, HOROVOD, KERAS, TF, Measurement
 
 REFERENCE = "hvd1"
 _KIND_ORDER = {KERAS: 0, CEILING: 1, HOROVOD: 2, TF: 3}

@@ -20,10 +20,10 @@ STUDY_TRAINING = {
 def study_kwargs(dataset_folder: str, epochs: int, threads: int = 1) -> dict:
     """``train_classifier``'s arguments for the study on the dataset published in
     ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
-    from tasks.config import TrainingParams
-    from tasks.preprocess.job import read_manifest
-    from tasks.preprocess.storage import Location
-    from tasks.train import training_kwargs
+    from hvdflow.tasks.config import TrainingParams
+    from hvdflow.tasks.preprocess.job import read_manifest
+    from hvdflow.tasks.preprocess.storage import Location
+    from hvdflow.tasks.train import training_kwargs
 
     dataset = read_manifest(Location(dataset_folder))
     if dataset is None:

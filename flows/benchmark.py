@@ -17,14 +17,14 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from bench.conditions import parse_condition
-from flows.params import AUGMENTED_DIGITS, BenchParams
-from infra.secrets import redact_url, tracking_login
-from infra.services.local import hvdflow_home
-from infra.tracking import tracking_uri
-from tasks.config import LauncherParams
-from tasks.stage_weights import redact
-from tasks.steps import check_tracking_step, preprocessed
+from hvdflow.bench.conditions import parse_condition
+from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
+from hvdflow.infra.secrets import redact_url, tracking_login
+from hvdflow.infra.services.local import hvdflow_home
+from hvdflow.infra.tracking import tracking_uri
+from hvdflow.tasks.config import LauncherParams
+from hvdflow.tasks.stage_weights import redact
+from hvdflow.tasks.steps import check_tracking_step, preprocessed
 
 DEFAULT_BENCH = BenchParams()
 
@@ -38,8 +38,8 @@ def measure_step(
     trainer: str,
     threads_per_rank: int = 1,
 ):
-    from bench.conditions import measure
-    from infra.spark import get_spark
+    from hvdflow.bench.conditions import measure
+    from hvdflow.infra.spark import get_spark
 
     spark = get_spark(launcher.spark_master)
     m = measure(
@@ -88,7 +88,7 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
 def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
     """Cora-format files: ``input`` is their common prefix (``.../cora`` for cora.content);
     empty: Zachary's karate club from networkx."""
-    from training.gcn import write_karate_cora
+    from hvdflow.training.gcn import write_karate_cora
 
     if params.data.input:
         content, cites = f"{params.data.input}.content", f"{params.data.input}.cites"
@@ -105,13 +105,13 @@ def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
 
 
 def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
-    from tasks.train import training_kwargs
+    from hvdflow.tasks.train import training_kwargs
 
     training = params.training
     most_ranks = max(parse_condition(c).ranks for c in params.conditions)
     data_params = params.data
     if params.workload == AUGMENTED_DIGITS and not data_params.input:
-        from bench.workloads import write_augmented_digits_idx
+        from hvdflow.bench.workloads import write_augmented_digits_idx
 
         root = hvdflow_home() / "data" / f"digits-augmented-{params.images}"
         write_augmented_digits_idx(str(root), params.images, data_params.val_fraction)
@@ -123,7 +123,7 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     staged = None
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
-        from tasks.steps import stage_weights_for
+        from hvdflow.tasks.steps import stage_weights_for
 
         staged = stage_weights_for(training.model, training.weights_source, dataset)
     # The study times every condition to its end and reports the accuracy it reached: no
@@ -146,7 +146,7 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
 def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, logger) -> dict:
     import mlflow
 
-    from bench import stats
+    from hvdflow.bench import stats
 
     target = params.target_accuracy
     rows = stats.summary_table(measurements, target=target)

@@ -12,7 +12,7 @@ import json
 import logging
 import sys
 
-from flows.cli_support import (
+from hvdflow.flows.cli_support import (
     FailedRun,
     InvalidParameters,
     adopt_prefect_logging,
@@ -23,8 +23,8 @@ from flows.cli_support import (
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from infra import HorovodRunner
-    from training.smoke import train_digits
+    from hvdflow.infra import HorovodRunner
+    from hvdflow.training.smoke import train_digits
 
     runner = HorovodRunner(np=args.np, driver_log_verbosity=args.driver_log_verbosity)
     result = runner.run(train_digits, epochs=args.epochs)
@@ -38,7 +38,7 @@ def _use_services(prefect: bool = True) -> dict[str, str]:
     point this process at them, Prefect included (it reads its settings once, at import)."""
     import os
 
-    from infra.services.local import LocalServices
+    from hvdflow.infra.services.local import LocalServices
 
     env = LocalServices().up(prefect=prefect)
     os.environ.update(env)
@@ -47,8 +47,8 @@ def _use_services(prefect: bool = True) -> dict[str, str]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from infra.services import check_bind_address
-    from infra.services.local import LocalServices
+    from hvdflow.infra.services import check_bind_address
+    from hvdflow.infra.services.local import LocalServices
 
     if args.bind is not None:
         try:
@@ -74,9 +74,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     import os
 
-    from flows.status import gather, render
-    from infra.services.local import LocalServices
-    from tasks.config import TrackingParams
+    from hvdflow.flows.status import gather, render
+    from hvdflow.infra.services.local import LocalServices
+    from hvdflow.tasks.config import TrackingParams
 
     model = args.model or TrackingParams().registered_model_name
     experiment = args.experiment or TrackingParams().experiment
@@ -86,7 +86,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    from infra.services.local import LocalServices
+    from hvdflow.infra.services.local import LocalServices
 
     stopped = LocalServices().down()
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -129,7 +129,9 @@ SCORE_FLAGS = {
 
 
 def _pipeline_params(args: argparse.Namespace):
-    from flows.params import PipelineParams  # no Prefect yet: it must see the services first
+    from hvdflow.flows.params import (
+        PipelineParams,  # no Prefect yet: it must see the services first
+    )
 
     return nested_params(PipelineParams, args, PIPELINE_FLAGS)
 
@@ -137,8 +139,8 @@ def _pipeline_params(args: argparse.Namespace):
 def _cmd_run(args: argparse.Namespace) -> int:
     params = _pipeline_params(args)  # a bad parameter fails before any service starts
     _use_services()
-    from flows.pipeline import pipeline, throughput_lines
-    from infra.services.local import LocalServices
+    from hvdflow.flows.pipeline import pipeline, throughput_lines
+    from hvdflow.infra.services.local import LocalServices
 
     summary = pipeline(params)
     urls = LocalServices().urls()
@@ -162,8 +164,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _use_services()
     from prefect import serve
 
-    from flows.benchmark import benchmark
-    from flows.pipeline import pipeline
+    from hvdflow.flows.benchmark import benchmark
+    from hvdflow.flows.pipeline import pipeline
 
     deployments = [
         pipeline.to_deployment(
@@ -179,7 +181,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from flows.params import ScoreParams
+    from hvdflow.flows.params import ScoreParams
 
     if args.input is None and '"input"' not in (args.params or ""):
         raise InvalidParameters(
@@ -188,7 +190,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         )
     params = nested_params(ScoreParams, args, SCORE_FLAGS)  # before any service starts
     _use_services()
-    from flows.score import score
+    from hvdflow.flows.score import score
 
     if args.serve:
         from prefect import serve
@@ -212,13 +214,13 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from flows.params import BenchParams
+    from hvdflow.flows.params import BenchParams
 
     if args.conditions:
         args.conditions = args.conditions.split(",")
     params = nested_params(BenchParams, args, BENCH_FLAGS)
     _use_services()
-    from flows.benchmark import benchmark
+    from hvdflow.flows.benchmark import benchmark
 
     result = benchmark(params)
     if result["dataset"].get("workload"):

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from tasks.stage_weights import redact
+from hvdflow.tasks.stage_weights import redact
 
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.
 NOISY_LOGGERS = ("py4j", "pyspark", "httpx")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Prefect's run loggers, and a rank's log_to_driver line as HorovodRunner tags it (mpirun's tag,
-# ``infra.launcher.LogLine.prefix``): the runner's own logger already shows those on the terminal.
+# ``hvdflow.infra.launcher.LogLine.prefix``): the runner's own logger already shows those on the
+# terminal.
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 RANK_LOG_LINE = re.compile(r"\[\d+,\d+\]<log>:")
 
@@ -202,7 +203,7 @@ def _remove_our_handlers() -> None:
 
 
 def _log_file_path(command: str) -> Path | None:
-    from infra.services.local import hvdflow_home
+    from hvdflow.infra.services.local import hvdflow_home
 
     folder = hvdflow_home() / "logs"
     try:

@@ -10,21 +10,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from bench.conditions import parse_condition
-from bench.study import STUDY_DATA, STUDY_TRAINING
-from tasks.config import (
+from hvdflow.bench.conditions import parse_condition
+from hvdflow.bench.study import STUDY_DATA, STUDY_TRAINING
+from hvdflow.tasks.config import (
     GRAPH_MODELS,
     DataParams,
     LauncherParams,
     TrackingParams,
     TrainingParams,
 )
-from tasks.score.config import ModelRef, ScoreConfig
-from tasks.train import TrainConfig
+from hvdflow.tasks.score.config import ModelRef, ScoreConfig
+from hvdflow.tasks.train import TrainConfig
 
 # The benchmark's default workload: the bundled digits, augmented to an MNIST-sized set.
 AUGMENTED_DIGITS = "augmented_digits"
-# The study's setup (bench.study), under what a caller changes.
+# The study's setup (hvdflow.bench.study), under what a caller changes.
 BENCH_DATA, BENCH_TRAINING = STUDY_DATA, STUDY_TRAINING
 
 
@@ -142,7 +142,7 @@ class ScoreParams(BaseModel):
         """``data`` with its output resolved (empty: under HVDFLOW_HOME)."""
         if self.data.output:
             return self.data
-        from infra.services.local import hvdflow_home
+        from hvdflow.infra.services.local import hvdflow_home
 
         output = str(hvdflow_home() / "scores" / self.model.name)
         return self.data.model_copy(update={"output": output})

@@ -10,11 +10,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
-from flows.params import PipelineParams
-from infra.secrets import redact_url, tracking_login
-from infra.tracking import tracking_uri
-from tasks.model_card import STEADY_METRIC, flow_run_url
-from tasks.steps import check_tracking_step, preprocessed, stage_weights_for, train_step
+from hvdflow.flows.params import PipelineParams
+from hvdflow.infra.secrets import redact_url, tracking_login
+from hvdflow.infra.tracking import tracking_uri
+from hvdflow.tasks.model_card import STEADY_METRIC, flow_run_url
+from hvdflow.tasks.steps import check_tracking_step, preprocessed, stage_weights_for, train_step
 
 DEFAULT_PARAMS = PipelineParams()
 

@@ -11,11 +11,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from flows.params import ScoreParams
-from infra.secrets import redact_url, tracking_login
-from infra.tracking import tracking_uri
-from tasks.score.steps import find_model_step, record_step, score_step
-from tasks.steps import check_tracking_step
+from hvdflow.flows.params import ScoreParams
+from hvdflow.infra.secrets import redact_url, tracking_login
+from hvdflow.infra.tracking import tracking_uri
+from hvdflow.tasks.score.steps import find_model_step, record_step, score_step
+from hvdflow.tasks.steps import check_tracking_step
 
 ARTIFACT_KEY = "hvdflow-score-summary"
 

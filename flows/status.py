@@ -16,8 +16,8 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from infra import constants as c
-from infra.secrets import redact_url
+from hvdflow.infra import constants as c
+from hvdflow.infra.secrets import redact_url
 
 # Seconds each service gets to answer a status question: a stopped one refuses at once, and a
 # busy one on a loaded machine can take a few seconds without being down.
@@ -98,7 +98,7 @@ def last_runs(client, experiment: str, model: str, n: int) -> tuple[list[RunStat
     model's aliases (alias -> version)."""
     from mlflow.exceptions import MlflowException
 
-    from tasks.train import FLOW_RUN_TAG
+    from hvdflow.tasks.train import FLOW_RUN_TAG
 
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -203,7 +203,7 @@ def gather(
     n: int = 5,
 ) -> Status:
     """The status of ``services`` (a LocalServices) and of the last ``n`` runs."""
-    from infra._env import temporary_env
+    from hvdflow.infra._env import temporary_env
 
     service_list = service_statuses(services.state(), environ)
     status = Status(str(services.home), service_list, model, experiment)

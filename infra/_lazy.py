@@ -1,6 +1,6 @@
 """Lazy exports for a package's ``__init__``: a name's module is imported on first use.
 
-Rank processes import ``infra.launcher._rank`` and must not pay for Spark or pydantic just
+Rank processes import ``hvdflow.infra.launcher._rank`` and must not pay for Spark or pydantic just
 because a package's ``__init__`` re-exports names from modules that import them.
 """
 

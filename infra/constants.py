@@ -67,7 +67,7 @@ SPARK_BARRIER_CHECK_MAX_FAILURES = "spark.scheduler.barrier.maxConcurrentTasksCh
 
 # --- Spark: who can reach the driver's web UI, and what it lets them do ---
 # Spark 4.0's web UI (WebUI.initServer) listens on $SPARK_LOCAL_IP of the driver's JVM, else on
-# every interface: no conf key chooses its address. infra.spark starts the JVM with it set to the
+# every interface: no conf key chooses its address. infra/spark.py starts the JVM with it set to the
 # driver's bind address, so the UI is reachable where the driver already listens and nowhere else.
 SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
 # The UI's links that kill running jobs and stages: off unless a user turns them on, since anyone
@@ -75,7 +75,7 @@ SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
 SPARK_UI_KILL_ENABLED = "spark.ui.killEnabled"
 # Spark's console progress bar: redrawn with carriage returns on stderr, it lands in the middle
 # of log lines. Off in hvdflow's sessions, whose stage progress goes to the log as lines
-# (infra.spark.SparkProgress); get_spark(conf={...: "true"}) turns it back on.
+# (hvdflow.infra.spark.SparkProgress); get_spark(conf={...: "true"}) turns it back on.
 SPARK_UI_SHOW_CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
 
 # --- Object storage: the standard AWS variables, read by boto3 and by hvdflow ---

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from infra import constants as c
-from infra._env import temporary_env
+from hvdflow.infra import constants as c
+from hvdflow.infra._env import temporary_env
 
 ENV_PREFIX = "env:"
 SECRET_PREFIX = "secret:"

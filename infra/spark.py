@@ -9,9 +9,9 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from infra import constants as c
-from infra._env import temporary_env
-from infra.progress import EVERY_S, tasks_line
+from hvdflow.infra import constants as c
+from hvdflow.infra._env import temporary_env
+from hvdflow.infra.progress import EVERY_S, tasks_line
 
 logger = logging.getLogger(__name__)
 

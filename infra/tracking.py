@@ -6,7 +6,7 @@ import os
 import urllib.error
 import urllib.request
 
-from infra.secrets import redact_url, split_userinfo
+from hvdflow.infra.secrets import redact_url, split_userinfo
 
 CHECK_TIMEOUT_S = 5.0
 

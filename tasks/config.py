@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.launcher.options import HorovodOptions
-from infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
-from infra.storage.object_store import parse_uri
-from tasks.preprocess import PreprocessConfig
-from tasks.stage_weights import OFFLINE_SOURCE, redact
-from training.optimizers import OPTIMIZERS
+from hvdflow.infra.launcher.options import HorovodOptions
+from hvdflow.infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
+from hvdflow.infra.storage.object_store import parse_uri
+from hvdflow.tasks.preprocess import PreprocessConfig
+from hvdflow.tasks.stage_weights import OFFLINE_SOURCE, redact
+from hvdflow.training.optimizers import OPTIMIZERS
 
 InputFormat = Literal["folders", "mnist_idx", "digits"]
 # Image sides a preprocessing run accepts: 8x8 digits up to large photos; beyond this a typo
@@ -33,15 +33,15 @@ DEFAULT_SHARDS = 8
 
 
 def image_models() -> list[str]:
-    from training.models import model_names
+    from hvdflow.training.models import model_names
 
     return model_names()
 
 
 def model_recipe(model: str):
-    """The model's training defaults (``training.models.Recipe``); None for an unknown one.
+    """The model's training defaults (``hvdflow.training.models.Recipe``); None for an unknown one.
     The graph model trains full-batch: its ranks split one batch, so its rate needs no scaling."""
-    from training.models import Recipe, recipe
+    from hvdflow.training.models import Recipe, recipe
 
     if model in GRAPH_MODELS:
         return Recipe("adam", 0.01, 0.0)
@@ -112,7 +112,7 @@ class DataParams(BaseModel):
     def preprocess_config(self, ranks: int = 1) -> PreprocessConfig:
         """The preprocessing step's config for training with ``ranks`` ranks (every rank needs a
         row group of each split); empty paths mean HVDFLOW_HOME's."""
-        from infra.services.local import hvdflow_home
+        from hvdflow.infra.services.local import hvdflow_home
 
         home = hvdflow_home()
         return PreprocessConfig(
@@ -141,7 +141,7 @@ class TrainingParams(BaseModel):
     optimizer: str = Field(
         default="",
         description=f"one of {', '.join(OPTIMIZERS)}; '' the model's own (with its learning "
-        "rate and warm-up, training.models)",
+        "rate and warm-up, hvdflow.training.models)",
     )
     learning_rate: float | None = Field(
         default=None,
@@ -212,7 +212,7 @@ class TrainingParams(BaseModel):
             if data.get("learning_rate") is None:
                 data["learning_rate"] = defaults.learning_rate
         elif data.get("learning_rate") is None:
-            from training.optimizers import DEFAULT_LEARNING_RATES
+            from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES
 
             data["learning_rate"] = DEFAULT_LEARNING_RATES.get(optimizer.lower(), 0.001)
         if data.get("warmup_epochs") is None:

@@ -39,7 +39,7 @@ def flow_run_url(flow_run_id: str | None) -> str | None:
         return None
     from prefect.utilities.urls import url_for
 
-    from infra.secrets import redact_url
+    from hvdflow.infra.secrets import redact_url
 
     url = url_for("flow-run", obj_id=str(flow_run_id))
     return redact_url(url) if url else None

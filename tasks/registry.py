@@ -9,7 +9,7 @@ score is strictly higher (a first version becomes champion). Consumers load
 Two runs that finish together must not leave ``champion`` on the worse of them. MLflow has no
 compare-and-set for aliases, and a lock around "read the champion, compare, set" would need a
 second service that every training driver reaches and that grants a lock exactly once:
-``infra.storage.locks`` holds only on one machine, and a lock object in S3 needs conditional
+``hvdflow.infra.storage.locks`` holds only on one machine, and a lock object in S3 needs conditional
 writes and an expiry (a holder paused beyond it races again). If that store were unreachable,
 the run would have to fail after its training, or go on without the lock. So there is no lock:
 
@@ -75,7 +75,7 @@ def assign_aliases(name: str, version: str | None, client=None) -> list[str]:
             _move(client, name, alias, target)
     raise RuntimeError(
         f"the aliases of registered model {name!r} did not settle in {ALIAS_ROUNDS} rounds "
-        "(ALIAS_ROUNDS in tasks.registry): something other than hvdflow keeps moving "
+        "(ALIAS_ROUNDS in hvdflow.tasks.registry): something other than hvdflow keeps moving "
         f"{CANDIDATE!r} or {CHAMPION!r}; stop it, then register again"
     )
 

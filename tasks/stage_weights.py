@@ -2,7 +2,8 @@
 
 The paper this project grew from hit "too many requests" when 32 to 64 workers each downloaded
 Keras application weights from a public host. Here the driver fetches once, stores the file
-under its sha256, and every rank loads it from the bucket (``training.weights.fetch_weights``).
+under its sha256, and every rank loads it from the bucket
+(``hvdflow.training.weights.fetch_weights``).
 A small index object per source makes a second call with the same source neither download nor
 upload. A local file is known by its content, not its path: the same bytes at two paths are
 staged once, and new bytes at the same path are staged anew. The index records the object's
@@ -23,10 +24,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
-from infra.progress import ByteProgress, human_bytes
-from infra.secrets import redact_url, resolve, split_userinfo
-from infra.storage.locks import cache_root, machine_lock
-from infra.storage.object_store import ObjectStore, file_suffix, sha256_file
+from hvdflow.infra.progress import ByteProgress, human_bytes
+from hvdflow.infra.secrets import redact_url, resolve, split_userinfo
+from hvdflow.infra.storage.locks import cache_root, machine_lock
+from hvdflow.infra.storage.object_store import ObjectStore, file_suffix, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class StagedWeights:
 
 def redact(source: str) -> str:
     """The source as every record shows it: no user:password, no query string (presigned URLs
-    carry tokens there). ``infra.secrets.redact_url``."""
+    carry tokens there). ``hvdflow.infra.secrets.redact_url``."""
     return redact_url(source)
 
 
@@ -64,9 +65,9 @@ def stage_weights(
 
     ``source``: an http(s) URL, a local path (or file:// URL), or ``keras:weights=None`` to build
     ``model`` offline; or a reference to one of them (``env:NAME``, ``secret:block-name``, see
-    ``infra.secrets``), resolved here and nowhere else. Concurrent calls for one source on this
-    machine download once. The returned sha256 is what ranks verify the file against
-    (``training.weights.fetch_weights``): pass it to them, never one read from the object's
+    ``hvdflow.infra.secrets``), resolved here and nowhere else. Concurrent calls for one source on
+    this machine download once. The returned sha256 is what ranks verify the file against
+    (``hvdflow.training.weights.fetch_weights``): pass it to them, never one read from the object's
     metadata. It is computed here when the file is fetched; a later call takes it from the
     source's index object as long as the object's ETag is the one recorded there.
     """
@@ -185,7 +186,7 @@ def _local_file(source: str) -> str | None:
 
 def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=10) -> str:
     if source == OFFLINE_SOURCE:
-        from training.models import build_model
+        from hvdflow.training.models import build_model
 
         path = os.path.join(workdir, f"{model}.weights.h5")
         build_model(model, input_shape, num_classes, seed=0).save_weights(path)

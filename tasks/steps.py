@@ -16,11 +16,11 @@ import uuid
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
-from infra.launcher import CALLBACK, STDOUT
-from infra.storage.object_store import ObjectStoreConfig
-from tasks.preprocess import DatasetManifest, PreprocessConfig
-from tasks.stage_weights import StagedWeights
-from tasks.train import TrainConfig, TrainResult
+from hvdflow.infra.launcher import CALLBACK, STDOUT
+from hvdflow.infra.storage.object_store import ObjectStoreConfig
+from hvdflow.tasks.preprocess import DatasetManifest, PreprocessConfig
+from hvdflow.tasks.stage_weights import StagedWeights
+from hvdflow.tasks.train import TrainConfig, TrainResult
 
 EDGE_RETRIES = 3
 # The Prefect progress artifact that follows a training's epochs (the flow run's Artifacts tab).
@@ -29,15 +29,15 @@ EDGE_RETRY_DELAYS_S = [2, 5, 10]
 
 
 def _spark(master: str | None):
-    from infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark
 
     return get_spark(master)
 
 
 def dataset_cache_key(context, parameters) -> str:
     """The dataset fingerprint: same inputs and parameters, same cached result."""
-    from tasks.preprocess import sources
-    from tasks.preprocess.job import list_inputs
+    from hvdflow.tasks.preprocess import sources
+    from hvdflow.tasks.preprocess.job import list_inputs
 
     config: PreprocessConfig = parameters["config"]
     fingerprint = sources.fingerprint(list_inputs(config), config.params())
@@ -47,8 +47,8 @@ def dataset_cache_key(context, parameters) -> str:
 
 @task(name="preprocess", cache_key_fn=dataset_cache_key, persist_result=True)
 def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
-    from infra.spark import SparkProgress
-    from tasks.preprocess import preprocess_images
+    from hvdflow.infra.spark import SparkProgress
+    from hvdflow.tasks.preprocess import preprocess_images
 
     logger = get_run_logger()
     spark = _spark(spark_master)
@@ -75,8 +75,8 @@ def resolved_source_key(context, parameters) -> str:
     goes into the key; a source that does not resolve, or names no file, gets a key of its own,
     so the task runs and says why.
     """
-    from infra.secrets import resolve
-    from tasks.stage_weights import source_identity
+    from hvdflow.infra.secrets import resolve
+    from hvdflow.tasks.stage_weights import source_identity
 
     try:
         value = resolve(parameters["source"], "training.weights_source")
@@ -101,8 +101,8 @@ def stage_weights_step(
     input_shape: tuple[int, ...],
     num_classes: int,
 ) -> StagedWeights:
-    from infra.storage.object_store import ObjectStore
-    from tasks.stage_weights import stage_weights
+    from hvdflow.infra.storage.object_store import ObjectStore
+    from hvdflow.tasks.stage_weights import stage_weights
 
     object_store = ObjectStore(store)
     object_store.ensure_bucket()
@@ -115,7 +115,7 @@ def stage_weights_step(
 
 @task(name="check-tracking-server", retries=EDGE_RETRIES, retry_delay_seconds=EDGE_RETRY_DELAYS_S)
 def check_tracking_step(tracking_uri: str) -> None:
-    from infra.tracking import check_reachable
+    from hvdflow.infra.tracking import check_reachable
 
     check_reachable(tracking_uri)
 
@@ -128,7 +128,7 @@ def train_step(
     tracking_uri: str,
     spark_master: str | None = None,
 ) -> TrainResult:
-    from tasks.train import train_and_track
+    from hvdflow.tasks.train import train_and_track
 
     logger = get_run_logger()
     progress = _ProgressArtifact(
@@ -177,7 +177,7 @@ class _ProgressArtifact:
     def __init__(self, key: str, what: str, logger):
         from prefect.artifacts import create_progress_artifact
 
-        from tasks.train_progress import EpochProgress
+        from hvdflow.tasks.train_progress import EpochProgress
 
         self._what, self._logger = what, logger
         self._epochs = EpochProgress()
@@ -233,9 +233,9 @@ def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> Stag
     address) or changed (replaced, corrupted: another ETag) is staged again rather than handed
     to the ranks to fail their checksum on.
     """
-    from infra.storage.object_store import ObjectStore
-    from tasks.stage_weights import is_intact
-    from training.models import model_input_shape
+    from hvdflow.infra.storage.object_store import ObjectStore
+    from hvdflow.tasks.stage_weights import is_intact
+    from hvdflow.training.models import model_input_shape
 
     store = ObjectStoreConfig.from_env()
     args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)
@@ -260,8 +260,8 @@ def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> D
 
 
 def _still_published(dataset: DatasetManifest) -> bool:
-    from tasks.preprocess.job import read_manifest
-    from tasks.preprocess.storage import Location
+    from hvdflow.tasks.preprocess.job import read_manifest
+    from hvdflow.tasks.preprocess.storage import Location
 
     version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt
     published = read_manifest(Location(version))

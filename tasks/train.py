@@ -2,9 +2,9 @@
 
 Training survives what clusters do to it: rank 0 checkpoints every epoch, a transient failure
 (a rank killed, a host lost, a stall) runs again from the last checkpoint in the same MLflow run,
-and a tracking server that goes away during training costs no epoch (``training.callbacks``
+and a tracking server that goes away during training costs no epoch (``hvdflow.training.callbacks``
 buffers the metrics; ``backfill_epoch_metrics`` logs what never arrived). Aliases for registry
-consumers (``candidate``, ``champion``) are settled race-free by ``tasks.registry``.
+consumers (``candidate``, ``champion``) are settled race-free by ``hvdflow.tasks.registry``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
-from infra.secrets import redact_url
-from infra.tracking import check_reachable, wait_until_reachable
-from tasks.config import LauncherParams, TrackingParams, TrainingParams
-from tasks.registry import assign_aliases
-from training.epoch_log import epoch_times_by_number
-from training.optimizers import resolve_scaling, scaled_learning_rate
+from hvdflow.infra.secrets import redact_url
+from hvdflow.infra.tracking import check_reachable, wait_until_reachable
+from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
+from hvdflow.tasks.registry import assign_aliases
+from hvdflow.training.epoch_log import epoch_times_by_number
+from hvdflow.training.optimizers import resolve_scaling, scaled_learning_rate
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ FLOW_RUN_TAG = "hvdflow.flow_run_id"
 ATTEMPTS_TAG = "hvdflow.training_attempts"
 # How long the driver waits for a tracking server that is down before logging a finished run.
 TRACKER_WAIT_S = 300.0
-# The MLflow run's tag saying why its model was not published (training.quality).
+# The MLflow run's tag saying why its model was not published (hvdflow.training.quality).
 REJECTED_TAG = "hvdflow.rejected"
 
 
@@ -147,7 +147,7 @@ def train_and_track(
         aliases = assign_aliases(tracking.registered_model_name, result["model_version"])
         # What the MLflow pages show beside the wall clock: steady-state throughput (the first
         # epoch's warm-up left out), and on the version's page what produced it.
-        from tasks import model_card
+        from hvdflow.tasks import model_card
 
         steady = model_card.steady_images_per_s(result["images_per_epoch"], result["epoch_times"])
         if steady is not None:
@@ -209,8 +209,8 @@ class _Attempts:
     def until_done(self, train_classifier_kwargs: dict, log_artifacts) -> dict:
         import mlflow
 
-        from infra import HorovodRunner
-        from training.trainer import train_classifier
+        from hvdflow.infra import HorovodRunner
+        from hvdflow.training.trainer import train_classifier
 
         launcher = self.config.launcher
         while True:
@@ -265,7 +265,7 @@ def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
     Spark job itself failing (an executor lost). A Python error in the training function would
     only fail the same way again.
     """
-    from infra.launcher import RankFailed
+    from hvdflow.infra.launcher import RankFailed
 
     if attempt > retries:
         return False
@@ -279,7 +279,7 @@ def checkpoint_url_for(checkpoints: str, run_id: str) -> str | None:
     if checkpoints == "off":
         return None
     if not checkpoints:
-        from infra.storage.object_store import ObjectStoreConfig
+        from hvdflow.infra.storage.object_store import ObjectStoreConfig
 
         store = ObjectStoreConfig.from_env()
         return store.uri(store.key("checkpoints", run_id))
@@ -468,7 +468,7 @@ def _local_dataset_file(dataset, name: str) -> str | None:
     if dataset.path.startswith("s3://"):
         import tempfile
 
-        from infra.storage.object_store import ObjectStore
+        from hvdflow.infra.storage.object_store import ObjectStore
 
         target = os.path.join(tempfile.mkdtemp(prefix="hvdflow-artifact-"), name)
         ObjectStore().download_file(f"{dataset.path}/{name}", target)

@@ -2,12 +2,12 @@
 
 ``Epoch y/z`` means y-1 of z epochs are done, ``Epoch y/z done ...`` means y are. Every rank writes
 the same lines and a resumed training starts again at its checkpoint's epoch, so the percentage
-only ever grows. The Prefect progress artifact (``tasks.steps.train_step``) shows it.
+only ever grows. The Prefect progress artifact (``hvdflow.tasks.steps.train_step``) shows it.
 """
 
 from __future__ import annotations
 
-from training.epoch_log import epochs_done  # the one definition of the epoch lines
+from hvdflow.training.epoch_log import epochs_done  # the one definition of the epoch lines
 
 
 class EpochProgress:

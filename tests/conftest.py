@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """One local[2] Spark session for the whole run (its JVM takes 10-30 s to start)."""
-    from infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark
 
     session = get_spark(
         "local[2]",
@@ -75,8 +75,8 @@ def spark(tmp_path_factory):
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory):
     """The embedded SeaweedFS S3 server, started once; its AWS variables set for the session."""
-    from infra._env import temporary_env
-    from infra.services.seaweed import SeaweedServer
+    from hvdflow.infra._env import temporary_env
+    from hvdflow.infra.services.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed")).start()
     try:
@@ -89,7 +89,7 @@ def seaweed(tmp_path_factory):
 @pytest.fixture
 def store(seaweed, tmp_path, monkeypatch):
     """A bucket of the test's own (fresh prefix) on the session's SeaweedFS server."""
-    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     monkeypatch.setenv("HVDFLOW_CACHE_DIR", str(tmp_path / "cache"))
     object_store = ObjectStore(
@@ -104,8 +104,8 @@ def store(seaweed, tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def mlflow_server(seaweed, tmp_path_factory):
     """A real `mlflow server` (sqlite, artifacts in the session's SeaweedFS) over HTTP."""
-    from infra.services.mlflow_server import MlflowServer
-    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.infra.services.mlflow_server import MlflowServer
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     ObjectStore(
         ObjectStoreConfig(bucket="hvdflow-mlflow", endpoint_url=seaweed.endpoint_url)

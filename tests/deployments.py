@@ -57,7 +57,7 @@ def run_params(tmp: Path) -> dict:
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real ``prefect server start`` (API and UI, sqlite) for the session."""
-    from infra.services.prefect_server import PrefectServer
+    from hvdflow.infra.services.prefect_server import PrefectServer
 
     server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
     try:
@@ -85,7 +85,7 @@ def deployed_pipeline_run(prefect_server, seaweed, mlflow_server, tmp_path_facto
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from infra.services._process import start_process, stop_process_group
+    from hvdflow.infra.services._process import start_process, stop_process_group
 
     tmp = tmp_path_factory.mktemp("deployed")
     env = {

@@ -9,11 +9,12 @@ import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import psutil
 import pytest
 
-RANK_ENTRY = "infra.launcher._rank"
+RANK_ENTRY = "hvdflow.infra.launcher._rank"
 # Set in this test session's environment before any Spark JVM or rank starts, so every rank it
 # launches inherits it: another session's ranks on the same machine are not this one's leaks.
 TEST_SESSION_VAR = "HVDFLOW_TEST_SESSION"
@@ -75,7 +76,7 @@ def http_server(respond: Callable[[BaseHTTPRequestHandler], bytes | None]):
 
 def assert_refused_before_any_service(argv, expected: str, tmp_path, monkeypatch, capfd) -> None:
     """``hvdflow ARGV`` exits 2 with the one line ``expected`` and starts no service."""
-    from flows.cli import main
+    from hvdflow.flows.cli import main
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     assert main(argv) == 2
@@ -92,7 +93,7 @@ def skip_here_fail_in_ci(reason: str, what: str) -> None:
 
 def preprocessed_digits(spark, root, side: int):
     """The bundled digits preprocessed under ``root`` at ``side`` x ``side`` grayscale."""
-    from tasks.preprocess import PreprocessConfig, preprocess_images
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
 
     return preprocess_images(
         spark,
@@ -103,3 +104,15 @@ def preprocessed_digits(spark, root, side: int):
             image_size=(side, side),
         ),
     )
+
+
+def user_project(root: Path) -> Path:
+    """A folder laid out as a user's own Prefect project: a ``tasks.py`` and a ``flows/`` package
+    (with a ``pipeline`` module) beside their code, the names hvdflow's rooms have in the
+    repository. A process started in it has it first on ``sys.path``; hvdflow must not care."""
+    project = Path(root)
+    (project / "flows").mkdir(parents=True, exist_ok=True)
+    (project / "tasks.py").write_text("OWNER = 'the user'\n")
+    (project / "flows" / "__init__.py").write_text("OWNER = 'the user'\n")
+    (project / "flows" / "pipeline.py").write_text("OWNER = 'the user'\n")
+    return project

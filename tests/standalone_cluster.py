@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyspark
 
-from infra.services import free_port
+from hvdflow.infra.services import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER = "org.apache.spark.deploy.master.Master"

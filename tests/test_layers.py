@@ -14,7 +14,8 @@ LAYERS = ["infra", "training", "tasks", "bench", "flows"]  # lowest first
 
 
 def imported_packages(path: Path) -> set[str]:
-    """Top-level project packages that ``path`` imports, at module level or inside functions."""
+    """hvdflow's layers that ``path`` imports (``hvdflow.<layer>...``), at module level or inside
+    functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -23,7 +24,10 @@ def imported_packages(path: Path) -> set[str]:
             names = [node.module]
         else:
             continue
-        found |= {name.split(".")[0] for name in names} & set(LAYERS)
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "hvdflow" and len(parts) > 1 and parts[1] in LAYERS:
+                found.add(parts[1])
     return found
 
 
@@ -43,5 +47,7 @@ def test_no_module_imports_from_a_higher_layer():
 
 def test_the_check_sees_an_upward_import(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from bench.conditions import measure\nimport infra.spark\n")
+    module.write_text(
+        "def f():\n    from hvdflow.bench.conditions import measure\nimport hvdflow.infra.spark\n"
+    )
     assert imported_packages(module) == {"bench", "infra"}

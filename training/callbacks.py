@@ -8,15 +8,15 @@ import time
 
 import tensorflow as tf
 
-from infra.launcher.rank_events import log_to_driver, report_progress
-from training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
-from training.quality import divergence
+from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
+from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
+from hvdflow.training.quality import divergence
 
 
 class LogCallback(tf.keras.callbacks.Callback):
     """Reports each epoch's progress to the driver through ``log_to_driver`` (rank 0 only).
 
-    The lines are ``training.epoch_log``'s, so the paper's epoch-time method reads them.
+    The lines are ``hvdflow.training.epoch_log``'s, so the paper's epoch-time method reads them.
     """
 
     def __init__(self, rank: int = 0, per_batch: bool = False):
@@ -77,7 +77,7 @@ class LearningRateLog(tf.keras.callbacks.Callback):
 
 
 class DivergenceGuard(tf.keras.callbacks.Callback):
-    """Stops training at the end of an epoch whose loss diverged (``training.quality``).
+    """Stops training at the end of an epoch whose loss diverged (``hvdflow.training.quality``).
 
     Epoch ends only: there every rank reads the same metrics (averaged over ranks by the
     engine), so all stop together; a batch's loss differs by rank, and one rank stopping alone
@@ -110,7 +110,7 @@ class MlflowEpochMetrics(tf.keras.callbacks.Callback):
     tracking server that is down (restarting, unreachable) costs no epoch. The epochs wait in a
     buffer, a warning says so, and they go out once the server answers again; ``close`` waits
     up to ``flush_s`` for that at the end of training. What is still unsent then is in the
-    run's history, which the driver backfills (``tasks.train``).
+    run's history, which the driver backfills (``hvdflow.tasks.train``).
     """
 
     def __init__(self, run_id: str, flush_s: float = 60.0, retry_s: float = 5.0):
@@ -199,7 +199,7 @@ class EpochMetricsSender:
             # saying anything about a server that is down.
             import mlflow
 
-            from infra.tracking import check_reachable
+            from hvdflow.infra.tracking import check_reachable
 
             check_reachable(mlflow.get_tracking_uri())
             self._client = self._client or mlflow.MlflowClient()
@@ -280,7 +280,7 @@ class ProgressCallback(tf.keras.callbacks.Callback):
 
 
 class CheckpointCallback(tf.keras.callbacks.Callback):
-    """Rank 0 writes a checkpoint at the end of every epoch (``training.checkpoints``).
+    """Rank 0 writes a checkpoint at the end of every epoch (``hvdflow.training.checkpoints``).
 
     ``state`` is the checkpoint training resumed from (None for a fresh start): its history and
     epoch times carry on, so each checkpoint holds every finished epoch exactly once. Put it
@@ -299,7 +299,7 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
         self.epoch_times: list[float] = list(state.epoch_times) if state else []
 
     def on_epoch_end(self, epoch, logs=None):
-        from training.checkpoints import CheckpointState, epoch_folder
+        from hvdflow.training.checkpoints import CheckpointState, epoch_folder
 
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(float(value))

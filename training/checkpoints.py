@@ -122,7 +122,7 @@ class _Bucket:
     """Objects under an ``s3://`` prefix. A PUT is atomic: an object is whole or absent."""
 
     def __init__(self, url: str):
-        from infra.storage.object_store import ObjectStore, ObjectStoreConfig, parse_uri
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig, parse_uri
 
         self.bucket, self.prefix = parse_uri(url.rstrip("/"))
         self.store = ObjectStore(ObjectStoreConfig.from_env(bucket=self.bucket))
@@ -137,7 +137,7 @@ class _Bucket:
         self.store.put_bytes(data, self._uri(name))
 
     def get_bytes(self, name: str) -> bytes | None:
-        from infra.storage.object_store import ObjectStoreError
+        from hvdflow.infra.storage.object_store import ObjectStoreError
 
         try:
             return self.store.get_bytes(self._uri(name))

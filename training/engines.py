@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.constants import HOROVOD_CYCLE_TIME, HOROVOD_LOCAL_SIZE, TF_CONFIG
+from hvdflow.infra.constants import HOROVOD_CYCLE_TIME, HOROVOD_LOCAL_SIZE, TF_CONFIG
 
 HOROVOD, TF_COLLECTIVE, NONE = "horovod", "tf_collective", "none"
 ENGINES = (HOROVOD, TF_COLLECTIVE)
@@ -80,7 +80,7 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
     its runtime starts. Threads are limited here too: ``threads`` per process, else the ranks
     on a host share its cores (a plain process gets them all).
     """
-    from training.threads import share_cores, use_threads
+    from hvdflow.training.threads import share_cores, use_threads
 
     if name == HOROVOD:
         import horovod.tensorflow.keras as hvd

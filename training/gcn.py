@@ -100,8 +100,8 @@ def train_gcn(
     """Train; return history, per-epoch times and nodes per epoch like ``train_classifier``."""
     import tensorflow as tf
 
-    from infra.launcher.rank_events import log_to_driver
-    from training.epoch_log import epoch_done_line, epoch_started_line
+    from hvdflow.infra.launcher.rank_events import log_to_driver
+    from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
     if use_horovod:
         import horovod.tensorflow as hvd

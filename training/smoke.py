@@ -26,9 +26,9 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
-    from training.callbacks import LogCallback
-    from training.optimizers import scaled_learning_rate
-    from training.threads import share_cores, use_threads
+    from hvdflow.training.callbacks import LogCallback
+    from hvdflow.training.optimizers import scaled_learning_rate
+    from hvdflow.training.threads import share_cores, use_threads
 
     hvd.init()
     use_threads(share_cores(hvd.local_size()))
@@ -74,9 +74,9 @@ def train_digits_tf(epochs: int = 2, batch_size: int = 32, learning_rate: float 
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
-    from training.callbacks import LogCallback
-    from training.engines import TF_COLLECTIVE, start_engine
-    from training.optimizers import scaled_learning_rate
+    from hvdflow.training.callbacks import LogCallback
+    from hvdflow.training.engines import TF_COLLECTIVE, start_engine
+    from hvdflow.training.optimizers import scaled_learning_rate
 
     engine = start_engine(TF_COLLECTIVE)
     images, labels = load_digits(return_X_y=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher.rank_events import log_to_driver
 
 # How long rank 0 waits for a tracking server that is down before it logs the model.
 TRACKER_WAIT_S = 300.0
@@ -47,7 +47,7 @@ def train_classifier(
 ) -> dict:
     """Train with Horovod; rank 0 logs to MLflow and returns history, timings and the model.
 
-    ``engine``: ``"horovod"`` or ``"tf_collective"`` (``training.engines``); the same data,
+    ``engine``: ``"horovod"`` or ``"tf_collective"`` (``hvdflow.training.engines``); the same data,
     model, callbacks and logging either way. ``use_horovod=False`` is the plain single-process
     Keras baseline of the benchmark: no engine anywhere, every core to one process.
 
@@ -56,7 +56,7 @@ def train_classifier(
     ``threads``: TensorFlow threads of this process (default: the host's cores shared by its
     ranks); the benchmark gives every condition the same budget per process.
     ``in_memory_max_mb``: a rank whose training shard decodes to at most this many MB holds it
-    in memory after reading it once (``training.reader``); 0 always streams from Petastorm.
+    in memory after reading it once (``hvdflow.training.reader``); 0 always streams from Petastorm.
 
     ``lr_scaling`` and ``warmup_epochs``: how ``learning_rate`` follows the number of ranks
     (``training.optimizers``). ``chance_margin``: a training that ends no better than chance by
@@ -66,9 +66,9 @@ def train_classifier(
 
     ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
     every epoch, and a run that finds one there resumes after its epoch, with the model's and
-    optimizer's state and the history of the epochs before (``training.checkpoints``).
+    optimizer's state and the history of the epochs before (``hvdflow.training.checkpoints``).
     """
-    from training.callbacks import (
+    from hvdflow.training.callbacks import (
         CheckpointCallback,
         DivergenceGuard,
         EpochTimer,
@@ -77,11 +77,11 @@ def train_classifier(
         MlflowEpochMetrics,
         ProgressCallback,
     )
-    from training.engines import NONE, start_engine
-    from training.models import build_model, model_input_shape
-    from training.optimizers import learning_rate_plan, make_planned_optimizer
-    from training.quality import rejection
-    from training.reader import open_dataset, shard_megabytes, steps_per_epoch
+    from hvdflow.training.engines import NONE, start_engine
+    from hvdflow.training.models import build_model, model_input_shape
+    from hvdflow.training.optimizers import learning_rate_plan, make_planned_optimizer
+    from hvdflow.training.quality import rejection
+    from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 
     # First, before any TensorFlow op. Fair use of the CPU: the ranks on a host split its cores;
     # the baseline gets them all.
@@ -104,7 +104,7 @@ def train_classifier(
         if mixed_precision:
             model = _float32_output(model)
         if weights_uri:
-            from training.weights import fetch_weights
+            from hvdflow.training.weights import fetch_weights
 
             model.load_weights(fetch_weights(weights_uri, weights_sha256))
         opt = engine_.optimizer(make_planned_optimizer(optimizer, plan))
@@ -113,7 +113,7 @@ def train_classifier(
     if checkpoint_url:
         import tensorflow as tf
 
-        from training.checkpoints import CheckpointStore
+        from hvdflow.training.checkpoints import CheckpointStore
 
         checkpoints = CheckpointStore(checkpoint_url, keep=checkpoint_keep)
         # model.optimizer: with mixed precision, compile wrapped opt in a LossScaleOptimizer.
@@ -195,7 +195,7 @@ def train_classifier(
     if rank == 0 and run_id and not rejected:
         import mlflow
 
-        from infra.tracking import wait_until_reachable
+        from hvdflow.infra.tracking import wait_until_reachable
 
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         result["model_version"] = _log_model(model, example, run_id, registered_model_name)

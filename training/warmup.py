@@ -1,4 +1,4 @@
-"""Goyal et al.'s gradual warm-up as a Keras learning-rate schedule (``training.optimizers``).
+"""Goyal et al.'s gradual warm-up as a Keras learning-rate schedule (see ``optimizers``).
 
 A schedule rather than a callback (Horovod's ``LearningRateWarmupCallback``): it lives inside the
 optimizer, so the TensorFlow-collectives engine follows it as Horovod does, it reads the

@@ -6,8 +6,13 @@ import logging
 import os
 import tempfile
 
-from infra.storage.locks import cache_root, machine_lock
-from infra.storage.object_store import ObjectStore, ObjectStoreError, file_suffix, sha256_file
+from hvdflow.infra.storage.locks import cache_root, machine_lock
+from hvdflow.infra.storage.object_store import (
+    ObjectStore,
+    ObjectStoreError,
+    file_suffix,
+    sha256_file,
+)
 
 logger = logging.getLogger(__name__)
 

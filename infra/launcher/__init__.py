@@ -17,19 +17,19 @@ Split where the processes split:
 Exports are lazy, like ``infra``'s: a rank process imports only what it uses.
 """
 
-from infra._lazy import lazy_exports
+from hvdflow.infra._lazy import lazy_exports
 
 # The streams a LogLine comes from: a rank's stdout and stderr, and log_to_driver messages.
 STREAMS = ("STDOUT", "STDERR", "CALLBACK")
 EXPORTS = {
-    "HorovodRunner": "infra.launcher.runner",
-    "HorovodOptions": "infra.launcher.options",
-    "MirroredStrategyRunner": "infra.launcher.mirrored",
-    "RankFailed": "infra.launcher._task",
-    "LogLine": "infra.launcher._wire",
-    "log_to_driver": "infra.launcher.rank_events",
-    "report_progress": "infra.launcher.rank_events",
-    **{stream: "infra.launcher._wire" for stream in STREAMS},
+    "HorovodRunner": "hvdflow.infra.launcher.runner",
+    "HorovodOptions": "hvdflow.infra.launcher.options",
+    "MirroredStrategyRunner": "hvdflow.infra.launcher.mirrored",
+    "RankFailed": "hvdflow.infra.launcher._task",
+    "LogLine": "hvdflow.infra.launcher._wire",
+    "log_to_driver": "hvdflow.infra.launcher.rank_events",
+    "report_progress": "hvdflow.infra.launcher.rank_events",
+    **{stream: "hvdflow.infra.launcher._wire" for stream in STREAMS},
 }
 
 __all__ = sorted(EXPORTS)

@@ -21,8 +21,8 @@ from typing import Any
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-from infra.launcher import _liveness, _stall, _wire
-from infra.launcher._placement import host_alloc_plan
+from hvdflow.infra.launcher import _liveness, _stall, _wire
+from hvdflow.infra.launcher._placement import host_alloc_plan
 
 logger = logging.getLogger(__name__)
 

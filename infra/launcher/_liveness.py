@@ -15,8 +15,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infra.launcher import _wire
-from infra.launcher._placement import describe_rank, plan_ranks
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher._placement import describe_rank, plan_ranks
 
 
 def is_overdue(last_heard: float, now: float, timeout_s: float) -> bool:

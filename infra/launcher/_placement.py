@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import psutil
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 
-from infra import constants as c
+from hvdflow.infra import constants as c
 
 
 @dataclass(frozen=True)

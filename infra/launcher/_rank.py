@@ -1,4 +1,4 @@
-"""Entry point of one rank process: ``python -m infra.launcher._rank PAYLOAD RESULT``.
+"""Entry point of one rank process: ``python -m hvdflow.infra.launcher._rank PAYLOAD RESULT``.
 
 PAYLOAD holds the cloudpickled ``(main, kwargs)``; rank 0 writes ``main``'s return value to
 RESULT. An exception prints its traceback to stderr (which the supervising task streams to the
@@ -18,9 +18,14 @@ import traceback
 
 import cloudpickle
 
-from infra.constants import HOROVOD_RANK, HVDFLOW_ENGINE, HVDFLOW_PARENT_PID, HVDFLOW_STACKS_FILE
-from infra.launcher import _wire
-from infra.launcher.rank_events import emit_event
+from hvdflow.infra.constants import (
+    HOROVOD_RANK,
+    HVDFLOW_ENGINE,
+    HVDFLOW_PARENT_PID,
+    HVDFLOW_STACKS_FILE,
+)
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher.rank_events import emit_event
 
 # linux/prctl.h: the signal this process gets when the thread that started it exits.
 _PR_SET_PDEATHSIG = 1

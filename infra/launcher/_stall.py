@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.launcher import _wire
+from hvdflow.infra.launcher import _wire
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.constants import (
+from hvdflow.infra.constants import (
     HVDFLOW_ENGINE,
     HVDFLOW_EVENT_FD,
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
     TF_CONFIG,
 )
-from infra.launcher import _liveness, _placement, _wire
+from hvdflow.infra.launcher import _liveness, _placement, _wire
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -100,7 +100,8 @@ class DriverLink:
         except OSError as e:
             raise RankFailed(
                 f"task {partition} could not reach the driver at {address[0]}:{address[1]} "
-                f"within {CONNECT_TIMEOUT_S:g} s (infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
+                f"within {CONNECT_TIMEOUT_S:g} s "
+                f"(hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
                 "Executors must reach spark.driver.host: set it to an address they can route to"
             ) from None
         sock.settimeout(None)
@@ -182,7 +183,8 @@ class DriverLink:
                 if left <= 0:
                     raise RankFailed(
                         f"the driver did not accept the rank plan within {PLAN_TIMEOUT_S:g} s "
-                        "(infra.launcher._task.PLAN_TIMEOUT_S); is the driver still running?"
+                        "(hvdflow.infra.launcher._task.PLAN_TIMEOUT_S); "
+                        "is the driver still running?"
                     )
                 self._reply_ready.wait(left)
 
@@ -300,7 +302,7 @@ def _supervise(
         # on itself; the signal fires when this thread exits, and this thread supervises the
         # rank to its end.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.launcher._rank", payload_path, result_path],
+            [sys.executable, "-m", "hvdflow.infra.launcher._rank", payload_path, result_path],
             env=env,
             cwd=os.getcwd(),
             stdin=subprocess.DEVNULL,
@@ -408,7 +410,7 @@ def _report_failure(
 
 def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
     """The rank's Python stacks: signal its faulthandler (``_rank``), read what it wrote."""
-    from infra.launcher._rank import STACKS_SIGNAL
+    from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 
     start = os.path.getsize(path) if os.path.exists(path) else 0
     try:

@@ -3,7 +3,7 @@
 Databricks deprecated ``spark-tensorflow-distributor``; code written for it moves here by
 changing one import::
 
-    from infra import MirroredStrategyRunner   # was: from spark_tensorflow_distributor import ...
+    from hvdflow import MirroredStrategyRunner  # was: from spark_tensorflow_distributor import ...
 
     def train():
         import tensorflow as tf
@@ -30,9 +30,9 @@ import logging
 from functools import partial
 from typing import Any
 
-from infra.launcher import _wire
-from infra.launcher.options import HorovodOptions
-from infra.launcher.runner import HorovodRunner
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher.options import HorovodOptions
+from hvdflow.infra.launcher.runner import HorovodRunner
 
 logger = logging.getLogger(__name__)
 

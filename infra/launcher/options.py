@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from infra import constants as c
-from infra.secrets import check_reference, resolve
+from hvdflow.infra import constants as c
+from hvdflow.infra.secrets import check_reference, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class HorovodOptions(BaseModel):
     def to_env(self) -> dict[str, str]:
         """The environment variables for these settings, exactly as each rank gets them.
 
-        Resolves ``extra_env``'s references (see ``infra.secrets``): call it only to launch.
+        Resolves ``extra_env``'s references (see ``hvdflow.infra.secrets``): call it only to launch.
         """
         env: dict[str, str] = {}
         if self.timeline_path:

@@ -5,7 +5,7 @@ only these in ``driver_log_verbosity="log_callback_only"`` mode. Outside a Horov
 message goes to this module's logger instead.
 
 ``report_progress``: batches begun and finished, which HorovodRunner's stall watch
-(``stall_timeout_s``) reads. ``training.callbacks.ProgressCallback`` calls it from Keras.
+(``stall_timeout_s``) reads. ``hvdflow.training.callbacks.ProgressCallback`` calls it from Keras.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import os
 import threading
 import time
 
-from infra.constants import HVDFLOW_EVENT_FD
-from infra.launcher import _wire
+from hvdflow.infra.constants import HVDFLOW_EVENT_FD
+from hvdflow.infra.launcher import _wire
 
 logger = logging.getLogger(__name__)
 

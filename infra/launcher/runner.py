@@ -2,7 +2,7 @@
 
 An open counterpart of Databricks' ``sparkdl.HorovodRunner`` with the same call shape::
 
-    from infra import HorovodRunner
+    from hvdflow.infra import HorovodRunner
 
     def train(learning_rate):
         import horovod.tensorflow.keras as hvd
@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 import cloudpickle
 
-from infra.constants import FORWARDED_TO_RANKS
-from infra.launcher import _liveness, _stall, _wire
-from infra.launcher._channel import DriverChannel
-from infra.launcher._task import RankFailed, TaskSpec, barrier_task, rank_failed, run_task
-from infra.launcher.options import HorovodOptions
+from hvdflow.infra.constants import FORWARDED_TO_RANKS
+from hvdflow.infra.launcher import _liveness, _stall, _wire
+from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._task import RankFailed, TaskSpec, barrier_task, rank_failed, run_task
+from hvdflow.infra.launcher.options import HorovodOptions
 
 logger = logging.getLogger(__name__)
 rank_logger = logging.getLogger(__name__ + ".ranks")
@@ -65,7 +65,7 @@ class HorovodRunner:
             the driver's log; ``"all"`` shows every line the ranks write. Every line always
             goes to the run's log file (``log_path`` after ``run``) and to ``on_log_line``.
         horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
-        spark: the session to run on; default: the active one, else ``infra.spark.get_spark()``.
+        spark: the session to run on; default: the active one, else ``hvdflow.get_spark()``.
         start_timeout_s: a rank that has not reached ``hvd.init()`` by then is stopped and the
             run fails.
         slot_wait_s: how long to wait for executors to offer ``np`` task slots before failing.
@@ -74,8 +74,9 @@ class HorovodRunner:
             the driver for this long kills its rank. At least 6 s (3 heartbeats).
         stall_timeout_s: a rank that finishes no batch for this long after ``hvd.init()``
             fails the run, named, with every rank's Python stacks in the error. Ranks report
-            batches with ``report_progress`` (``training.callbacks.ProgressCallback`` does it in
-            Keras); None (the default) turns the watch off, for a ``main`` that reports none.
+            batches with ``report_progress`` (``hvdflow.training.callbacks.ProgressCallback``
+            does it in Keras); None (the default) turns the watch off, for a ``main`` that reports
+            none.
         timeout_s: optional limit for the whole run.
         engine: ``"horovod"`` (Gloo rendezvous on the driver) or ``"tf_collective"``: each rank
             gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
@@ -182,7 +183,7 @@ class HorovodRunner:
         )
 
     def _run_on_spark(self, payload: bytes, sink: _RunLog) -> bytes | None:
-        from infra.spark import get_spark
+        from hvdflow.infra.spark import get_spark
 
         spark = self._spark or get_spark()
         sc = spark.sparkContext
@@ -353,7 +354,7 @@ class HorovodRunner:
             logger.debug("cancelling the Spark job failed", exc_info=True)
         if not done.wait(_STOP_GRACE_S):
             logger.warning(
-                "ranks still stopping after %.0f s (infra.launcher.runner._STOP_GRACE_S); "
+                "ranks still stopping after %.0f s (hvdflow.infra.launcher.runner._STOP_GRACE_S); "
                 "each task kills its rank when it sees the run cancelled",
                 _STOP_GRACE_S,
             )
@@ -464,7 +465,7 @@ def _hint(error_line: str) -> str:
     if error_line.startswith("ModuleNotFoundError"):
         return (
             " (executors must run a Python with hvdflow and horovod installed: set "
-            "PYSPARK_PYTHON, or create the session with infra.spark.get_spark)"
+            "PYSPARK_PYTHON, or create the session with hvdflow.infra.spark.get_spark)"
         )
     return ""
 

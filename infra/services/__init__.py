@@ -7,7 +7,7 @@ need a port or must stop a service by its pid; ``check_bind_address`` and ``is_l
 what decides where the services listen and whether they require credentials.
 """
 
-from infra.services._process import (
+from hvdflow.infra.services._process import (
     check_bind_address,
     free_port,
     is_loopback,

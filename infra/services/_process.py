@@ -1,6 +1,6 @@
 """A service's process: pick its port, start it in its own group, wait until it answers, stop it.
 
-Plain functions of plain values; ``infra.services._service.Service`` puts them together into
+Plain functions of plain values; ``hvdflow.infra.services._service.Service`` puts them together into
 the one shape every embedded server has.
 """
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar, Self
 
-from infra.services._process import (
+from hvdflow.infra.services._process import (
     LOOPBACK,
     free_port,
     start_process,

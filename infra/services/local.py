@@ -21,9 +21,9 @@ import json
 import os
 from pathlib import Path
 
-from infra import constants as c
-from infra._env import temporary_env
-from infra.services._process import (
+from hvdflow.infra import constants as c
+from hvdflow.infra._env import temporary_env
+from hvdflow.infra.services._process import (
     LOOPBACK,
     check_bind_address,
     free_port,
@@ -31,10 +31,10 @@ from infra.services._process import (
     port_is_free,
     stop_process_group,
 )
-from infra.services._service import Service
-from infra.services.mlflow_server import MlflowServer
-from infra.services.prefect_server import PrefectServer
-from infra.services.seaweed import SeaweedServer
+from hvdflow.infra.services._service import Service
+from hvdflow.infra.services.mlflow_server import MlflowServer
+from hvdflow.infra.services.prefect_server import PrefectServer
+from hvdflow.infra.services.seaweed import SeaweedServer
 
 STATE_FILE = "services.json"
 # Conventional ports, used when free: S3 (SeaweedFS), MLflow, Prefect.
@@ -180,7 +180,7 @@ class LocalServices:
 
     def _create_artifact_bucket(self, store_env: dict[str, str]) -> None:
         """The tracking server's artifact bucket, in the object store it will use."""
-        from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
         with temporary_env(store_env):
             ObjectStore(ObjectStoreConfig.from_env(bucket=ARTIFACT_BUCKET)).ensure_bucket()

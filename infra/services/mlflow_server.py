@@ -2,7 +2,7 @@
 
 Runs, registry and the artifact proxy in one process: clients log artifacts through the server
 (``mlflow-artifacts:/``), so only the server needs the object store's credentials. Any
-``MLFLOW_TRACKING_URI`` the user sets is used instead (see ``infra.tracking``).
+``MLFLOW_TRACKING_URI`` the user sets is used instead (see ``hvdflow.infra.tracking``).
 
 On 127.0.0.1 it needs no login unless ``auth=True``; bound to any other address it always
 requires one: MLflow's own basic-auth app (``--app-name basic-auth``) with one admin user whose
@@ -18,10 +18,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from infra import constants as c
-from infra.services._process import LOOPBACK, is_loopback, url_host
-from infra.services._secrets import load_or_create_json, new_secret, write_private
-from infra.services._service import Service
+from hvdflow.infra import constants as c
+from hvdflow.infra.services._process import LOOPBACK, is_loopback, url_host
+from hvdflow.infra.services._secrets import load_or_create_json, new_secret, write_private
+from hvdflow.infra.services._service import Service
 
 ADMIN_USERNAME = "admin"
 # The permission every user but the admin has on what they did not create, unless an admin

@@ -4,7 +4,7 @@ Analytics off. On 127.0.0.1 its API is open unless ``auth=True``; bound to any o
 always requires its auth string (``PREFECT_SERVER_API_AUTH_STRING``, ``admin:<generated>``, kept
 in ``credentials.json``, mode 0600, in its home) on every call but the health check. Clients
 send it through ``PREFECT_API_AUTH_STRING`` (``env()``); the UI asks for it. Any
-``PREFECT_API_URL`` the user sets is used instead (see ``infra.services.local``).
+``PREFECT_API_URL`` the user sets is used instead (see ``hvdflow.infra.services.local``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from infra import constants as c
-from infra.services._process import LOOPBACK, is_loopback
-from infra.services._secrets import load_or_create_json, new_secret
-from infra.services._service import Service
+from hvdflow.infra import constants as c
+from hvdflow.infra.services._process import LOOPBACK, is_loopback
+from hvdflow.infra.services._secrets import load_or_create_json, new_secret
+from hvdflow.infra.services._service import Service
 
 # The user part of the auth string: Prefect checks the whole "user:password" string.
 AUTH_USER = "admin"

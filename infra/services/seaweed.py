@@ -30,11 +30,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import constants as c
-from infra._env import temporary_env
-from infra.services._process import LOOPBACK, free_port
-from infra.services._secrets import load_or_create_json, new_secret, write_private
-from infra.services._service import Service
+from hvdflow.infra import constants as c
+from hvdflow.infra._env import temporary_env
+from hvdflow.infra.services._process import LOOPBACK, free_port
+from hvdflow.infra.services._secrets import load_or_create_json, new_secret, write_private
+from hvdflow.infra.services._service import Service
 
 # SeaweedFS serves gRPC on each HTTP port + this, without a flag to choose otherwise.
 GRPC_PORT_OFFSET = 10000
@@ -260,7 +260,7 @@ class SeaweedServer(Service):
 
     def _ready(self) -> bool:
         """A signed S3 call succeeds: the port alone opens before the filer is ready."""
-        from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         with socket.socket(family) as s:

@@ -46,7 +46,7 @@ def machine_lock(path: str | Path, timeout_s: float = 600.0, what: str = "the lo
 
 def cache_root() -> Path:
     """``$HVDFLOW_CACHE_DIR``, else ``~/.cache/hvdflow``: per machine, shared by its ranks."""
-    from infra.constants import HVDFLOW_CACHE_DIR
+    from hvdflow.infra.constants import HVDFLOW_CACHE_DIR
 
     root = os.environ.get(HVDFLOW_CACHE_DIR)
     return Path(root) if root else Path.home() / ".cache" / "hvdflow"

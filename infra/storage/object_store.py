@@ -33,7 +33,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from infra import constants as c
+from hvdflow.infra import constants as c
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,8 @@ class ObjectStore:
         progress: Callable[[int], object] | None = None,
     ) -> None:
         """Upload the file at ``path`` to ``uri``. ``progress(n)`` is called with the bytes sent
-        since its last call, from boto3's transfer threads (``infra.progress.ByteProgress``)."""
+        since its last call, from boto3's transfer threads
+        (``hvdflow.infra.progress.ByteProgress``)."""
         bucket, key = parse_uri(uri)
         extra = {"Metadata": {k: str(v) for k, v in (metadata or {}).items()}}
         self._call(

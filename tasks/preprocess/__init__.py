@@ -1,5 +1,5 @@
 """Step 1 of the pipeline: raw images to Petastorm Parquet with PySpark."""
 
-from tasks.preprocess.job import DatasetManifest, PreprocessConfig, preprocess_images
+from hvdflow.tasks.preprocess.job import DatasetManifest, PreprocessConfig, preprocess_images
 
 __all__ = ["DatasetManifest", "PreprocessConfig", "preprocess_images"]

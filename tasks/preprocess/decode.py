@@ -30,9 +30,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tasks.preprocess.pixels import unsupported_mode, upright_8bit
-from tasks.preprocess.sniff import what_it_is
-from tasks.preprocess.storage import S3Access, error_code, is_s3, split_s3
+from hvdflow.tasks.preprocess.pixels import unsupported_mode, upright_8bit
+from hvdflow.tasks.preprocess.sniff import what_it_is
+from hvdflow.tasks.preprocess.storage import S3Access, error_code, is_s3, split_s3
 
 # Why a local file is quarantined when this process may not read it.
 PERMISSION_DENIED = "permission denied: the file is not readable by this process (chmod a+r it)"
@@ -313,7 +313,7 @@ class _Fetcher:
         return get_object(self.client, self._access, uri, first, last)
 
     def _idx_range(self, item):
-        from tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header
+        from hvdflow.tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header
 
         if not is_s3(item.path):
             with _open_idx(item.path) as f:
@@ -360,8 +360,8 @@ class _Fetcher:
 def decode_records(items, plan: DecodePlan, client=None):
     """Row or Bad records for ``items`` (sources.Item), in order; ``client``: the partition's
     boto3 client, if it has one already."""
-    from tasks.preprocess.schema import image_schema
-    from tasks.preprocess.split import split_key
+    from hvdflow.tasks.preprocess.schema import image_schema
+    from hvdflow.tasks.preprocess.split import split_key
 
     if not is_s3(plan.root):
         check_input_root(plan.root)

@@ -42,8 +42,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.preprocess import sources
-from tasks.preprocess.storage import Location, S3Access, dataset_url, is_s3, join
+from hvdflow.tasks.preprocess import sources
+from hvdflow.tasks.preprocess.storage import Location, S3Access, dataset_url, is_s3, join
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class SplitPlan:
 
 def plan_split(config: PreprocessConfig, listing: sources.Listing, access) -> SplitPlan:
     """Which listed record goes to validation (split.py), and how many of each per item."""
-    from tasks.preprocess.split import choose_boundaries, is_val, split_key
+    from hvdflow.tasks.preprocess.split import choose_boundaries, is_val, split_key
 
     label_index = {name: i for i, name in enumerate(listing.labels)}
     records = sources.listed_records(listing, label_index, access)
@@ -269,7 +269,7 @@ def _partitions(sc, listing, config) -> int:
     """One wave of tasks (a multiple of the task slots), more only to keep each task's share of
     decoded images under PARTITION_BYTES. Every task costs a round trip to a Python worker, so
     more tasks than slots cost time and buy nothing; row groups are planned apart from them."""
-    from tasks.preprocess.schema import image_shape
+    from hvdflow.tasks.preprocess.schema import image_shape
 
     slots = max(1, sc.defaultParallelism)
     rows = sum(item.count for item in listing.items)
@@ -289,9 +289,9 @@ def assign_partitions(weights: list[int], partitions: int) -> list[int]:
 
 
 def _build(spark, config, listing, split: SplitPlan, fingerprint, version, attempt: str):
-    from tasks.preprocess.decode import DecodePlan, executor_errors
-    from tasks.preprocess.schema import image_shape
-    from tasks.preprocess.write import (
+    from hvdflow.tasks.preprocess.decode import DecodePlan, executor_errors
+    from hvdflow.tasks.preprocess.schema import image_shape
+    from hvdflow.tasks.preprocess.write import (
         SPLITS,
         WritePlan,
         plan_row_groups,
@@ -370,7 +370,7 @@ class _Report:
     def of(cls, written) -> _Report:
         import heapq
 
-        from tasks.preprocess.write import SPLITS
+        from hvdflow.tasks.preprocess.write import SPLITS
 
         files: dict[str, dict[str, int]] = {name: {} for name in SPLITS}
         rows = dict.fromkeys(SPLITS, 0)
@@ -415,8 +415,8 @@ def _discard(version: Location, attempt: str) -> None:
 
 def _finish(config, fingerprint, version, attempt, label_index, report: _Report):
     """On the driver, once the part files exist: Petastorm metadata, reports, the manifest."""
-    from tasks.preprocess.schema import image_schema, image_shape
-    from tasks.preprocess.write import (
+    from hvdflow.tasks.preprocess.schema import image_schema, image_shape
+    from hvdflow.tasks.preprocess.write import (
         SPLITS,
         arrow_schema,
         write_empty_split,
@@ -485,7 +485,7 @@ def read_manifest(version: Location) -> DatasetManifest | None:
 def missing_files(attempt: Location) -> list[str]:
     """What a published attempt lacks of its reports, of each split's ``_common_metadata``, and
     of the part files that metadata names (one listing, and a read of each metadata file)."""
-    from tasks.preprocess.write import SPLITS
+    from hvdflow.tasks.preprocess.write import SPLITS
 
     present = attempt.files()
     missing = [name for name in ATTEMPT_FILES if name not in present]

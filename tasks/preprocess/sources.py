@@ -19,8 +19,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.preprocess.storage import S3Access, is_s3, list_objects, split_s3
-from tasks.preprocess.walk import walk_class_folder
+from hvdflow.tasks.preprocess.storage import S3Access, is_s3, list_objects, split_s3
+from hvdflow.tasks.preprocess.walk import walk_class_folder
 
 logger = logging.getLogger(__name__)
 

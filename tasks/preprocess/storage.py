@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from infra import constants as c
+from hvdflow.infra import constants as c
 
 S3_SCHEME = "s3://"
 # Spooled output stays in memory up to this size, then spills to the local temporary folder.
@@ -68,7 +68,7 @@ class S3Access:
     def from_env(cls, store=None) -> S3Access:
         """The endpoint and region of ``store`` (an ObjectStore) or of the AWS variables, and the
         credentials this process has in its environment."""
-        from infra.storage.object_store import s3_endpoint
+        from hvdflow.infra.storage.object_store import s3_endpoint
 
         env = os.environ
         if store is not None:

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tasks.preprocess.storage import Location, S3Access, is_s3, join, open_for_write
+from hvdflow.tasks.preprocess.storage import Location, S3Access, is_s3, join, open_for_write
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +229,8 @@ def write_partition(planned, plan: WritePlan):
 
 
 def _write_one(partition: int, items, plan: WritePlan):
-    from tasks.preprocess.decode import FETCH_AHEAD, Bad, decode_records
-    from tasks.preprocess.split import is_val
+    from hvdflow.tasks.preprocess.decode import FETCH_AHEAD, Bad, decode_records
+    from hvdflow.tasks.preprocess.split import is_val
 
     sizes = plan.sizes.get(partition, {})
     # One boto3 client per partition, for reading the inputs and writing the files.
@@ -329,8 +329,8 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
     from petastorm.utils import add_to_dataset_metadata
 
-    from tasks.preprocess.storage import dataset_url
-    from training.reader import filesystem_for
+    from hvdflow.tasks.preprocess.storage import dataset_url
+    from hvdflow.training.reader import filesystem_for
 
     url = dataset_url(split_url)
     fs, path = get_filesystem_and_path_or_paths(url, filesystem=filesystem_for(url))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.preprocess.decode import (
+from hvdflow.tasks.preprocess.decode import (
     FETCH_AHEAD,
     Bad,
     check_input_root,
@@ -33,9 +33,9 @@ from tasks.preprocess.decode import (
     get_object,
     host,
 )
-from tasks.preprocess.storage import S3Access, is_s3, join
-from tasks.preprocess.write import ParquetPart, part_name, write_quarantine_part
-from tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
+from hvdflow.tasks.preprocess.storage import S3Access, is_s3, join
+from hvdflow.tasks.preprocess.write import ParquetPart, part_name, write_quarantine_part
+from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
 
 INPUT_SCHEMA = "source string, path string, row_group int, problem string"
 # kind: predictions (name: part file, count: rows), class (name: class index, count: rows),
@@ -97,7 +97,7 @@ def score_partition(batches, plan: ExecutorPlan):
 
 
 def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tuple]:
-    from tasks.score import model_cache
+    from hvdflow.tasks.score import model_cache
 
     if not is_s3(plan.root):
         check_input_root(plan.root)
@@ -154,7 +154,7 @@ def _units(batches):
 
 
 def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
-    from tasks.score import model_cache
+    from hvdflow.tasks.score import model_cache
 
     rows: list[tuple] = []
     if out.rows:

@@ -16,8 +16,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from tasks.preprocess import sources
-from tasks.preprocess.storage import S3Access, is_s3, join, list_objects, split_s3
+from hvdflow.tasks.preprocess import sources
+from hvdflow.tasks.preprocess.storage import S3Access, is_s3, join, list_objects, split_s3
 
 MANIFEST = "manifest.json"  # what preprocessing publishes beside a dataset's attempt folders
 IMAGE_COLUMN, SOURCE_COLUMN = "image", "source"
@@ -166,7 +166,7 @@ def first_image_shape(unit: Unit, access: S3Access | None) -> tuple[int, ...]:
 
 
 def _read_manifest(root: str, access: S3Access | None) -> dict | None:
-    from tasks.preprocess.storage import Location
+    from hvdflow.tasks.preprocess.storage import Location
 
     data = Location(root, access).read_bytes(MANIFEST)
     return json.loads(data) if data is not None else None

@@ -21,13 +21,13 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tasks.preprocess.job import assign_partitions, check_quality
-from tasks.preprocess.storage import Location, S3Access, is_s3, join
-from tasks.preprocess.write import write_quarantine
-from tasks.score import publish
-from tasks.score.config import ScoreConfig
-from tasks.score.inputs import ScoreInput, list_input
-from tasks.score.model import ScoringModel, image_settings
+from hvdflow.tasks.preprocess.job import assign_partitions, check_quality
+from hvdflow.tasks.preprocess.storage import Location, S3Access, is_s3, join
+from hvdflow.tasks.preprocess.write import write_quarantine
+from hvdflow.tasks.score import publish
+from hvdflow.tasks.score.config import ScoreConfig
+from hvdflow.tasks.score.inputs import ScoreInput, list_input
+from hvdflow.tasks.score.model import ScoringModel, image_settings
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def score_images(spark, config: ScoreConfig, model: ScoringModel) -> ScoreResult
     )
     location = Location(config.output, access)
     attempt = publish.new_attempt()
-    from tasks.score.executor import ExecutorPlan
+    from hvdflow.tasks.score.executor import ExecutorPlan
 
     plan = ExecutorPlan(
         model_key=model.cache_key,
@@ -165,8 +165,8 @@ def partitions_for(images: int, units: int, slots: int) -> int:
 
 
 def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
-    from tasks.preprocess.decode import executor_errors
-    from tasks.score.executor import INPUT_SCHEMA, REPORT_SCHEMA, score_partition
+    from hvdflow.tasks.preprocess.decode import executor_errors
+    from hvdflow.tasks.score.executor import INPUT_SCHEMA, REPORT_SCHEMA, score_partition
 
     sc = spark.sparkContext
     partitions = partitions_for(listing.rows, len(listing.units), sc.defaultParallelism)

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from tasks.score.config import ModelRef
+from hvdflow.tasks.score.config import ModelRef
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ def fetch_model(ref: ModelRef, tracking_uri: str, workdir: str | None = None) ->
     driver machine (``$HVDFLOW_CACHE_DIR/models``: a registered version's files never change)."""
     from mlflow import MlflowClient
 
-    from infra.secrets import redact_url
-    from infra.storage.locks import cache_root
+    from hvdflow.infra.secrets import redact_url
+    from hvdflow.infra.storage.locks import cache_root
 
     client = MlflowClient(tracking_uri)
     version = resolve_version(client, ref)

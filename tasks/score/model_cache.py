@@ -55,7 +55,7 @@ def _limit_threads(threads: int) -> None:
     global _threads_set
     if _threads_set:
         return
-    from training.threads import use_threads
+    from hvdflow.training.threads import use_threads
 
     try:
         use_threads(threads)

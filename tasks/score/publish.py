@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 
-from tasks.preprocess.storage import Location
+from hvdflow.tasks.preprocess.storage import Location
 
 logger = logging.getLogger(__name__)
 

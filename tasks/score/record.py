@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from tasks.score.config import ScoreConfig
-from tasks.score.job import ScoreResult
-from tasks.score.model import ScoringModel
+from hvdflow.tasks.score.config import ScoreConfig
+from hvdflow.tasks.score.job import ScoreResult
+from hvdflow.tasks.score.model import ScoringModel
 
 KIND_TAG = "hvdflow.kind"
 LAST_RUN_TAG = "hvdflow.last_scoring_run"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from tasks.score.config import ModelRef, ScoreConfig
-from tasks.score.job import ScoreResult
-from tasks.score.model import ScoringModel
-from tasks.score.record import record_scoring
-from tasks.steps import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
+from hvdflow.tasks.score.config import ModelRef, ScoreConfig
+from hvdflow.tasks.score.job import ScoreResult
+from hvdflow.tasks.score.model import ScoringModel
+from hvdflow.tasks.score.record import record_scoring
+from hvdflow.tasks.steps import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 
 
 def _unless_bad_value(_task, _task_run, state) -> bool:
@@ -33,7 +33,7 @@ def _unless_bad_value(_task, _task_run, state) -> bool:
     retry_condition_fn=_unless_bad_value,
 )
 def find_model_step(ref: ModelRef, tracking_uri: str) -> ScoringModel:
-    from tasks.score.model import fetch_model
+    from hvdflow.tasks.score.model import fetch_model
 
     model = fetch_model(ref, tracking_uri)
     get_run_logger().info(
@@ -51,8 +51,8 @@ def find_model_step(ref: ModelRef, tracking_uri: str) -> ScoringModel:
 def score_step(
     config: ScoreConfig, model: ScoringModel, spark_master: str | None = None
 ) -> ScoreResult:
-    from infra.spark import SparkProgress, get_spark
-    from tasks.score.job import score_images
+    from hvdflow.infra.spark import SparkProgress, get_spark
+    from hvdflow.tasks.score.job import score_images
 
     logger = get_run_logger()
     spark = get_spark(spark_master)

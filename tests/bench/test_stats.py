@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from bench.conditions import Condition, Measurement, concurrent_epoch_times, parse_condition
-from bench.stats import (
+from hvdflow.bench.conditions import Condition, Measurement, concurrent_epoch_times, parse_condition
+from hvdflow.bench.stats import (
     anova,
     markdown,
     plot,
@@ -12,7 +12,7 @@ from bench.stats import (
     summary_table,
     tukey_against,
 )
-from bench.workloads import augmented_digits, total_for_training
+from hvdflow.bench.workloads import augmented_digits, total_for_training
 
 
 def m(condition, kind, np_, times, rep=0, images_per_epoch=1000, processes=1, threads=1):

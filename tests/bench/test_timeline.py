@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench.timeline import breakdown, load_events, union_length
+from hvdflow.bench.timeline import breakdown, load_events, union_length
 
 
 def span(tensor, name, begin_s, end_s):

@@ -43,7 +43,7 @@ def _up(args: argparse.Namespace) -> int:
                 f"  export HVDFLOW_SPARK_MASTER={cluster.master_url} "
                 f"SPARK_LOCAL_IP={cluster.driver_ip} SPARK_CONF_DIR={conf_dir}"
             )
-            print("  .venv/bin/python -m flows.cli smoke --np 2")
+            print("  .venv/bin/python -m hvdflow.flows.cli smoke --np 2")
             print("A shell on a host (its network, /tmp and hostname):")
             print("  " + " ".join(cluster.shell_command(cluster.hosts[0])))
             print(f"Cut / restore a host's link:  ip link set {cluster.hosts[0].veth} down|up")

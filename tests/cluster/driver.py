@@ -1,8 +1,8 @@
 """Running a Spark driver against the cluster, in a process of its own.
 
 One process holds one SparkContext, and the test session may already hold a ``local[2]`` one
-(``infra.spark.get_spark`` returns the active session), so the driver runs in a subprocess in
-the root namespace, configured the way a user would configure it: HVDFLOW_SPARK_MASTER and a
+(``hvdflow.get_spark`` returns the active session), so the driver runs in a subprocess in the
+root namespace, configured the way a user would configure it: HVDFLOW_SPARK_MASTER and a
 spark-defaults.conf in SPARK_CONF_DIR.
 """
 

@@ -106,8 +106,8 @@ def test_a_cut_link_stops_a_hosts_traffic_until_restored(netns_cluster):
 HOROVOD_DRIVER = textwrap.dedent(
     """
     import json, os, socket
-    from infra import HorovodRunner
-    from training.smoke import train_digits
+    from hvdflow import HorovodRunner
+    from hvdflow.training.smoke import train_digits
 
     def main():
         import horovod.tensorflow as hvd

@@ -38,7 +38,7 @@ MARGIN_S = 15.0
 FAULT_DRIVER = textwrap.dedent(
     """
     import json, sys, time
-    from infra import HorovodRunner, RankFailed
+    from hvdflow import HorovodRunner, RankFailed
 
     ready_file, heartbeat_timeout_s = sys.argv[1], float(sys.argv[2])
 

@@ -25,7 +25,7 @@ MARKER = "hvdflow_packed_marker"
 DRIVER = textwrap.dedent(
     f"""
     import json, sys
-    from infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark
 
     spark = get_spark(conf={{"spark.archives": sys.argv[1] + "#environment"}})
 

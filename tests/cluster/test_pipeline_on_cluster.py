@@ -33,12 +33,12 @@ BAD = {
 READ_SHARDS = textwrap.dedent(
     """
     import json, sys
-    from infra import HorovodRunner
+    from hvdflow import HorovodRunner
 
     def read(train_url):
         import socket
         import horovod.tensorflow as hvd
-        from training.reader import open_dataset
+        from hvdflow.training.reader import open_dataset
 
         hvd.init()
         with open_dataset(
@@ -76,9 +76,9 @@ def upload_raw_images(store, prefix: str) -> int:
 def cluster_services(netns_cluster, tmp_path_factory):
     """hvdflow up --bind on the driver's address: S3, MLflow and Prefect with credentials,
     and raw images (some bad) in the bucket. Yields (home, env, good images)."""
-    from infra._env import temporary_env
-    from infra.services.local import LocalServices
-    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.infra._env import temporary_env
+    from hvdflow.infra.services.local import LocalServices
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     home = tmp_path_factory.mktemp("cluster-home")
     services = LocalServices(home)
@@ -105,14 +105,14 @@ def test_the_pipeline_runs_on_two_hosts_from_and_into_the_bucket(
 ):
     from mlflow import MlflowClient
 
-    from infra._env import temporary_env
-    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.infra._env import temporary_env
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     home, env, good = cluster_services
     run = run_driver(
         netns_cluster,
         "-m",
-        "flows.cli",
+        "hvdflow.flows.cli",
         "run",
         *("--np", "2", "--epochs", "1", "--input-format", "folders"),
         *("--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"),
@@ -170,7 +170,7 @@ def test_the_pipeline_runs_on_two_hosts_from_and_into_the_bucket(
 def test_a_preprocessing_retried_after_an_executor_died_mid_write_has_every_row_once(
     netns_cluster, cluster_services, tmp_path
 ):
-    from tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV
+    from hvdflow.tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV
 
     _home, env, good = cluster_services
     aws = {k: env[k] for k in env if k.startswith("AWS_")}
@@ -209,9 +209,9 @@ def test_a_preprocessing_retried_after_an_executor_died_mid_write_has_every_row_
 PREPROCESS_ONCE = textwrap.dedent(
     """
     import json, sys
-    from infra.spark import get_spark
-    from tasks.preprocess import PreprocessConfig, preprocess_images
-    from training.reader import open_dataset
+    from hvdflow.infra.spark import get_spark
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
+    from hvdflow.training.reader import open_dataset
 
     spark = get_spark(conf=json.loads(sys.argv[2]))
     config = PreprocessConfig(

@@ -31,8 +31,8 @@ INPUT = "s3://hvdflow/raw/digits/"
 
 @pytest.mark.timeout(900)
 def test_two_hosts_score_from_and_into_the_bucket(netns_cluster, cluster_services, tmp_path):  # noqa: F811
-    from infra._env import temporary_env
-    from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.infra._env import temporary_env
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
     home, env, good = cluster_services
     with temporary_env(env):
@@ -40,7 +40,7 @@ def test_two_hosts_score_from_and_into_the_bucket(netns_cluster, cluster_service
     run = run_driver(
         netns_cluster,
         "-m",
-        "flows.cli",
+        "hvdflow.flows.cli",
         "score",
         *("--model", MODEL, "--input", INPUT, "--output", "s3://hvdflow/scores/digits"),
         workdir=tmp_path / "driver",

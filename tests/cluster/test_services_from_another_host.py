@@ -71,7 +71,7 @@ PROBE = textwrap.dedent(
 def test_services_bound_for_the_cluster_refuse_a_host_without_credentials(
     netns_cluster, tmp_path, monkeypatch
 ):
-    from infra.services.local import LocalServices
+    from hvdflow.infra.services.local import LocalServices
 
     for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
         monkeypatch.delenv(name, raising=False)  # start all three, not the session's

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from bench.conditions import Measurement
-from bench.stats import anova, summary_table, tukey_against
-from flows.benchmark import BenchParams, benchmark, plots_markdown
-from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+from hvdflow.bench.conditions import Measurement
+from hvdflow.bench.stats import anova, summary_table, tukey_against
+from hvdflow.flows.benchmark import BenchParams, benchmark, plots_markdown
+from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import wait_for_no_ranks
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from flows.cli import build_parser, main
+from hvdflow.flows.cli import build_parser, main
 from tests.helpers import assert_refused_before_any_service
 
 
@@ -26,7 +26,7 @@ def test_every_command_has_help(command, capsys):
 
 @pytest.mark.slow
 def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch, capsys):
-    from infra.services.local import LocalServices
+    from hvdflow.infra.services.local import LocalServices
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
@@ -89,7 +89,7 @@ def test_a_bad_parameter_is_one_line_exit_2_and_starts_nothing(
 
 @pytest.mark.unit
 def test_debug_shows_the_exception_instead(tmp_path, monkeypatch):
-    from flows.cli_support import InvalidParameters
+    from hvdflow.flows.cli_support import InvalidParameters
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     with pytest.raises(InvalidParameters, match="launcher.np"):
@@ -123,7 +123,7 @@ def test_a_failed_run_is_one_line_naming_the_full_log(
     (empty / "cats").mkdir(parents=True)
     argv = ["run", "--input", str(empty), "--input-format", "folders", "--np", "-1"]
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *argv],
+        [sys.executable, "-m", "hvdflow.flows.cli", *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -142,7 +142,11 @@ def test_a_failed_run_is_one_line_naming_the_full_log(
 def test_log_lines_reach_the_terminal_once_prefect_has_set_up_its_own_logging(tmp_path, capfd):
     import logging
 
-    from flows.cli_support import _remove_our_handlers, adopt_prefect_logging, configure_logging
+    from hvdflow.flows.cli_support import (
+        _remove_our_handlers,
+        adopt_prefect_logging,
+        configure_logging,
+    )
 
     root = logging.getLogger()
     level = root.level
@@ -154,27 +158,27 @@ def test_log_lines_reach_the_terminal_once_prefect_has_set_up_its_own_logging(tm
     try:
         configure_logging("INFO", "test", show_tracebacks=False, log_path=tmp_path / "t.log")
         adopt_prefect_logging()
-        logging.getLogger("tasks.steps").info("Spark stage 3 (save): 1/2 tasks done")
+        logging.getLogger("hvdflow.tasks.steps").info("Spark stage 3 (save): 1/2 tasks done")
         err = capfd.readouterr().err
     finally:
         server.removeHandler(prefects_console)
         _remove_our_handlers()
         root.setLevel(level)
-    assert err.count("INFO tasks.steps: Spark stage 3 (save): 1/2 tasks done") == 1
+    assert err.count("INFO hvdflow.tasks.steps: Spark stage 3 (save): 1/2 tasks done") == 1
 
 
 @pytest.mark.unit
 def test_the_terminal_shows_a_ranks_epoch_line_once_though_prefect_gets_a_copy():
     import logging
 
-    from flows.cli_support import _RankLinesOnce
+    from hvdflow.flows.cli_support import _RankLinesOnce
 
     def record(name, message):
         return logging.LogRecord(name, logging.INFO, __file__, 1, message, (), None)
 
     once = _RankLinesOnce()
     line = "[1,0]<log>:Epoch 1/2 done in 1.92s: loss=1.2087"
-    assert once.filter(record("infra.launcher.runner.ranks", line))  # the runner's own
+    assert once.filter(record("hvdflow.infra.launcher.runner.ranks", line))  # the runner's own
     assert not once.filter(record("prefect.task_runs", line))  # the copy for Prefect's UI
     assert once.filter(record("prefect.task_runs", "[1,0]<stdout>:44/44 - 2s - loss: 1.2"))
     assert once.filter(record("prefect.task_runs", "training digits_mlp with np=2"))

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
 
-from flows.pipeline import PipelineParams, pipeline, throughput_lines
-from infra.storage.object_store import ObjectStore, ObjectStoreConfig
-from tests.helpers import rank_processes, wait_for_no_ranks
+from hvdflow.flows.pipeline import PipelineParams, pipeline, throughput_lines
+from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+from tests.helpers import rank_processes, user_project, wait_for_no_ranks
 
 
 @pytest.fixture
@@ -120,8 +120,8 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelling
 
-    from infra.services.local import LocalServices
-    from infra.services.prefect_server import PrefectServer
+    from hvdflow.infra.services.local import LocalServices
+    from hvdflow.infra.services.prefect_server import PrefectServer
 
     services = LocalServices(tmp_path / "home")
     prefect_server = PrefectServer(tmp_path / "home" / "prefect").start()
@@ -135,8 +135,11 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         # by default, which is the whole budget below.
         "PREFECT_RUNNER_POLL_FREQUENCY": "2",
     }
+    # Served from a folder holding the user's own tasks.py and flows/ (first on sys.path there):
+    # hvdflow's modules are hvdflow.tasks and hvdflow.flows, so theirs hide nothing of ours.
     server = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve", "--np", "-1"],
+        [sys.executable, "-m", "hvdflow.flows.cli", "serve", "--np", "-1"],
+        cwd=user_project(tmp_path / "project"),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from flows.cli import main
-from flows.status import RunStatus, ServiceStatus, Status, render, service_statuses
+from hvdflow.flows.cli import main
+from hvdflow.flows.status import RunStatus, ServiceStatus, Status, render, service_statuses
 
 
 @pytest.mark.unit
@@ -43,7 +43,7 @@ def test_the_status_is_a_few_lines_naming_services_versions_and_the_champion():
 
 @pytest.mark.unit
 def test_a_service_that_does_not_answer_is_down_and_one_pointed_elsewhere_says_so():
-    from infra.services._process import free_port
+    from hvdflow.infra.services._process import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     statuses = service_statuses(
@@ -63,7 +63,7 @@ def test_status_shows_the_running_tracking_server_its_runs_and_the_champion(
 ):
     from mlflow import MlflowClient
 
-    from tasks.train import FLOW_RUN_TAG
+    from hvdflow.tasks.train import FLOW_RUN_TAG
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from infra.progress import ByteProgress, bytes_line, human_bytes, tasks_line
-from infra.spark import StageProgress
+from hvdflow.infra.progress import ByteProgress, bytes_line, human_bytes, tasks_line
+from hvdflow.infra.spark import StageProgress
 
 MiB = 1024 * 1024
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from infra.secrets import (
+from hvdflow.infra.secrets import (
     check_reference,
     is_reference,
     redact_url,

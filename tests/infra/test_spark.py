@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from infra.spark import launch_env, spark_conf, ui_bind_address
+from hvdflow.infra.spark import launch_env, spark_conf, ui_bind_address
 
 PY = sys.executable
 # What every session hvdflow starts gets, local or not.
@@ -90,7 +90,7 @@ UI_CHECK = textwrap.dedent(
     """
     import json, socket
     import psutil
-    from infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark
 
     spark = get_spark("local[1]", "ui-check", {"spark.ui.enabled": "true", "spark.ui.port": "0"})
     try:
@@ -148,7 +148,7 @@ def test_a_local_sessions_ui_listens_on_loopback_only_without_kill_links(tmp_pat
 
 @pytest.mark.unit
 def test_executors_run_the_interpreter_pyspark_python_names(monkeypatch):
-    from infra.spark import launch_env, spark_conf
+    from hvdflow.infra.spark import launch_env, spark_conf
 
     monkeypatch.setenv("PYSPARK_PYTHON", "./environment/bin/python")
     conf = spark_conf("spark://master:7077")
@@ -172,7 +172,7 @@ def test_a_long_stage_is_logged_as_lines_with_counts_and_a_rate(spark):
     import re
     import time
 
-    from infra.spark import SparkProgress
+    from hvdflow.infra.spark import SparkProgress
 
     class Lines:
         def __init__(self):

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from infra.tracking import check_reachable
+from hvdflow.infra.tracking import check_reachable
 
 
 @pytest.mark.unit

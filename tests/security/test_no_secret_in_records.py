@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.benchmark import BenchParams, benchmark
-from flows.pipeline import PipelineParams, pipeline
+from hvdflow.flows.benchmark import BenchParams, benchmark
+from hvdflow.flows.pipeline import PipelineParams, pipeline
 from tests.helpers import http_server, wait_for_no_ranks
 
 # Larger files are not read back from the bucket: weights and Parquet, no text records.
@@ -183,7 +183,7 @@ def test_no_planted_secret_reaches_any_record(
     from prefect.blocks.system import Secret
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, PREFECT_SERVER_DATABASE_CONNECTION_URL
 
-    from training.models import build_model
+    from hvdflow.training.models import build_model
 
     started = time.time() - 1
     token = secrets.token_hex(8)

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.preprocess import PreprocessConfig, preprocess_images, sniff
-from tasks.preprocess import job as preprocess_job
-from tasks.preprocess.decode import PERMISSION_DENIED, Bad, Good, decode_image, decode_item
-from tasks.preprocess.sources import list_class_folders
-from tasks.preprocess.walk import PERMISSION_DENIED_FOLDER
+from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images, sniff
+from hvdflow.tasks.preprocess import job as preprocess_job
+from hvdflow.tasks.preprocess.decode import PERMISSION_DENIED, Bad, Good, decode_image, decode_item
+from hvdflow.tasks.preprocess.sources import list_class_folders
+from hvdflow.tasks.preprocess.walk import PERMISSION_DENIED_FOLDER
 from tests.tasks.test_preprocess import make_class_tree, stored_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -205,8 +205,8 @@ def test_a_named_pipe_is_quarantined_and_never_opened(tmp_path):
 # [source, reason or "ok"] for each.
 _LIST_AND_DECODE = """
 import json, sys
-from tasks.preprocess.decode import Bad, decode_item
-from tasks.preprocess.sources import list_class_folders
+from hvdflow.tasks.preprocess.decode import Bad, decode_item
+from hvdflow.tasks.preprocess.sources import list_class_folders
 out = []
 for item in list_class_folders(sys.argv[1]).items:
     for record in decode_item(item, (4, 6), "L", 10**6):
@@ -382,7 +382,7 @@ def test_class_folders_without_files_to_decode_are_left_out_of_the_labels(tmp_pa
     (tmp_path / "elk" / ".DS_Store").write_bytes(b"\0")  # only a hidden file
     png(tmp_path / "fox" / "deep" / "3.png")  # images in a sub-folder count
 
-    with caplog.at_level(logging.WARNING, logger="tasks.preprocess.sources"):
+    with caplog.at_level(logging.WARNING, logger="hvdflow.tasks.preprocess.sources"):
         listing = list_class_folders(str(tmp_path))
     assert listing.labels == ["ant", "cow", "fox"]
     assert [r.getMessage() for r in caplog.records] == [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from flows.benchmark import BenchParams
-from flows.pipeline import PipelineParams
-from tasks.config import DataParams, LauncherParams, TrackingParams, TrainingParams
+from hvdflow.flows.benchmark import BenchParams
+from hvdflow.flows.pipeline import PipelineParams
+from hvdflow.tasks.config import DataParams, LauncherParams, TrackingParams, TrainingParams
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def test_the_pipeline_and_the_benchmark_share_one_shape():
 
 
 def test_one_default_registered_model_name():
-    from tasks.train import TrainConfig
+    from hvdflow.tasks.train import TrainConfig
 
     assert PipelineParams().tracking.registered_model_name == "hvdflow-classifier"
     assert TrainConfig().tracking.registered_model_name == "hvdflow-classifier"

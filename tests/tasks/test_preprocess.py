@@ -18,16 +18,16 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tasks.preprocess import PreprocessConfig, preprocess_images, sources
-from tasks.preprocess import job as preprocess_job
-from tasks.preprocess.split import (
+from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images, sources
+from hvdflow.tasks.preprocess import job as preprocess_job
+from hvdflow.tasks.preprocess.split import (
     choose_boundaries,
     is_val,
     split_key,
     stratified_val_sources,
 )
-from tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV, plan_row_groups
-from training.reader import open_dataset
+from hvdflow.tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV, plan_row_groups
+from hvdflow.training.reader import open_dataset
 
 
 def make_class_tree(root, per_class=10, classes=("cat", "dog", "emu"), size=(20, 16)):
@@ -294,8 +294,8 @@ def test_row_group_plan_gives_every_rank_a_non_empty_row_group(counts, groups):
 @pytest.mark.parametrize(("planned", "rows"), [([2, 2, 2, 2], 8), ([2, 2, 2, 2], 6), ([3, 3], 1)])
 def test_unusable_inputs_never_cost_a_rank_its_row_group(tmp_path, planned, rows):
     """A file planned for the listed rows ends with min(planned groups, rows) row groups."""
-    from tasks.preprocess.decode import Row
-    from tasks.preprocess.write import _SplitFile
+    from hvdflow.tasks.preprocess.decode import Row
+    from hvdflow.tasks.preprocess.write import _SplitFile
 
     url = str(tmp_path / "part-00000.parquet")
     split_file = _SplitFile(url, "train", planned, None, None)

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from tasks.registry import (
+from hvdflow.tasks.registry import (
     CANDIDATE,
     CHAMPION,
     CHAMPION_METRIC,

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tasks.preprocess import PreprocessConfig, sources
-from tasks.steps import dataset_cache_key, preprocessed, resolved_source_key, stage_weights_for
+from hvdflow.tasks.preprocess import PreprocessConfig, sources
+from hvdflow.tasks.steps import (
+    dataset_cache_key,
+    preprocessed,
+    resolved_source_key,
+    stage_weights_for,
+)
 
 
 def write_images(root, per_class=6, classes=("cat", "dog")):
@@ -73,7 +78,7 @@ def test_a_cached_dataset_whose_objects_were_deleted_is_built_again(
 ):
     from prefect import flow
 
-    from training.reader import open_dataset
+    from hvdflow.training.reader import open_dataset
 
     output = store.config.uri(store.config.key("datasets"))
     config = PreprocessConfig(
@@ -104,7 +109,7 @@ def test_cached_weights_that_were_corrupted_or_deleted_are_staged_again(
 ):
     from prefect import flow
 
-    from training.models import build_model
+    from hvdflow.training.models import build_model
 
     monkeypatch.setenv("HVDFLOW_BUCKET", store.config.bucket)
     monkeypatch.setenv("HVDFLOW_PREFIX", store.config.prefix)
@@ -133,8 +138,8 @@ def test_the_training_progress_artifact_moves_with_the_epochs_and_ends_at_100(mo
 
     import prefect.artifacts
 
-    from tasks.steps import TRAINING_PROGRESS_KEY, _ProgressArtifact
-    from training.epoch_log import epoch_done_line, epoch_started_line
+    from hvdflow.tasks.steps import TRAINING_PROGRESS_KEY, _ProgressArtifact
+    from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
     calls = []
     monkeypatch.setattr(
@@ -170,8 +175,8 @@ def test_a_progress_artifact_the_api_refuses_warns_once_and_never_fails_training
 
     import prefect.artifacts
 
-    from tasks.steps import _ProgressArtifact
-    from training.epoch_log import epoch_done_line
+    from hvdflow.tasks.steps import _ProgressArtifact
+    from hvdflow.training.epoch_log import epoch_done_line
 
     def refuse(*args, **kwargs):
         raise ConnectionError("Prefect API unreachable")

@@ -10,8 +10,8 @@ import sys
 import pytest
 from mlflow import MlflowClient
 
-from infra.services import free_port
-from tasks.train import REJECTED_TAG, ModelRejected, TrainConfig, train_and_track
+from hvdflow.infra.services import free_port
+from hvdflow.tasks.train import REJECTED_TAG, ModelRejected, TrainConfig, train_and_track
 from tests.helpers import wait_for_no_ranks
 
 
@@ -103,7 +103,7 @@ def consume_champion(model: str, val_url: str, tracking_uri: str) -> dict:
 CONSUMER = """
 import json, sys
 import mlflow.pyfunc, numpy as np
-from training.reader import open_dataset
+from hvdflow.training.reader import open_dataset
 model = mlflow.pyfunc.load_model("models:/tests-digits@champion")
 with open_dataset(sys.argv[1], batch_size=32, num_epochs=1, shuffle=False) as ds:
     images, labels = next(iter(ds))

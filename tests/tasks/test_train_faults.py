@@ -10,9 +10,9 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from infra.launcher import RankFailed, _wire
-from infra.launcher._task import rank_failed
-from tasks.train import TrainConfig, backfill_epoch_metrics, may_retry, train_and_track
+from hvdflow.infra.launcher import RankFailed, _wire
+from hvdflow.infra.launcher._task import rank_failed
+from hvdflow.tasks.train import TrainConfig, backfill_epoch_metrics, may_retry, train_and_track
 from tests.helpers import rank_processes, wait_for_no_ranks
 
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s")
@@ -109,7 +109,7 @@ def test_a_killed_training_resumes_from_its_checkpoint_in_the_same_run(
 def test_a_tracking_server_down_for_60_s_during_training_costs_no_epoch(
     spark, seaweed, digits_dataset, store, tmp_path
 ):
-    from infra.services.mlflow_server import MlflowServer
+    from hvdflow.infra.services.mlflow_server import MlflowServer
 
     server = MlflowServer(tmp_path / "mlflow", "s3://hvdflow-mlflow/outage", seaweed.env()).start()
     outage: dict[str, float] = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.train_progress import EpochProgress
-from training.epoch_log import epoch_done_line, epoch_started_line
+from hvdflow.tasks.train_progress import EpochProgress
+from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
 
 @pytest.mark.unit

@@ -1,11 +1,11 @@
-"""The engines' defaults that are decided in the rank (``training.engines``)."""
+"""The engines' defaults that are decided in the rank (``hvdflow.training.engines``)."""
 
 import os
 
 import pytest
 
-from infra.constants import HOROVOD_CYCLE_TIME
-from training.engines import CPU_CYCLE_TIME_MS, _cycle_time_for_cpu_ranks
+from hvdflow.infra.constants import HOROVOD_CYCLE_TIME
+from hvdflow.training.engines import CPU_CYCLE_TIME_MS, _cycle_time_for_cpu_ranks
 
 
 @pytest.mark.unit

@@ -1,7 +1,7 @@
 import pytest
 
-from infra import LogLine
-from training.epoch_log import epoch_times_from_log
+from hvdflow import LogLine
+from hvdflow.training.epoch_log import epoch_times_from_log
 
 
 def line(t, text, rank=0):

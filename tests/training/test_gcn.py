@@ -1,9 +1,15 @@
 import numpy as np
 import pytest
 
-from infra import HorovodRunner
+from hvdflow import HorovodRunner
+from hvdflow.training.gcn import (
+    load_cora,
+    normalized_adjacency,
+    train_gcn,
+    train_split,
+    write_karate_cora,
+)
 from tests.helpers import wait_for_no_ranks
-from training.gcn import load_cora, normalized_adjacency, train_gcn, train_split, write_karate_cora
 
 
 def write_cora(tmp_path):

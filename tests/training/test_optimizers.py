@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from training.optimizers import (
+from hvdflow.training.optimizers import (
     LearningRatePlan,
     learning_rate_plan,
     resolve_scaling,
@@ -13,7 +13,7 @@ from training.optimizers import (
 @pytest.mark.unit
 @pytest.mark.parametrize("name", ["adadelta", "rmsprop", "adam", "radam", "sgd"])
 def test_the_papers_optimizers_build(name):
-    from training.optimizers import make_optimizer
+    from hvdflow.training.optimizers import make_optimizer
 
     optimizer = make_optimizer(name, 0.01)
     assert float(optimizer.learning_rate) == pytest.approx(0.01)
@@ -25,7 +25,7 @@ def test_the_papers_optimizers_build(name):
 
 @pytest.mark.unit
 def test_an_unknown_optimizer_names_the_choices():
-    from training.optimizers import make_optimizer
+    from hvdflow.training.optimizers import make_optimizer
 
     with pytest.raises(ValueError, match="optimizer 'nope' is unknown: expected one of"):
         make_optimizer("nope", 0.01)
@@ -85,7 +85,7 @@ def test_nothing_to_warm_up_to_means_no_warm_up():
 def test_the_keras_schedule_gives_the_plans_rates_and_survives_horovods_rebuild():
     import tensorflow as tf
 
-    from training.optimizers import make_planned_optimizer
+    from hvdflow.training.optimizers import make_planned_optimizer
 
     plan = learning_rate_plan("adam", 0.01, 4, "sqrt", warmup_epochs=1, steps_per_epoch=8)
     optimizer = make_planned_optimizer("adam", plan)

@@ -1,10 +1,10 @@
-"""The publishing guard's verdicts, with exact values (``training.quality``)."""
+"""The publishing guard's verdicts, with exact values (``hvdflow.training.quality``)."""
 
 import math
 
 import pytest
 
-from training.quality import CHANCE_MARGIN, divergence, rejection
+from hvdflow.training.quality import CHANCE_MARGIN, divergence, rejection
 
 RATE = "0.02 (0.01 x 2 ranks, lr_scaling 'linear'; no warm-up)"
 

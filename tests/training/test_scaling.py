@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from infra import HorovodRunner
-from tasks.config import TrainingParams
-from tasks.train import training_kwargs
+from hvdflow import HorovodRunner
+from hvdflow.tasks.config import TrainingParams
+from hvdflow.tasks.train import training_kwargs
+from hvdflow.training.trainer import train_classifier
 from tests.helpers import preprocessed_digits
-from training.trainer import train_classifier
 
 EPOCHS = 10
 TOLERANCE = 0.02

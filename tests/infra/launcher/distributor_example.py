@@ -7,7 +7,7 @@ nothing can be downloaded here; everything else is the README's code.
 
 import json
 
-from infra import MirroredStrategyRunner  # was: from spark_tensorflow_distributor import ...
+from hvdflow import MirroredStrategyRunner  # was: from spark_tensorflow_distributor import ...
 
 
 # Adapted from https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras

@@ -6,8 +6,8 @@ import socketserver
 import threading
 import time
 
-from infra.launcher import _wire
-from infra.launcher._task import TaskSpec
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher._task import TaskSpec
 
 
 class SilentDriver(socketserver.ThreadingTCPServer):

@@ -12,11 +12,11 @@ import cloudpickle
 import psutil
 import pytest
 
-from infra import HorovodRunner
-from infra.launcher import _liveness, _wire
-from infra.launcher._channel import DriverChannel
-from infra.launcher._liveness import Tracker, heartbeat_timeout_error, is_overdue, overdue
-from infra.launcher._task import DriverLink, RankFailed, run_task
+from hvdflow import HorovodRunner
+from hvdflow.infra.launcher import _liveness, _wire
+from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._liveness import Tracker, heartbeat_timeout_error, is_overdue, overdue
+from hvdflow.infra.launcher._task import DriverLink, RankFailed, run_task
 from tests.infra.launcher.fake_driver import SilentDriver, spec_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

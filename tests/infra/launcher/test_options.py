@@ -3,7 +3,7 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from infra.launcher.options import HorovodOptions
+from hvdflow.infra.launcher.options import HorovodOptions
 
 pytestmark = pytest.mark.unit
 

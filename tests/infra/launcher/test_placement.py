@@ -1,7 +1,7 @@
 import pytest
 
-from infra import constants as c
-from infra.launcher._placement import (
+from hvdflow.infra import constants as c
+from hvdflow.infra.launcher._placement import (
     RankSlot,
     describe_rank,
     gloo_iface_for,

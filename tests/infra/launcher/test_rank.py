@@ -10,7 +10,7 @@ import sys
 import cloudpickle
 import pytest
 
-from infra.constants import HVDFLOW_PARENT_PID
+from hvdflow.infra.constants import HVDFLOW_PARENT_PID
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def start_rank(tmp_path, parent_pid: int) -> tuple[subprocess.CompletedProcess, 
     payload, result = tmp_path / "payload.pkl", tmp_path / "result.pkl"
     payload.write_bytes(cloudpickle.dumps((write_marker, {"path": str(marker)})))
     rank = subprocess.run(
-        [sys.executable, "-m", "infra.launcher._rank", str(payload), str(result)],
+        [sys.executable, "-m", "hvdflow.infra.launcher._rank", str(payload), str(result)],
         env={**os.environ, HVDFLOW_PARENT_PID: str(parent_pid)},
         capture_output=True,
         text=True,

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from infra.launcher import _wire
-from infra.launcher import runner as runner_module
-from infra.launcher._channel import (
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher import runner as runner_module
+from hvdflow.infra.launcher._channel import (
     ACCEPT,
     NOT_PLANNED_HINT,
     Decision,
@@ -21,9 +21,9 @@ from infra.launcher._channel import (
     decide,
     normalize_address,
 )
-from infra.launcher.runner import HorovodRunner
+from hvdflow.infra.launcher.runner import HorovodRunner
+from hvdflow.training.smoke import train_digits
 from tests.helpers import wait_for_no_ranks
-from training.smoke import train_digits
 
 PLANNED = frozenset({"10.0.0.1", "10.0.0.2"})
 SIZES = {"global": 2, "local_10.0.0.1": 1, "local_10.0.0.2": 1, "cross_0": 2}

@@ -16,10 +16,10 @@ import cloudpickle
 import psutil
 import pytest
 
-from infra import HorovodRunner, RankFailed
-from infra.launcher import _channel
+from hvdflow import HorovodRunner, RankFailed
+from hvdflow.infra.launcher import _channel
+from hvdflow.training.smoke import train_digits
 from tests.helpers import rank_processes, wait_for_no_ranks
-from training.smoke import train_digits
 
 # The rank functions below live in this test module, which rank processes cannot import:
 # ship them by value, as a notebook's functions are.
@@ -120,15 +120,17 @@ def test_np_negative_runs_ranks_on_the_driver_with_identical_weights():
 @pytest.mark.integration
 def test_log_callback_only_shows_only_log_to_driver_lines(caplog):
     def main():
-        from infra import log_to_driver
+        from hvdflow import log_to_driver
 
         print("plain output")
         log_to_driver("from the callback")
 
-    with caplog.at_level("INFO", logger="infra.launcher.runner.ranks"):
+    with caplog.at_level("INFO", logger="hvdflow.infra.launcher.runner.ranks"):
         runner = HorovodRunner(np=-1)
         runner.run(main)
-    shown = [r.getMessage() for r in caplog.records if r.name == "infra.launcher.runner.ranks"]
+    shown = [
+        r.getMessage() for r in caplog.records if r.name == "hvdflow.infra.launcher.runner.ranks"
+    ]
     assert shown == ["[1,0]<log>:from the callback"]
     assert "[1,0]<stdout>:plain output" in open(runner.log_path).read()
 
@@ -207,7 +209,7 @@ def test_cancelling_the_spark_job_stops_every_rank(spark):
 DRIVER_SCRIPT = """
 import logging, sys, time
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
-from infra import HorovodRunner
+from hvdflow import HorovodRunner
 
 def main():
     import horovod.tensorflow as hvd
@@ -284,10 +286,10 @@ def test_bad_arguments_are_rejected_with_the_value(kwargs, expected):
 
 @pytest.mark.integration
 def test_rank_failed_and_log_line_are_public_and_a_failing_rank_raises_rank_failed():
-    from infra import LogLine
-    from infra import RankFailed as PublicRankFailed
-    from infra.launcher import LogLine as LauncherLogLine
-    from infra.launcher import RankFailed as LauncherRankFailed
+    from hvdflow import LogLine
+    from hvdflow.infra import RankFailed as PublicRankFailed
+    from hvdflow.infra.launcher import LogLine as LauncherLogLine
+    from hvdflow.infra.launcher import RankFailed as LauncherRankFailed
 
     assert PublicRankFailed is LauncherRankFailed and LogLine is LauncherLogLine
     assert issubclass(PublicRankFailed, RuntimeError)
@@ -383,7 +385,7 @@ def is_alive(proc: psutil.Process) -> bool:
 
 KILLED_DRIVER_SCRIPT = """
 import sys, time
-from infra import HorovodRunner
+from hvdflow import HorovodRunner
 
 def main():
     print("ready", flush=True)

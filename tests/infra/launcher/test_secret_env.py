@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from infra import HorovodRunner
-from infra.launcher.options import HorovodOptions
+from hvdflow import HorovodRunner
+from hvdflow.infra.launcher.options import HorovodOptions
 
 TOKEN = "rank-token-9c1f4e2b7a"
 

@@ -9,9 +9,9 @@ import time
 import cloudpickle
 import pytest
 
-from infra import HorovodRunner, RankFailed
-from infra.launcher import _stall, _wire
-from infra.launcher._stall import RankProgress, culprits, stall_report, stalled
+from hvdflow import HorovodRunner, RankFailed
+from hvdflow.infra.launcher import _stall, _wire
+from hvdflow.infra.launcher._stall import RankProgress, culprits, stall_report, stalled
 from tests.helpers import wait_for_no_ranks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -21,7 +21,7 @@ def rank_1_sleeps_forever_after_init():
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from infra.launcher.rank_events import report_progress
+    from hvdflow.infra.launcher.rank_events import report_progress
 
     hvd.init()
     if hvd.rank() == 1:

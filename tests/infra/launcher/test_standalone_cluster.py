@@ -34,7 +34,7 @@ def test_np2_on_two_one_core_workers_ends_with_identical_weights(tmp_path):
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
         smoke = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "smoke", "--np", "2", "--epochs", "2"],
+            [sys.executable, "-m", "hvdflow.flows.cli", "smoke", "--np", "2", "--epochs", "2"],
             capture_output=True,
             text=True,
             env=env,

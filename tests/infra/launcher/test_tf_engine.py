@@ -14,11 +14,11 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from infra import HorovodRunner, MirroredStrategyRunner, RankFailed
-from infra.launcher import _placement, _wire
-from infra.launcher.runner import _ThreadAllGather
+from hvdflow import HorovodRunner, MirroredStrategyRunner, RankFailed
+from hvdflow.infra.launcher import _placement, _wire
+from hvdflow.infra.launcher.runner import _ThreadAllGather
+from hvdflow.training.smoke import train_digits_tf
 from tests.helpers import wait_for_no_ranks
-from training.smoke import train_digits_tf
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -40,7 +40,7 @@ def test_np2_on_spark_with_the_tf_engine_ends_with_identical_weights_on_both_wor
 def worker_1_killed_in_epoch_2():
     import tensorflow as tf
 
-    from training.engines import TF_COLLECTIVE, start_engine
+    from hvdflow.training.engines import TF_COLLECTIVE, start_engine
 
     engine = start_engine(TF_COLLECTIVE)
 
@@ -139,7 +139,7 @@ def test_cpu_only_hides_the_gpus_and_local_mode_runs_on_the_driver():
 def one_averaged_gradient(fp16_compression: bool) -> float:
     import tensorflow as tf
 
-    from training.engines import HOROVOD, start_engine
+    from hvdflow.training.engines import HOROVOD, start_engine
 
     engine = start_engine(HOROVOD, fp16_compression=fp16_compression)
     weight = tf.Variable([0.0])

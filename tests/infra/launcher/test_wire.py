@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from infra.launcher import _channel, _wire
+from hvdflow.infra.launcher import _channel, _wire
 
 pytestmark = pytest.mark.unit
 

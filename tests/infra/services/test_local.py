@@ -14,7 +14,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from infra.services.local import LocalServices
+from hvdflow.infra.services.local import LocalServices
 from tests.infra.services.helpers import non_loopback_address
 
 SERVICE_URLS = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
@@ -105,7 +105,7 @@ def test_running_services_keep_their_address_and_another_one_is_refused(tmp_path
 
 @pytest.mark.unit
 def test_a_bad_bind_address_is_a_bad_parameter_and_starts_nothing(tmp_path, monkeypatch, capfd):
-    from flows.cli import main
+    from hvdflow.flows.cli import main
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     assert main(["up", "--bind", "0.0.0.0"]) == 2
@@ -125,7 +125,7 @@ def _basic(auth_string: str) -> dict[str, str]:
 def test_up_beyond_loopback_requires_credentials_everywhere_and_shows_no_secret(
     tmp_path, monkeypatch, capsys
 ):
-    from flows.cli import main
+    from hvdflow.flows.cli import main
 
     address = non_loopback_address()
     if address is None:

@@ -7,9 +7,9 @@ import os
 import pytest
 import requests
 
-from infra._env import temporary_env
-from infra.services.mlflow_server import MlflowServer
-from infra.storage.object_store import ObjectStore, ObjectStoreConfig
+from hvdflow.infra._env import temporary_env
+from hvdflow.infra.services.mlflow_server import MlflowServer
+from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import requests
 
-from infra.services.prefect_server import PrefectServer
+from hvdflow.infra.services.prefect_server import PrefectServer
 from tests.infra.services.helpers import running_in_group
 
 pytestmark = pytest.mark.integration

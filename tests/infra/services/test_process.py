@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import _process
-from infra.services._process import (
+from hvdflow.infra.services import _process
+from hvdflow.infra.services._process import (
     check_bind_address,
     free_port,
     is_loopback,
@@ -17,11 +17,11 @@ from infra.services._process import (
     url_host,
     wait_until_ready,
 )
-from infra.services._secrets import write_private
-from infra.services._service import Service, setting_name
-from infra.services.mlflow_server import MlflowServer
-from infra.services.prefect_server import PrefectServer
-from infra.services.seaweed import SeaweedServer
+from hvdflow.infra.services._secrets import write_private
+from hvdflow.infra.services._service import Service, setting_name
+from hvdflow.infra.services.mlflow_server import MlflowServer
+from hvdflow.infra.services.prefect_server import PrefectServer
+from hvdflow.infra.services.seaweed import SeaweedServer
 
 pytestmark = pytest.mark.unit
 
@@ -95,21 +95,22 @@ def test_the_poller_times_out_naming_the_setting_the_last_error_and_the_log():
             probe,
             what="MLflow server at http://127.0.0.1:5000",
             timeout_s=0.05,
-            setting="infra.services.local.START_TIMEOUT_S",
+            setting="hvdflow.infra.services.local.START_TIMEOUT_S",
             log_path=Path("/home/u/.hvdflow/mlflow/mlflow-server.log"),
             interval_s=0.01,
         )
     assert str(err.value) == (
         "MLflow server at http://127.0.0.1:5000 was not ready within 0.05 s "
-        "(set by infra.services.local.START_TIMEOUT_S); last error: ConnectionRefusedError: "
-        "[Errno 111] Connection refused; see /home/u/.hvdflow/mlflow/mlflow-server.log"
+        "(set by hvdflow.infra.services.local.START_TIMEOUT_S); last error: "
+        "ConnectionRefusedError: [Errno 111] Connection refused; "
+        "see /home/u/.hvdflow/mlflow/mlflow-server.log"
     )
 
 
 def test_a_default_start_timeout_is_named_after_the_class_that_sets_it(tmp_path):
     assert Probe(tmp_path, port=1)._start_timeout(None, None) == (
         60.0,
-        "infra.services._service.Service.START_TIMEOUT_S",
+        "hvdflow.infra.services._service.Service.START_TIMEOUT_S",
     )
     assert SlowerProbe(tmp_path, port=1)._start_timeout(None, None) == (
         7.5,
@@ -117,18 +118,18 @@ def test_a_default_start_timeout_is_named_after_the_class_that_sets_it(tmp_path)
     )
     assert SeaweedServer(tmp_path, port=1)._start_timeout(None, None) == (
         60.0,
-        "infra.services.seaweed.SeaweedServer.START_TIMEOUT_S",
+        "hvdflow.infra.services.seaweed.SeaweedServer.START_TIMEOUT_S",
     )
     assert setting_name(MlflowServer, "STOP_TIMEOUT_S") == (
-        "infra.services.mlflow_server.MlflowServer.STOP_TIMEOUT_S"
+        "hvdflow.infra.services.mlflow_server.MlflowServer.STOP_TIMEOUT_S"
     )
 
 
 def test_a_passed_start_timeout_is_named_by_its_setting_or_as_the_argument(tmp_path):
     probe = Probe(tmp_path, port=1)
-    assert probe._start_timeout(2, "infra.services.local.START_TIMEOUT_S") == (
+    assert probe._start_timeout(2, "hvdflow.infra.services.local.START_TIMEOUT_S") == (
         2,
-        "infra.services.local.START_TIMEOUT_S",
+        "hvdflow.infra.services.local.START_TIMEOUT_S",
     )
     assert probe._start_timeout(2.5, None) == (2.5, "Probe.start(timeout_s=2.5)")
 

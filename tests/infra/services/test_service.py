@@ -11,10 +11,10 @@ import time
 import psutil
 import pytest
 
-from infra.services import local, stop_process_group
-from infra.services._process import start_process
-from infra.services._service import Service
-from infra.services.local import LocalServices
+from hvdflow.infra.services import local, stop_process_group
+from hvdflow.infra.services._process import start_process
+from hvdflow.infra.services._service import Service
+from hvdflow.infra.services.local import LocalServices
 from tests.infra.services.helpers import running_in_group
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,7 @@ def test_what_ignores_sigterm_is_killed_with_its_whole_group(tmp_path, caplog):
         with pytest.raises(RuntimeError, match="Stubborn at .* is already running"):
             server.start()
         started = time.monotonic()
-        with caplog.at_level(logging.INFO, logger="infra.services._process"):
+        with caplog.at_level(logging.INFO, logger="hvdflow.infra.services._process"):
             server.stop()
     assert time.monotonic() - started >= Stubborn.STOP_TIMEOUT_S
     assert f"process group {server.pid} outlived SIGTERM by 0.5 s" in caplog.text
@@ -146,7 +146,7 @@ def test_up_names_its_own_timeout_when_a_service_never_answers(tmp_path, monkeyp
     with pytest.raises(RuntimeError) as err:
         LocalServices(tmp_path).up(prefect=False)
     assert str(err.value).split(" was not ready ")[1] == (
-        "within 0.5 s (set by infra.services.local.START_TIMEOUT_S); "
+        "within 0.5 s (set by hvdflow.infra.services.local.START_TIMEOUT_S); "
         "last error: ConnectionRefusedError: nobody home; "
         f"see {tmp_path / 'seaweed' / 'sleeper.log'}"
     )

@@ -5,8 +5,8 @@ import time
 import pytest
 from botocore.exceptions import ConnectTimeoutError
 
-from infra.services import free_port
-from infra.storage.object_store import (
+from hvdflow.infra.services import free_port
+from hvdflow.infra.storage.object_store import (
     ObjectStore,
     ObjectStoreConfig,
     ObjectStoreError,
@@ -215,7 +215,7 @@ def test_a_download_with_wrong_keys_is_one_error_naming_the_variables(
 
 @pytest.mark.integration
 def test_the_embedded_server_is_stopped_and_leaves_no_process(tmp_path):
-    from infra.services.seaweed import SeaweedServer
+    from hvdflow.infra.services.seaweed import SeaweedServer
 
     with SeaweedServer(tmp_path) as server:
         pid = server.process.pid
@@ -230,8 +230,8 @@ def test_aws_keys_in_the_users_environment_do_not_lock_out_the_embedded_server(
 ):
     # SeaweedFS makes AWS_* keys in its environment its only identity; a user's own keys
     # must not leak into it.
-    from infra._env import temporary_env
-    from infra.services.seaweed import SeaweedServer
+    from hvdflow.infra._env import temporary_env
+    from hvdflow.infra.services.seaweed import SeaweedServer
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "someone-elses-key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "someone-elses-secret")

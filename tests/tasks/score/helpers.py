@@ -40,8 +40,8 @@ def model_predictions(model_uri: str, images: list[bytes], image_size, color_mod
     ``images``, decoded as preprocessing decodes them."""
     import mlflow.tensorflow
 
-    from tasks.preprocess.decode import decode_image
-    from tasks.score.executor import to_model_input
+    from hvdflow.tasks.preprocess.decode import decode_image
+    from hvdflow.tasks.score.executor import to_model_input
 
     decoded = [
         decode_image("", "", data, image_size, color_mode, 50_000_000).image for data in images
@@ -74,7 +74,7 @@ def register_model(
     from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
-    from training.models import build_model
+    from hvdflow.training.models import build_model
 
     keras_model = build_model(model, input_shape, num_classes, seed=0)
     example = np.random.default_rng(0).random((4, *input_shape), dtype=np.float32)

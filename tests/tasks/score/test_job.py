@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.score.config import ModelRef, ScoreConfig
-from tasks.score.job import score_images
-from tasks.score.model import fetch_model
+from hvdflow.tasks.score.config import ModelRef, ScoreConfig
+from hvdflow.tasks.score.job import score_images
+from hvdflow.tasks.score.model import fetch_model
 from tests.tasks.score.helpers import (
     BAD_FILES,
     model_predictions,

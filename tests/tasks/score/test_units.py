@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from tasks.score import publish
-from tasks.score.config import ModelRef, ScoreConfig
-from tasks.score.executor import to_model_input
-from tasks.score.inputs import WHOLE_FILE, Unit, list_dataset, list_images
-from tasks.score.job import partitions_for
-from tasks.score.model import ScoringModel, check_labels, image_settings, labels_in_order
-from tasks.score.record import metric_name
+from hvdflow.tasks.score import publish
+from hvdflow.tasks.score.config import ModelRef, ScoreConfig
+from hvdflow.tasks.score.executor import to_model_input
+from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, list_dataset, list_images
+from hvdflow.tasks.score.job import partitions_for
+from hvdflow.tasks.score.model import ScoringModel, check_labels, image_settings, labels_in_order
+from hvdflow.tasks.score.record import metric_name
 
 pytestmark = pytest.mark.unit
 

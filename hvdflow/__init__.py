@@ -1,0 +1,35 @@
+"""hvdflow: Spark-to-deep-learning pipelines on Prefect.
+
+Everything hvdflow installs lives under this one name, so that a project's own ``tasks.py`` or
+``flows/`` (Prefect's usual layout) cannot hide it. The public API reads like the tools it
+stands in for::
+
+    from hvdflow import HorovodRunner            # was: from sparkdl import HorovodRunner
+    from hvdflow import MirroredStrategyRunner   # was: from spark_tensorflow_distributor import ...
+
+The rooms below, lowest first; each imports only from the ones before it:
+
+- ``hvdflow.infra``: Spark, the barrier launcher, the embedded servers, object storage
+- ``hvdflow.training``: what runs inside each rank (models, reader, callbacks, optimizers)
+- ``hvdflow.tasks``: the pipeline's steps (preprocess, stage weights, train, register, score)
+- ``hvdflow.bench``: the benchmark's conditions and statistics
+- ``hvdflow.flows``: the Prefect flows and the ``hvdflow`` command line
+
+Exports are lazy: ``import hvdflow`` costs nothing, and a rank process that imports
+``hvdflow.training`` never pays for Spark.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from hvdflow.infra import _EXPORTS as _INFRA_EXPORTS
+from hvdflow.infra._lazy import lazy_exports
+
+try:
+    __version__ = version("hvdflow")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_EXPORTS = dict(_INFRA_EXPORTS)
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,113 @@
+"""hvdflow installs one name, ``hvdflow``, and works beside a user's own ``tasks.py`` and
+``flows/``: the wheel's top-level names, the public API, and the package map in pyproject."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import user_project
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLIC_API = [
+    "HorovodRunner",
+    "HorovodOptions",
+    "MirroredStrategyRunner",
+    "RankFailed",
+    "LogLine",
+    "log_to_driver",
+    "report_progress",
+    "get_spark",
+]
+
+
+def _setuptools() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+@pytest.mark.unit
+def test_every_room_with_an_init_is_a_listed_package():
+    """A new sub-package that pyproject does not list would be missing from the wheel (and
+    only from the wheel: the editable install would still find it)."""
+    setuptools = _setuptools()
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" in init.parts:
+                continue
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join([package, *rel]))
+    assert sorted(found) == sorted(setuptools["packages"])
+
+
+@pytest.mark.unit
+def test_the_public_api_is_exported_lazily_from_hvdflow():
+    import hvdflow
+
+    assert sorted(hvdflow.__all__) == sorted(PUBLIC_API)
+    # Importing the package costs nothing: no Spark, no TensorFlow, no Prefect.
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, hvdflow; print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('pyspark', 'tensorflow', 'prefect', 'mlflow')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert probe.stdout.strip() == "[]"
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        hvdflow.Nope  # noqa: B018
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_flows(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheels), str(ROOT)],
+        check=True, capture_output=True, timeout=240,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("hvdflow-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top_level == {"hvdflow"}
+    assert "hvdflow/tasks/score/job.py" in names and "hvdflow/infra/launcher/_rank.py" in names
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+         str(wheel)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    project = user_project(tmp_path / "project")
+    script = (
+        "import flows, tasks, hvdflow, hvdflow.tasks.score.job, hvdflow.flows.pipeline\n"
+        f"from hvdflow import {', '.join(PUBLIC_API)}\n"
+        "print(tasks.OWNER, flows.OWNER, sep='|')\n"
+        "print(hvdflow.__file__, hvdflow.tasks.score.job.__file__, sep='|')\n"
+        "print(HorovodRunner.__module__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=project,
+        env={"PYTHONPATH": f"{project}:{target}", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    owners, files, runner_module = done.stdout.strip().splitlines()
+    assert owners == "the user|the user"  # the user's modules are still theirs
+    assert all(path.startswith(str(target)) for path in files.split("|"))  # ours, from the wheel
+    assert runner_module == "hvdflow.infra.launcher.runner"
