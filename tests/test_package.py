@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -71,10 +72,20 @@ def test_the_public_api_is_exported_lazily_from_hvdflow():
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_flows(tmp_path):
+    # Built from a copy of what the sdist would hold, so the checkout gets no build/ folder.
+    source = tmp_path / "source"
+    for name in ["pyproject.toml", "README.md", *_setuptools()["package-dir"].values()]:
+        if (ROOT / name).is_dir():
+            shutil.copytree(
+                ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy(ROOT / name, source / name)
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(wheels), str(ROOT)],
+         "-w", str(wheels), str(source)],
         check=True, capture_output=True, timeout=240,
     )  # fmt: skip
     (wheel,) = wheels.glob("hvdflow-*.whl")
