@@ -151,7 +151,8 @@ def train_gcn(
     started = time.perf_counter()
     for epoch in range(epochs):
         if rank == 0:
-            print(epoch_started_line(epoch + 1, epochs), flush=True)
+            # A rank's stdout streams to the driver line by line, as the epoch lines expect.
+            print(epoch_started_line(epoch + 1, epochs), flush=True)  # noqa: T201
         began = time.perf_counter()
         loss = step()
         if epoch == 0 and use_horovod:
