@@ -26,11 +26,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from hvdflow.infra import LogLine
+from hvdflow.infra import LogLine, constants
 from hvdflow.training.epoch_log import epoch_times_from_log
 
 KERAS, CEILING, HOROVOD, TF = "keras", "ceiling", "hvd", "tf"
-ENGINE_OF = {HOROVOD: "horovod", TF: "tf_collective"}
+ENGINE_OF = {HOROVOD: constants.HOROVOD, TF: constants.TF_COLLECTIVE}
 _CONDITION = re.compile(r"^(keras|ceiling|hvd|tf|np=)?(\d*)$")
 
 

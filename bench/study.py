@@ -23,7 +23,7 @@ def study_kwargs(dataset_folder: str, epochs: int, threads: int = 1) -> dict:
     from hvdflow.tasks.config import TrainingParams
     from hvdflow.tasks.preprocess.job import read_manifest
     from hvdflow.tasks.preprocess.storage import Location
-    from hvdflow.tasks.train import training_kwargs
+    from hvdflow.tasks.train.run import training_kwargs
 
     dataset = read_manifest(Location(dataset_folder))
     if dataset is None:

@@ -23,8 +23,9 @@ from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.services.local import hvdflow_home
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import LauncherParams
-from hvdflow.tasks.stage_weights import redact
-from hvdflow.tasks.steps import check_tracking_step, preprocessed
+from hvdflow.tasks.preprocess.steps import preprocessed
+from hvdflow.tasks.train.steps import check_tracking_step
+from hvdflow.tasks.weights.stage import redact
 
 DEFAULT_BENCH = BenchParams()
 
@@ -105,7 +106,7 @@ def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
 
 
 def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
-    from hvdflow.tasks.train import training_kwargs
+    from hvdflow.tasks.train.run import training_kwargs
 
     training = params.training
     most_ranks = max(parse_condition(c).ranks for c in params.conditions)
@@ -123,7 +124,7 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     staged = None
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
-        from hvdflow.tasks.steps import stage_weights_for
+        from hvdflow.tasks.weights.steps import stage_weights_for
 
         staged = stage_weights_for(training.model, training.weights_source, dataset)
     # The study times every condition to its end and reports the accuracy it reached: no

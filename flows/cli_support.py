@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from hvdflow.tasks.stage_weights import redact
+from hvdflow.tasks.weights.stage import redact
 
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.
 NOISY_LOGGERS = ("py4j", "pyspark", "httpx")

@@ -20,7 +20,7 @@ from hvdflow.tasks.config import (
     TrainingParams,
 )
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
-from hvdflow.tasks.train import TrainConfig
+from hvdflow.tasks.train.run import TrainConfig
 
 # The benchmark's default workload: the bundled digits, augmented to an MNIST-sized set.
 AUGMENTED_DIGITS = "augmented_digits"

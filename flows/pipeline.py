@@ -13,8 +13,10 @@ from prefect.runtime import flow_run
 from hvdflow.flows.params import PipelineParams
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.tracking import tracking_uri
-from hvdflow.tasks.model_card import STEADY_METRIC, flow_run_url
-from hvdflow.tasks.steps import check_tracking_step, preprocessed, stage_weights_for, train_step
+from hvdflow.tasks.preprocess.steps import preprocessed
+from hvdflow.tasks.train.model_card import STEADY_METRIC, flow_run_url
+from hvdflow.tasks.train.steps import check_tracking_step, train_step
+from hvdflow.tasks.weights.steps import stage_weights_for
 
 DEFAULT_PARAMS = PipelineParams()
 

@@ -98,7 +98,7 @@ def last_runs(client, experiment: str, model: str, n: int) -> tuple[list[RunStat
     model's aliases (alias -> version)."""
     from mlflow.exceptions import MlflowException
 
-    from hvdflow.tasks.train import FLOW_RUN_TAG
+    from hvdflow.tasks.train.tags import FLOW_RUN_TAG
 
     found = client.get_experiment_by_name(experiment)
     if found is None:

@@ -4,6 +4,14 @@ Horovod reads its settings from the environment at ``hvd.init()``; the names bel
 its C++ core and Python layer look up. hvdflow's own variables carry the ``HVDFLOW_`` prefix.
 """
 
+# --- Engines: what the ranks synchronise with, named once for the launcher, the ranks and the
+# parameters. Horovod over Gloo (the rendezvous server on the driver), or TensorFlow's own
+# collectives (MultiWorkerMirroredStrategy, CollectiveAllReduce), whose workers meet at the
+# endpoints the tasks gather and pass in TF_CONFIG.
+HOROVOD = "horovod"
+TF_COLLECTIVE = "tf_collective"
+ENGINES = (HOROVOD, TF_COLLECTIVE)
+
 # --- Horovod: the rank's place in the job (read by horovod/common/gloo/gloo_context.cc) ---
 HOROVOD_RANK = "HOROVOD_RANK"
 HOROVOD_SIZE = "HOROVOD_SIZE"

@@ -15,11 +15,12 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hvdflow.infra import constants as c
 from hvdflow.infra.launcher.options import HorovodOptions
 from hvdflow.infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
 from hvdflow.infra.storage.object_store import parse_uri
 from hvdflow.tasks.preprocess import PreprocessConfig
-from hvdflow.tasks.stage_weights import OFFLINE_SOURCE, redact
+from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact
 from hvdflow.training.optimizers import OPTIMIZERS
 
 InputFormat = Literal["folders", "mnist_idx", "digits"]
@@ -279,8 +280,8 @@ class LauncherParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     np: int = Field(default=2, description="ranks: > 0 on Spark, < 0 that many on the driver")
-    engine: Literal["horovod", "tf_collective"] = Field(
-        default="horovod",
+    engine: Literal[c.HOROVOD, c.TF_COLLECTIVE] = Field(
+        default=c.HOROVOD,
         description="what synchronises the ranks: Horovod (Gloo allreduce) or TensorFlow's "
         "MultiWorkerMirroredStrategy (CollectiveAllReduce), on the same barrier launcher",
     )

@@ -20,6 +20,7 @@ PUBLIC_API = [
     "HorovodOptions",
     "MirroredStrategyRunner",
     "RankFailed",
+    "SparkJobFailed",
     "LogLine",
     "log_to_driver",
     "report_progress",

@@ -52,7 +52,7 @@ def test_deploy_all_then_a_worker_runs_the_pipeline_with_the_parameters_given_th
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from hvdflow.tasks.train import FLOW_RUN_TAG
+    from hvdflow.tasks.train.tags import FLOW_RUN_TAG
     from tests.deployments import MODEL
 
     run = deployed_pipeline_run

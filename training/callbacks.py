@@ -110,7 +110,7 @@ class MlflowEpochMetrics(tf.keras.callbacks.Callback):
     tracking server that is down (restarting, unreachable) costs no epoch. The epochs wait in a
     buffer, a warning says so, and they go out once the server answers again; ``close`` waits
     up to ``flush_s`` for that at the end of training. What is still unsent then is in the
-    run's history, which the driver backfills (``hvdflow.tasks.train``).
+    run's history, which the driver backfills (``hvdflow.tasks.train.resume``).
     """
 
     def __init__(self, run_id: str, flush_s: float = 60.0, retry_s: float = 5.0):

@@ -24,10 +24,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdflow.infra.constants import HOROVOD_CYCLE_TIME, HOROVOD_LOCAL_SIZE, TF_CONFIG
+from hvdflow.infra.constants import (
+    ENGINES,
+    HOROVOD,
+    HOROVOD_CYCLE_TIME,
+    HOROVOD_LOCAL_SIZE,
+    TF_COLLECTIVE,
+    TF_CONFIG,
+)
 
-HOROVOD, TF_COLLECTIVE, NONE = "horovod", "tf_collective", "none"
-ENGINES = (HOROVOD, TF_COLLECTIVE)
+NONE = "none"  # one process, no engine (np=1 outside the launcher)
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by default) to negotiate the
 # next allreduce. On a CPU rank it wakes on the cores that compute the step: a 10 ms cycle gave
 # two one-thread ranks 11% more images/s here (BENCHMARKS.md, "Where np=2's time goes"). Ranks

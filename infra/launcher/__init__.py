@@ -26,6 +26,7 @@ EXPORTS = {
     "HorovodOptions": "hvdflow.infra.launcher.options",
     "MirroredStrategyRunner": "hvdflow.infra.launcher.mirrored",
     "RankFailed": "hvdflow.infra.launcher._task",
+    "SparkJobFailed": "hvdflow.infra.launcher._task",
     "LogLine": "hvdflow.infra.launcher._wire",
     "log_to_driver": "hvdflow.infra.launcher.rank_events",
     "report_progress": "hvdflow.infra.launcher.rank_events",

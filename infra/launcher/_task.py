@@ -75,6 +75,13 @@ class RankFailed(RuntimeError):
         return self.cause in _wire.TRANSIENT_CAUSES
 
 
+class SparkJobFailed(RuntimeError):
+    """The Spark job that ran the ranks failed without a rank failure to name (an executor
+    lost, the barrier stage aborted). Transient: another attempt may get other executors."""
+
+    transient = True
+
+
 def rank_failed(message: str, cause: str | None) -> RankFailed:
     error = RankFailed(message)
     error.cause = cause  # an attribute, not an argument: the exception still pickles

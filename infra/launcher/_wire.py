@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from hvdflow.infra import constants as c
+
 logger = logging.getLogger(__name__)
 
 # --- Driver <-> task message types ---
@@ -63,13 +65,8 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 # worst such name still fits the driver's cap on a hello (_channel.HELLO_MAX_BYTES).
 MAX_HOSTNAME_CHARS = 64
 
-# --- Engines: what the ranks synchronise with ---
-# Horovod over Gloo (the rendezvous server on the driver), or TensorFlow's own collectives
-# (MultiWorkerMirroredStrategy, CollectiveAllReduce), whose workers meet at the endpoints the
-# tasks gather and pass in TF_CONFIG.
-HOROVOD = "horovod"
-TF_COLLECTIVE = "tf_collective"
-ENGINES = (HOROVOD, TF_COLLECTIVE)
+# --- Engines: what the ranks synchronise with (named in infra.constants) ---
+HOROVOD, TF_COLLECTIVE, ENGINES = c.HOROVOD, c.TF_COLLECTIVE, c.ENGINES
 
 # --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
 # The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start

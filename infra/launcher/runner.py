@@ -36,7 +36,14 @@ import cloudpickle
 from hvdflow.infra.constants import FORWARDED_TO_RANKS
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
-from hvdflow.infra.launcher._task import RankFailed, TaskSpec, barrier_task, rank_failed, run_task
+from hvdflow.infra.launcher._task import (
+    RankFailed,
+    SparkJobFailed,
+    TaskSpec,
+    barrier_task,
+    rank_failed,
+    run_task,
+)
 from hvdflow.infra.launcher.options import HorovodOptions
 
 logger = logging.getLogger(__name__)
@@ -217,7 +224,7 @@ class HorovodRunner:
                 ended_badly=lambda: "error" in outcome,
             )
             if "error" in outcome:
-                raise RuntimeError(
+                raise SparkJobFailed(
                     f"the Spark job that ran the {self.np} ranks failed: "
                     f"{_first_line(outcome['error'])}"
                 ) from None

@@ -22,7 +22,7 @@ from hvdflow.tasks.score.config import ModelRef
 
 logger = logging.getLogger(__name__)
 
-LABELS_ARTIFACT = "dataset/labels.json"  # what tasks/train.py logs beside the model
+LABELS_ARTIFACT = "dataset/labels.json"  # what tasks/train/run.py logs beside the model
 CHANNELS = {1: "L", 3: "RGB"}
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
 from hvdflow.tasks.score.job import ScoreResult
 from hvdflow.tasks.score.model import ScoringModel
 from hvdflow.tasks.score.record import record_scoring
-from hvdflow.tasks.steps import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 
 
 def _unless_bad_value(_task, _task_run, state) -> bool:

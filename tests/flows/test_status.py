@@ -63,7 +63,7 @@ def test_status_shows_the_running_tracking_server_its_runs_and_the_champion(
 ):
     from mlflow import MlflowClient
 
-    from hvdflow.tasks.train import FLOW_RUN_TAG
+    from hvdflow.tasks.train.tags import FLOW_RUN_TAG
 
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)

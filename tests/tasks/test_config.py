@@ -28,7 +28,7 @@ def test_the_pipeline_and_the_benchmark_share_one_shape():
 
 
 def test_one_default_registered_model_name():
-    from hvdflow.tasks.train import TrainConfig
+    from hvdflow.tasks.train.run import TrainConfig
 
     assert PipelineParams().tracking.registered_model_name == "hvdflow-classifier"
     assert TrainConfig().tracking.registered_model_name == "hvdflow-classifier"

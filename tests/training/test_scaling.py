@@ -16,7 +16,7 @@ import pytest
 
 from hvdflow import HorovodRunner
 from hvdflow.tasks.config import TrainingParams
-from hvdflow.tasks.train import training_kwargs
+from hvdflow.tasks.train.run import training_kwargs
 from hvdflow.training.trainer import train_classifier
 from tests.helpers import preprocessed_digits
 

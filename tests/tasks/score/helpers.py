@@ -68,7 +68,8 @@ def register_model(
     alias: str | None = "champion",
 ) -> str:
     """Log a freshly built (seeded) model with a signature, as training/trainer.py does, and
-    the run's ``dataset/labels.json``, as tasks/train.py does; register it; return its version."""
+    the run's ``dataset/labels.json``, as tasks/train/run.py does; register it; return its
+    version."""
     import mlflow
     import mlflow.tensorflow
     from mlflow import MlflowClient

@@ -10,9 +10,11 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from hvdflow.infra.launcher import RankFailed, _wire
+from hvdflow.infra.launcher import RankFailed, SparkJobFailed, _wire
 from hvdflow.infra.launcher._task import rank_failed
-from hvdflow.tasks.train import TrainConfig, backfill_epoch_metrics, may_retry, train_and_track
+from hvdflow.tasks.train.attempts import may_retry
+from hvdflow.tasks.train.resume import backfill_epoch_metrics
+from hvdflow.tasks.train.run import TrainConfig, train_and_track
 from tests.helpers import rank_processes, wait_for_no_ranks
 
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s")
@@ -193,7 +195,9 @@ def test_only_transient_failures_are_retried(cause, attempt, retries, expected):
 
 @pytest.mark.unit
 def test_a_lost_executor_is_retried_and_other_errors_are_not():
-    lost = RuntimeError("the Spark job that ran the 2 ranks failed: ExecutorLostFailure")
+    lost = SparkJobFailed("the Spark job that ran the 2 ranks failed: ExecutorLostFailure")
     assert may_retry(lost, 1, 2) is True
+    # The cause is a type, not a text: the same words in another error are not retried.
+    assert may_retry(RuntimeError(str(lost)), 1, 2) is False
     assert may_retry(ValueError("bad input"), 1, 2) is False
     assert may_retry(RankFailed("no cause known"), 1, 2) is False

@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from hvdflow.tasks.registry import (
+from hvdflow.tasks.train.registry import (
     CANDIDATE,
     CHAMPION,
     CHAMPION_METRIC,

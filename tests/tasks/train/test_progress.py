@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdflow.tasks.train_progress import EpochProgress
+from hvdflow.tasks.train.progress import EpochProgress
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
 

@@ -1,17 +1,17 @@
-"""Steps 3 and 4: train with HorovodRunner, log everything to MLflow, register the model.
+"""One training as one MLflow run: parameters, metrics and artifacts logged, the model judged,
+registered and given its aliases.
 
 Training survives what clusters do to it: rank 0 checkpoints every epoch, a transient failure
 (a rank killed, a host lost, a stall) runs again from the last checkpoint in the same MLflow run,
 and a tracking server that goes away during training costs no epoch (``hvdflow.training.callbacks``
 buffers the metrics; ``backfill_epoch_metrics`` logs what never arrived). Aliases for registry
-consumers (``candidate``, ``champion``) are settled race-free by ``hvdflow.tasks.registry``.
+consumers (``candidate``, ``champion``) are settled race-free by ``hvdflow.tasks.train.registry``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
@@ -19,20 +19,22 @@ from pydantic import BaseModel, ConfigDict
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.tracking import check_reachable, wait_until_reachable
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
-from hvdflow.tasks.registry import assign_aliases
-from hvdflow.training.epoch_log import epoch_times_by_number
+from hvdflow.tasks.train import model_card
+from hvdflow.tasks.train.attempts import Attempts
+from hvdflow.tasks.train.registry import assign_aliases
+from hvdflow.tasks.train.resume import (
+    backfill_epoch_metrics,
+    check_same_params,
+    checkpoint_url_for,
+    run_to_resume,
+)
+from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG, REJECTED_TAG
 from hvdflow.training.optimizers import resolve_scaling, scaled_learning_rate
 
 logger = logging.getLogger(__name__)
 
-# The MLflow run's tag naming the Prefect flow run that trained it: a retried flow run resumes it.
-FLOW_RUN_TAG = "hvdflow.flow_run_id"
-# The MLflow run's tag counting the trainings started for it, resumed ones included.
-ATTEMPTS_TAG = "hvdflow.training_attempts"
 # How long the driver waits for a tracking server that is down before logging a finished run.
 TRACKER_WAIT_S = 300.0
-# The MLflow run's tag saying why its model was not published (hvdflow.training.quality).
-REJECTED_TAG = "hvdflow.rejected"
 
 
 class ModelRejected(RuntimeError):
@@ -97,12 +99,12 @@ def train_and_track(
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
         params = {**_params(config, dataset, weights), "checkpoints": checkpoint_url or "off"}
         if resume_id:
-            _check_same_params(resume_id, params)
+            check_same_params(resume_id, params)
             logger.info("resuming MLflow run %s from its last checkpoint", run_id)
         else:
             mlflow.log_params(params)
         before = int(run.data.tags.get(ATTEMPTS_TAG, "0")) if resume_id else 0
-        attempt = _Attempts(config, spark, log_dir, on_log_line, before)
+        attempt = Attempts(launcher, spark, log_dir, on_log_line, before)
         result = attempt.until_done(
             train_classifier_kwargs={
                 **training_kwargs(training, dataset, weights),
@@ -147,8 +149,6 @@ def train_and_track(
         aliases = assign_aliases(tracking.registered_model_name, result["model_version"])
         # What the MLflow pages show beside the wall clock: steady-state throughput (the first
         # epoch's warm-up left out), and on the version's page what produced it.
-        from hvdflow.tasks import model_card
-
         steady = model_card.steady_images_per_s(result["images_per_epoch"], result["epoch_times"])
         if steady is not None:
             mlflow.log_metric(model_card.STEADY_METRIC, steady)
@@ -186,214 +186,6 @@ def train_and_track(
         history=result["history"],
         attempts=attempt.number,
     )
-
-
-class _Attempts:
-    """Runs the training function on HorovodRunner until it succeeds or may not run again."""
-
-    def __init__(self, config: TrainConfig, spark, log_dir, on_log_line, before: int = 0):
-        self.config = config
-        self.spark = spark
-        self.log_dir = log_dir
-        self.on_log_line = on_log_line
-        self.before = before  # attempts made for this MLflow run before (a resumed run)
-        self.count = 0  # attempts made by this call
-        self.last_wall_s = 0.0
-        self._lines: list[list] = []  # each attempt's rank output, for the epoch-log times
-
-    @property
-    def number(self) -> int:
-        """The current attempt's number in the MLflow run, from 1."""
-        return self.before + self.count
-
-    def until_done(self, train_classifier_kwargs: dict, log_artifacts) -> dict:
-        import mlflow
-
-        from hvdflow.infra import HorovodRunner
-        from hvdflow.training.trainer import train_classifier
-
-        launcher = self.config.launcher
-        while True:
-            self.count += 1
-            mlflow.set_tag(ATTEMPTS_TAG, str(self.number))
-            lines: list = []
-            self._lines.append(lines)
-            runner = HorovodRunner(
-                np=launcher.np,
-                spark=self.spark,
-                horovod=launcher.horovod,
-                start_timeout_s=launcher.start_timeout_s,
-                heartbeat_timeout_s=launcher.heartbeat_timeout_s,
-                stall_timeout_s=launcher.stall_timeout_s,
-                engine=launcher.engine,
-                # Each attempt's log of its own: a retry must not append to the one that failed.
-                log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
-                if self.log_dir
-                else None,
-                on_log_line=_tee(lines.append, self.on_log_line),
-            )
-            started = time.perf_counter()
-            try:
-                return runner.run(train_classifier, **train_classifier_kwargs)
-            except Exception as e:
-                if not may_retry(e, self.count, launcher.retries):
-                    raise
-                logger.warning(
-                    "training attempt %d of %d failed (%s); running it again from the last "
-                    "checkpoint (launcher.retries=%d)",
-                    self.count,
-                    launcher.retries + 1,
-                    str(e).splitlines()[0],
-                    launcher.retries,
-                )
-            finally:
-                self.last_wall_s = time.perf_counter() - started
-                log_artifacts(runner, self.number)
-
-    def epoch_times_log(self) -> dict[int, float]:
-        """The paper's epoch times by epoch number, from every attempt; a later one wins."""
-        times: dict[int, float] = {}
-        for lines in self._lines:
-            times.update(epoch_times_by_number(lines))
-        return times
-
-
-def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
-    """Whether a training that failed with ``error`` in attempt ``attempt`` (from 1) runs again.
-
-    Only transient failures are retried: a rank killed by a signal, a host lost, a stall, or the
-    Spark job itself failing (an executor lost). A Python error in the training function would
-    only fail the same way again.
-    """
-    from hvdflow.infra.launcher import RankFailed
-
-    if attempt > retries:
-        return False
-    if isinstance(error, RankFailed):
-        return error.transient
-    return isinstance(error, (RuntimeError, TimeoutError)) and "Spark job" in str(error)
-
-
-def checkpoint_url_for(checkpoints: str, run_id: str) -> str | None:
-    """Where the checkpoints of MLflow run ``run_id`` go (``TrainingParams.checkpoints``)."""
-    if checkpoints == "off":
-        return None
-    if not checkpoints:
-        from hvdflow.infra.storage.object_store import ObjectStoreConfig
-
-        store = ObjectStoreConfig.from_env()
-        return store.uri(store.key("checkpoints", run_id))
-    return f"{checkpoints.rstrip('/')}/{run_id}"
-
-
-def run_to_resume(experiment_id: str, resume: str, flow_run_id: str | None) -> str | None:
-    """The MLflow run to continue: ``resume`` ('last' or a run id), else this flow run's failed
-    one (a Prefect flow run retried), else None (a new run)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
-    if resume and resume != "last":
-        run = client.get_run(resume)  # a wrong id fails here, naming it
-        if run.info.experiment_id != experiment_id:
-            raise ValueError(
-                f"tracking.resume={resume!r} is a run of another experiment "
-                f"({run.info.experiment_id}): set tracking.experiment to its experiment"
-            )
-        return resume
-    where = "attributes.status != 'FINISHED'"
-    if resume == "last":
-        # Failed ones only: a RUNNING run may be another driver's, training right now. One whose
-        # driver was killed stays RUNNING too: a newer one is named, for the user to resume.
-        def newest(status: str):
-            runs = client.search_runs(
-                [experiment_id],
-                f"attributes.status = '{status}'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
-            return runs[0] if runs else None
-
-        failed, running = newest("FAILED"), newest("RUNNING")
-        if failed is None:
-            also = (
-                f"; run {running.info.run_id} is RUNNING: if its driver is gone (killed, its "
-                f"machine lost), continue it with --resume {running.info.run_id}"
-                if running
-                else ""
-            )
-            raise ValueError(
-                f"tracking.resume='last': experiment {experiment_id} has no failed run to "
-                f"continue{also}; else run without --resume"
-            )
-        if running is not None and running.info.start_time > failed.info.start_time:
-            logger.warning(
-                "tracking.resume='last' continues failed run %s; newer run %s is RUNNING and "
-                "is left alone (another driver may be training it; if its driver is gone, "
-                "continue it with --resume %s)",
-                failed.info.run_id,
-                running.info.run_id,
-                running.info.run_id,
-            )
-        return failed.info.run_id
-    if flow_run_id:
-        runs = client.search_runs(
-            [experiment_id],
-            f"{where} and tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        return runs[0].info.run_id if runs else None
-    return None
-
-
-def _check_same_params(run_id: str, params: dict) -> None:
-    """A resumed run trains what it trained before: differing parameters are an error."""
-    from mlflow import MlflowClient
-
-    logged = MlflowClient().get_run(run_id).data.params
-    differ = {
-        k: (logged[k], str(v)) for k, v in params.items() if k in logged and logged[k] != str(v)
-    }
-    if differ:
-        shown = ", ".join(f"{k} was {old!r}, now {new!r}" for k, (old, new) in differ.items())
-        raise ValueError(
-            f"run {run_id} cannot be resumed with other parameters ({shown}): resume with the "
-            "same ones, or start a new run"
-        )
-
-
-def backfill_epoch_metrics(run_id: str, history: dict[str, list[float]]) -> int:
-    """Log the epochs of ``history`` that the run lacks (rank 0 could not send them during a
-    tracking-server outage); the number of metric points logged. Idempotent."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-
-    client = MlflowClient()
-    now = int(time.time() * 1000)
-    missing = []
-    for key, values in history.items():
-        logged = {m.step for m in client.get_metric_history(run_id, key)}
-        missing += [
-            Metric(key, v, now, step) for step, v in enumerate(values) if step not in logged
-        ]
-    for i in range(0, len(missing), 1000):  # MLflow's limit per batch
-        client.log_batch(run_id, metrics=missing[i : i + 1000])
-    if missing:
-        logger.warning(
-            "logged %d epoch metric point(s) the training could not send to MLflow itself",
-            len(missing),
-        )
-    return len(missing)
-
-
-def _tee(*consumers):
-    consumers = [c for c in consumers if c is not None]
-
-    def consume(line):
-        for consumer in consumers:
-            consumer(line)
-
-    return consume
 
 
 def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:

@@ -22,9 +22,9 @@ from hvdflow.tasks.preprocess import job as preprocess_job
 from hvdflow.tasks.preprocess.decode import PERMISSION_DENIED, Bad, Good, decode_image, decode_item
 from hvdflow.tasks.preprocess.sources import list_class_folders
 from hvdflow.tasks.preprocess.walk import PERMISSION_DENIED_FOLDER
-from tests.tasks.test_preprocess import make_class_tree, stored_rows
+from tests.tasks.preprocess.test_job import make_class_tree, stored_rows
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXIF_ORIENTATION = 0x0112
 # How a viewer turns the stored pixels upright for an EXIF orientation (PIL turns
 # counter-clockwise: orientation 6 is "turn 90 degrees clockwise to view").

@@ -7,7 +7,7 @@ import logging
 import pytest
 from mlflow import MlflowClient
 
-from hvdflow.tasks.train import run_to_resume
+from hvdflow.tasks.train.resume import run_to_resume
 
 
 @pytest.fixture
@@ -31,9 +31,9 @@ def test_last_continues_the_newest_failed_run_and_names_a_newer_running_one(expe
     failed = _run(client, experiment_id, "FAILED")
     _run(client, experiment_id, "FINISHED")
     running = _run(client, experiment_id, "RUNNING")  # a driver killed mid-training leaves this
-    with caplog.at_level(logging.WARNING, logger="hvdflow.tasks.train"):
+    with caplog.at_level(logging.WARNING, logger="hvdflow.tasks.train.resume"):
         assert run_to_resume(experiment_id, "last", None) == failed
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "hvdflow.tasks.train"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "hvdflow.tasks.train.resume"]
     assert warning == (
         f"tracking.resume='last' continues failed run {failed}; newer run {running} is RUNNING "
         "and is left alone (another driver may be training it; if its driver is gone, continue "

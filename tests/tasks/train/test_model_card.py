@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from hvdflow.tasks.model_card import (
+from hvdflow.tasks.train.model_card import (
     describe_version,
     flow_run_url,
     steady_images_per_s,
@@ -73,7 +73,7 @@ def test_describe_version_writes_the_card_and_a_refusal_only_warns(caplog):
     assert registry.descriptions == {("m", "3"): text}
     assert "- engine: horovod" in text  # the default engine
 
-    caplog.set_level(logging.WARNING, "hvdflow.tasks.model_card")
+    caplog.set_level(logging.WARNING, "hvdflow.tasks.train.model_card")
     assert describe_version("m", "3", dataset_fingerprint="a", np=2, client=Registry(True)) is None
     assert "could not describe m version 3 in MLflow: RESOURCE_DOES_NOT_EXIST" in caplog.text
     assert describe_version("m", None, dataset_fingerprint="a", np=2, client=registry) is None

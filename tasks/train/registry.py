@@ -75,7 +75,7 @@ def assign_aliases(name: str, version: str | None, client=None) -> list[str]:
             _move(client, name, alias, target)
     raise RuntimeError(
         f"the aliases of registered model {name!r} did not settle in {ALIAS_ROUNDS} rounds "
-        "(ALIAS_ROUNDS in hvdflow.tasks.registry): something other than hvdflow keeps moving "
+        "(ALIAS_ROUNDS in hvdflow.tasks.train.registry): something other than hvdflow keeps moving "
         f"{CANDIDATE!r} or {CHAMPION!r}; stop it, then register again"
     )
 

@@ -11,7 +11,8 @@ import pytest
 from mlflow import MlflowClient
 
 from hvdflow.infra.services import free_port
-from hvdflow.tasks.train import REJECTED_TAG, ModelRejected, TrainConfig, train_and_track
+from hvdflow.tasks.train.run import ModelRejected, TrainConfig, train_and_track
+from hvdflow.tasks.train.tags import REJECTED_TAG
 from tests.helpers import wait_for_no_ranks
 
 

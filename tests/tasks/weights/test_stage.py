@@ -12,7 +12,7 @@ import pytest
 
 from hvdflow import HorovodRunner
 from hvdflow.infra.storage.object_store import ObjectStoreError
-from hvdflow.tasks.stage_weights import OFFLINE_SOURCE, redact, stage_weights
+from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact, stage_weights
 from hvdflow.training.weights import fetch_weights
 from tests.helpers import http_server, wait_for_no_ranks
 
@@ -195,8 +195,8 @@ def test_ranks_are_given_the_checksum_the_driver_computed():
     from types import SimpleNamespace
 
     from hvdflow.tasks.config import TrainingParams
-    from hvdflow.tasks.stage_weights import StagedWeights
-    from hvdflow.tasks.train import training_kwargs
+    from hvdflow.tasks.train.run import training_kwargs
+    from hvdflow.tasks.weights.stage import StagedWeights
 
     staged = StagedWeights("digits_mlp", "/w.h5", "s3://b/weights/digits_mlp/ab.h5", "ab" * 32, 9)
     dataset = SimpleNamespace(
@@ -230,7 +230,7 @@ def test_a_reference_is_resolved_when_staging_and_only_the_redacted_url_is_kept(
 def test_the_same_bytes_at_two_paths_are_one_staged_object(store, weights_file, tmp_path):
     from dataclasses import replace
 
-    from hvdflow.tasks.stage_weights import source_identity
+    from hvdflow.tasks.weights.stage import source_identity
 
     first, second = tmp_path / "a" / "w.h5", tmp_path / "b" / "copy.h5"
     for path in (first, second):
@@ -248,7 +248,7 @@ def test_the_same_bytes_at_two_paths_are_one_staged_object(store, weights_file, 
 def test_new_bytes_at_the_same_path_are_staged_anew(store, weights_file, tmp_path):
     import hashlib
 
-    from hvdflow.tasks.stage_weights import source_identity
+    from hvdflow.tasks.weights.stage import source_identity
     from hvdflow.training.models import build_model
 
     path = tmp_path / "w.weights.h5"
@@ -292,14 +292,14 @@ def test_a_large_download_and_upload_report_bytes_and_rates_line_by_line(
 ):
     import functools
 
-    import hvdflow.tasks.stage_weights
+    import hvdflow.tasks.weights.stage
     from hvdflow.infra.progress import ByteProgress
 
     # A line for every chunk instead of one every few seconds, so that a fast machine shows some.
     monkeypatch.setattr(
-        hvdflow.tasks.stage_weights, "ByteProgress", functools.partial(ByteProgress, every_s=0.0)
+        hvdflow.tasks.weights.stage, "ByteProgress", functools.partial(ByteProgress, every_s=0.0)
     )
-    caplog.set_level(logging.INFO, "hvdflow.tasks.stage_weights")
+    caplog.set_level(logging.INFO, "hvdflow.tasks.weights.stage")
     big = bytes(range(256)) * (12 * 4096)  # 12 MiB: more than one chunk, a multipart upload
     with counting_http_server({"/big.weights.h5": big}) as (base, _requests):
         staged = stage_weights("vgg16", f"{base}/big.weights.h5", store)

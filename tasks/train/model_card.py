@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from hvdflow.infra.constants import HOROVOD
+
 logger = logging.getLogger(__name__)
 
 # The MLflow metric of steady-state training throughput (images/s), beside the wall-clock
 # ``images_per_s`` that includes launching the ranks and the first epoch's warm-up.
 STEADY_METRIC = "steady_images_per_s"
-DEFAULT_ENGINE = "horovod"
+DEFAULT_ENGINE = HOROVOD
 
 
 def steady_images_per_s(images_per_epoch: float, epoch_times: Sequence[float]) -> float | None:

@@ -1,0 +1,65 @@
+"""Step 1's Prefect task: preprocessing cached by its dataset fingerprint.
+
+Inputs are configs and paths, never Spark sessions or clients: Prefect hashes them for caching,
+and the result is persisted, so a rerun after a failed training skips a finished preprocessing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from prefect import get_run_logger, task
+
+from hvdflow.tasks.preprocess.job import DatasetManifest, PreprocessConfig
+
+
+def dataset_cache_key(context, parameters) -> str:
+    """The dataset fingerprint: same inputs and parameters, same cached result."""
+    from hvdflow.tasks.preprocess import sources
+    from hvdflow.tasks.preprocess.job import list_inputs
+
+    config: PreprocessConfig = parameters["config"]
+    fingerprint = sources.fingerprint(list_inputs(config), config.params())
+    where = hashlib.sha256(config.output.encode()).hexdigest()[:8]
+    return f"hvdflow-preprocess-{fingerprint}-{where}"
+
+
+@task(name="preprocess", cache_key_fn=dataset_cache_key, persist_result=True)
+def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
+    from hvdflow.infra.spark import SparkProgress, get_spark
+    from hvdflow.tasks.preprocess import preprocess_images
+
+    logger = get_run_logger()
+    spark = get_spark(spark_master)
+    logger.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
+    with SparkProgress(spark, logger):
+        manifest = preprocess_images(spark, config)
+    logger.info(
+        "dataset %s: %d train, %d val, %d quarantined%s",
+        manifest.path,
+        manifest.train_rows,
+        manifest.val_rows,
+        manifest.quarantined,
+        " (reused)" if manifest.reused else "",
+    )
+    return manifest
+
+
+def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
+    """The preprocessing task's dataset. A cached one that is no longer the published dataset
+    (its manifest or any of its files gone, or another attempt published since) runs the task
+    again: it builds the dataset anew, or picks up the attempt published since."""
+    dataset = preprocess_step(config, spark_master)
+    if not _still_published(dataset):
+        get_run_logger().warning("cached dataset %s is gone: preprocessing again", dataset.path)
+        dataset = preprocess_step.with_options(refresh_cache=True)(config, spark_master)
+    return dataset
+
+
+def _still_published(dataset: DatasetManifest) -> bool:
+    from hvdflow.tasks.preprocess.job import read_manifest
+    from hvdflow.tasks.preprocess.storage import Location
+
+    version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt
+    published = read_manifest(Location(version))
+    return published is not None and published.path == dataset.path
