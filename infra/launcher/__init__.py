@@ -6,9 +6,12 @@ Split where the processes split:
 - ``mirrored``: ``MirroredStrategyRunner``, spark-tensorflow-distributor's API on the same launcher
 - ``options``: ``HorovodOptions``, Horovod's knobs as each rank's environment
 - ``rank_events``: ``log_to_driver`` and ``report_progress``, called inside a rank
-- ``_stall``: which rank stopped making progress (the stall watch; pure decisions)
-- ``_channel``: the driver's Gloo rendezvous server and the tasks' channel
-- ``_liveness``: which side of that channel has gone silent for too long (pure decisions)
+- ``_channel``: the driver's end of the tasks' channel (reports, liveness, progress, stacks)
+- ``_rendezvous``: who may use the Gloo rendezvous store on the driver (the guard and its server)
+- ``_decisions``: why a rank is stopped, how its exit reads, which failure came first (pure)
+- ``_liveness``, ``_stall``: which side went silent, which rank stopped progressing (pure)
+- ``_slots``, ``_payload``, ``_spark_errors``, ``_runlog``: the driver's checks before and
+  records during a run (task slots, the pickled function, Spark's error text, the run's log)
 - ``_task``: one Spark barrier task, supervising one rank process
 - ``_rank``: the rank process's entry point
 - ``_wire``: the messages between tasks and the driver, and between a rank and its task

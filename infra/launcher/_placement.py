@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -173,3 +174,15 @@ def hostname_problem(
         f"host {hostname} {found}; Gloo peers on other hosts would be told to connect there: "
         f"map {hostname} to {address} (this executor's address) in /etc/hosts or DNS"
     )
+
+
+def driver_gpu_addresses() -> list[str]:
+    """The GPUs the driver may give its ranks (np < 0): CUDA_VISIBLE_DEVICES, else every one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        names = os.listdir("/proc/driver/nvidia/gpus")
+    except OSError:
+        return []
+    return [str(i) for i in range(len(names))]

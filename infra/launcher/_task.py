@@ -34,6 +34,7 @@ from hvdflow.infra.constants import (
     TF_CONFIG,
 )
 from hvdflow.infra.launcher import _liveness, _placement, _wire
+from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -348,25 +349,16 @@ def _supervise(
                             "text": _dump_stacks(proc, stacks_path),
                         }
                     )
-                if link.aborted.is_set():
-                    reason, cause = "stopped: the driver cancelled the run", _wire.CAUSE_STOPPED
-                    break
-                if link.lost():
-                    cause = _wire.CAUSE_LOST
-                    reason = (
-                        f"stopped: heard nothing from the driver for {spec.heartbeat_timeout_s:g} "
-                        "s (HorovodRunner heartbeat_timeout_s); the driver, or the network to "
-                        "it, is gone"
-                    )
-                    break
-                waited = time.monotonic() - started
-                if not init_reached.is_set() and waited > spec.start_timeout_s:
-                    cause = _wire.CAUSE_START_TIMEOUT
-                    reason = (
-                        f"did not reach hvd.init() within {spec.start_timeout_s:g} s "
-                        "(HorovodRunner start_timeout_s): raise it if main does slow work before "
-                        "hvd.init(), or look for a rank stuck at start in its output"
-                    )
+                stopped = stop_reason(
+                    aborted=link.aborted.is_set(),
+                    driver_silent=link.lost(),
+                    init_reached=init_reached.is_set(),
+                    waited_s=time.monotonic() - started,
+                    start_timeout_s=spec.start_timeout_s,
+                    heartbeat_timeout_s=spec.heartbeat_timeout_s,
+                )
+                if stopped is not None:
+                    reason, cause = stopped
                     break
                 time.sleep(_POLL_S)
         finally:
@@ -377,8 +369,7 @@ def _supervise(
                 t.join(timeout=5)
 
         if reason is None and proc.returncode != 0:
-            reason = exit_reason(proc.returncode)
-            cause = _wire.CAUSE_SIGNAL if proc.returncode < 0 else _wire.CAUSE_EXIT
+            reason, cause = exit_reason(proc.returncode), exit_cause(proc.returncode)
         if reason is not None:
             message = f"{who} {reason}"
             _report_failure(link, rank, message, list(tail), exited_at, cause)
@@ -387,17 +378,6 @@ def _supervise(
             with open(result_path, "rb") as f:
                 return f.read()
         return None
-
-
-def exit_reason(returncode: int) -> str:
-    """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
-    if returncode >= 0:
-        return f"exited with code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    return f"was killed by {name} (exit {returncode})"
 
 
 def _report_failure(

@@ -2,7 +2,7 @@
 
 An open counterpart of Databricks' ``sparkdl.HorovodRunner`` with the same call shape::
 
-    from hvdflow.infra import HorovodRunner
+    from hvdflow import HorovodRunner
 
     def train(learning_rate):
         import horovod.tensorflow.keras as hvd
@@ -19,7 +19,6 @@ rendezvous server on the driver: no MPI, no ssh.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import socket
@@ -36,6 +35,11 @@ import cloudpickle
 from hvdflow.infra.constants import FORWARDED_TO_RANKS
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._payload import pickle_payload
+from hvdflow.infra.launcher._placement import driver_gpu_addresses
+from hvdflow.infra.launcher._runlog import RunLog
+from hvdflow.infra.launcher._slots import wait_for_slots
+from hvdflow.infra.launcher._spark_errors import first_line
 from hvdflow.infra.launcher._task import (
     RankFailed,
     SparkJobFailed,
@@ -47,7 +51,6 @@ from hvdflow.infra.launcher._task import (
 from hvdflow.infra.launcher.options import HorovodOptions
 
 logger = logging.getLogger(__name__)
-rank_logger = logging.getLogger(__name__ + ".ranks")
 
 Verbosity = Literal["log_callback_only", "all"]
 _VERBOSITIES = ("log_callback_only", "all")
@@ -150,13 +153,13 @@ class HorovodRunner:
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
-        payload = _pickle_payload(main, kwargs)
+        payload = pickle_payload(main, kwargs)
         self.horovod.warn_about_costs()
         self.run_id = uuid.uuid4().hex[:12]
         log_dir = self.log_dir or tempfile.mkdtemp(prefix=f"hvdflow-{self.run_id}-")
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, "driver.log")
-        with _RunLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:
+        with RunLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:
             started = time.monotonic()
             if self.np < 0:
                 result = self._run_on_driver(payload, sink)
@@ -189,12 +192,12 @@ class HorovodRunner:
             engine=self.engine,
         )
 
-    def _run_on_spark(self, payload: bytes, sink: _RunLog) -> bytes | None:
+    def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
         from hvdflow.infra.spark import get_spark
 
         spark = self._spark or get_spark()
         sc = spark.sparkContext
-        _wait_for_slots(sc, self.np, self.slot_wait_s)
+        wait_for_slots(sc, self.np, self.slot_wait_s)
         bind_host = socket.gethostbyname(sc.getConf().get("spark.driver.host"))
         with DriverChannel(bind_host, sink) as channel:
             spec = self._spec(payload, channel)
@@ -226,15 +229,15 @@ class HorovodRunner:
             if "error" in outcome:
                 raise SparkJobFailed(
                     f"the Spark job that ran the {self.np} ranks failed: "
-                    f"{_first_line(outcome['error'])}"
+                    f"{first_line(outcome['error'])}"
                 ) from None
             rows = outcome["rows"]
             return rows[0] if rows else None
 
-    def _run_on_driver(self, payload: bytes, sink: _RunLog) -> bytes | None:
+    def _run_on_driver(self, payload: bytes, sink: RunLog) -> bytes | None:
         n = -self.np
         hosts = ["127.0.0.1"] * n
-        gpus = _driver_gpu_addresses()
+        gpus = driver_gpu_addresses()
         with DriverChannel("127.0.0.1", sink) as channel:
             spec = self._spec(payload, channel)
             barrier = threading.Barrier(n)
@@ -280,7 +283,7 @@ class HorovodRunner:
         self,
         done: threading.Event,
         channel: DriverChannel,
-        sink: _RunLog,
+        sink: RunLog,
         cancel: Callable[[], None],
         ended_badly: Callable[[], bool],
     ) -> None:
@@ -380,137 +383,3 @@ class _ThreadAllGather:
         gathered = [self._messages[p] for p in sorted(self._messages)]
         self._barrier.wait()  # every thread has read them all
         return gathered
-
-
-def task_slots(sc) -> int:
-    """Tasks the cluster can run at once now (executor cores / spark.task.cpus, summed)."""
-    jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
-
-
-def _wait_for_slots(sc, np: int, wait_s: float) -> None:
-    """Fail fast where Spark would re-check a barrier stage without slots for minutes."""
-    deadline = time.monotonic() + wait_s
-    while (slots := task_slots(sc)) < np:
-        if time.monotonic() >= deadline:
-            raise RuntimeError(
-                f"np={np} needs {np} task slots but the cluster ({sc.master}) has {slots} after "
-                f"waiting {wait_s:g} s (HorovodRunner slot_wait_s): lower np, or add executors "
-                "or cores (barrier mode starts every rank at once)"
-            )
-        time.sleep(0.5)
-
-
-def _driver_gpu_addresses() -> list[str]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip()]
-    try:
-        names = os.listdir("/proc/driver/nvidia/gpus")
-    except OSError:
-        return []
-    return [str(i) for i in range(len(names))]
-
-
-def _pickle_payload(main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
-    if not callable(main):
-        raise ValueError(f"main={main!r}: expected a function to run on every rank")
-    try:
-        return cloudpickle.dumps((main, kwargs))
-    except Exception as e:
-        raise ValueError(
-            f"main cannot be sent to the ranks: {_unpicklable_part(main, kwargs)} cannot be "
-            f"pickled ({type(e).__name__}: {e}). Create it inside main, or pass something "
-            "picklable instead (a path, a config)."
-        ) from e
-
-
-def _unpicklable_part(main: Callable[..., Any], kwargs: dict[str, Any]) -> str:
-    """Name the argument, captured variable or global that cloudpickle chokes on."""
-
-    def fails(value: Any) -> bool:
-        try:
-            cloudpickle.dumps(value)
-            return False
-        except Exception:
-            return True
-
-    for key, value in kwargs.items():
-        if fails(value):
-            return f"keyword argument {key!r} ({type(value).__name__})"
-    code = getattr(main, "__code__", None)
-    if code is not None:
-        for name, cell in zip(code.co_freevars, main.__closure__ or (), strict=False):
-            value = cell.cell_contents
-            if fails(value):
-                return f"variable {name!r} ({type(value).__name__}) that main captures"
-        module_globals = getattr(main, "__globals__", {})
-        for name in code.co_names:
-            if name in module_globals and fails(module_globals[name]):
-                return f"global {name!r} ({type(module_globals[name]).__name__}) that main uses"
-    return f"main ({main!r})"
-
-
-def _first_line(error: BaseException) -> str:
-    """The part of a (usually py4j-wrapped) Spark error that says what went wrong."""
-    text = str(error).strip()
-    if "cancelled" in text.lower():
-        return "it was cancelled"
-    lines = text.splitlines()
-    # A Python error inside a task: its last traceback line names it.
-    for i, line in enumerate(lines):
-        if "PythonException: Traceback" in line:
-            for follow in lines[i + 1 :]:
-                if follow and not follow[0].isspace() and ":" in follow:
-                    return follow.strip()[:500] + _hint(follow)
-    useful = [ln for ln in lines if ln.strip() and "An error occurred while calling" not in ln]
-    return useful[0].strip()[:500] if useful else type(error).__name__
-
-
-def _hint(error_line: str) -> str:
-    if error_line.startswith("ModuleNotFoundError"):
-        return (
-            " (executors must run a Python with hvdflow and horovod installed: set "
-            "PYSPARK_PYTHON, or create the session with hvdflow.infra.spark.get_spark)"
-        )
-    return ""
-
-
-class _RunLog:
-    """Where the driver puts the rank output lines its channel receives during one run.
-
-    Every line goes to the run's log file (``driver.log``) and to the user's ``on_log_line``;
-    the lines ``driver_log_verbosity`` selects also go to the driver's ``...runner.ranks``
-    logger. It receives every stream (stdout, stderr and ``log_to_driver`` messages alike);
-    ``log_to_driver`` is the rank-side call that sends one of them.
-    """
-
-    def __init__(self, path: str, verbosity: str, consumer):
-        self._file = open(path, "a", buffering=1, encoding="utf-8")
-        self._lock = threading.Lock()
-        self._verbosity = verbosity
-        self._consumer = consumer
-        # The last lines of each rank, for an error about a rank that cannot report its own.
-        self._tails: dict[int, collections.deque[str]] = {}
-
-    def tail(self, rank: int) -> list[str]:
-        with self._lock:
-            return list(self._tails.get(rank, ()))
-
-    def __call__(self, line: _wire.LogLine) -> None:
-        with self._lock:
-            self._file.write(line.to_log_file_line() + "\n")
-            tail = self._tails.setdefault(line.rank, collections.deque(maxlen=_wire.TAIL_LINES))
-            tail.append(_wire.tail_line(line.formatted()))
-        if self._verbosity == "all" or line.stream == _wire.CALLBACK:
-            rank_logger.info("%s", line.formatted())
-        if self._consumer is not None:
-            self._consumer(line)
-
-    def __enter__(self) -> _RunLog:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._file.close()

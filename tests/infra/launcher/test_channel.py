@@ -9,7 +9,8 @@ import time
 import pytest
 
 from hvdflow.infra.launcher import _channel, _wire
-from hvdflow.infra.launcher._channel import DriverChannel, root_failure
+from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._decisions import root_failure
 
 SHUTDOWN = "[1,0]<stderr>:... Horovod has been shut down. This was caused by an exception"
 

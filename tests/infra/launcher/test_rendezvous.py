@@ -12,11 +12,11 @@ import pytest
 
 from hvdflow.infra.launcher import _wire
 from hvdflow.infra.launcher import runner as runner_module
-from hvdflow.infra.launcher._channel import (
+from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._rendezvous import (
     ACCEPT,
     NOT_PLANNED_HINT,
     Decision,
-    DriverChannel,
     allowed_clients,
     decide,
     normalize_address,

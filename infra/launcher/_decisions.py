@@ -1,0 +1,83 @@
+"""The launcher's decisions, as pure functions of what was observed: why a task stops its rank,
+how a rank's exit reads, and which failure caused the others. Tested with exact values
+(tests/infra/launcher/test_decisions.py); the threads that observe live in ``_task`` and
+``_channel``.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hvdflow.infra.launcher import _wire
+
+# What Horovod prints in the ranks that fail only because another rank died first.
+HOROVOD_SHUTDOWN = "Horovod has been shut down"
+
+
+def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None, list[int]]:
+    """The failure report that caused the others, and the ranks of the others, sorted.
+
+    Each report has ``rank``, ``reason``, ``tail`` (its last output lines) and ``exited_at``.
+    When one rank dies, its peers fail in their next collective with Horovod's "has been shut
+    down" message, sometimes before the first report arrives: prefer a failure that is not such
+    a consequence, then the earliest exit.
+    """
+    if not failures:
+        return None, []
+
+    def consequence(failure: Mapping[str, Any]) -> bool:
+        return any(HOROVOD_SHUTDOWN in line for line in failure.get("tail") or [])
+
+    ordered = sorted(failures, key=lambda f: (consequence(f), f.get("exited_at", 0.0)))
+    root = ordered[0]
+    return root, sorted({f["rank"] for f in ordered[1:]} - {root["rank"]})
+
+
+def stop_reason(
+    *,
+    aborted: bool,
+    driver_silent: bool,
+    init_reached: bool,
+    waited_s: float,
+    start_timeout_s: float,
+    heartbeat_timeout_s: float,
+) -> tuple[str, str] | None:
+    """Why a task stops its rank, still running, now, and the cause (``_wire.CAUSE_*``); None
+    to let it run. ``aborted``: the driver cancelled the run; ``driver_silent``: nothing heard
+    from the driver for ``heartbeat_timeout_s``; ``waited_s``: since the rank started, which
+    counts against ``start_timeout_s`` until it reached ``hvd.init()``."""
+    if aborted:
+        return "stopped: the driver cancelled the run", _wire.CAUSE_STOPPED
+    if driver_silent:
+        return (
+            f"stopped: heard nothing from the driver for {heartbeat_timeout_s:g} s "
+            "(HorovodRunner heartbeat_timeout_s); the driver, or the network to it, is gone",
+            _wire.CAUSE_LOST,
+        )
+    if not init_reached and waited_s > start_timeout_s:
+        return (
+            f"did not reach hvd.init() within {start_timeout_s:g} s "
+            "(HorovodRunner start_timeout_s): raise it if main does slow work before "
+            "hvd.init(), or look for a rank stuck at start in its output",
+            _wire.CAUSE_START_TIMEOUT,
+        )
+    return None
+
+
+def exit_reason(returncode: int) -> str:
+    """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (exit {returncode})"
+
+
+def exit_cause(returncode: int) -> str:
+    """The cause of a non-zero exit: a signal (transient: killed from outside) or an exit
+    status (the training function failed: it would fail the same way again)."""
+    return _wire.CAUSE_SIGNAL if returncode < 0 else _wire.CAUSE_EXIT

@@ -1,0 +1,58 @@
+"""Why a task stops its rank, and what a rank's exit means: exact values."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher._decisions import exit_cause, stop_reason
+
+pytestmark = pytest.mark.unit
+
+RUNNING = dict(
+    aborted=False,
+    driver_silent=False,
+    init_reached=True,
+    waited_s=1000.0,
+    start_timeout_s=300.0,
+    heartbeat_timeout_s=60.0,
+)
+
+
+def test_a_rank_that_reached_init_with_a_live_driver_runs_on():
+    assert stop_reason(**RUNNING) is None
+    # Before hvd.init(), only while the start timeout has not passed.
+    assert stop_reason(**{**RUNNING, "init_reached": False, "waited_s": 300.0}) is None
+
+
+def test_a_cancelled_run_stops_its_rank_whatever_else_holds():
+    everything = {**RUNNING, "aborted": True, "driver_silent": True, "init_reached": False}
+    assert stop_reason(**everything) == (
+        "stopped: the driver cancelled the run",
+        _wire.CAUSE_STOPPED,
+    )
+
+
+def test_a_silent_driver_stops_the_rank_naming_the_timeout():
+    assert stop_reason(**{**RUNNING, "driver_silent": True, "init_reached": False}) == (
+        "stopped: heard nothing from the driver for 60 s (HorovodRunner heartbeat_timeout_s); "
+        "the driver, or the network to it, is gone",
+        _wire.CAUSE_LOST,
+    )
+
+
+def test_a_rank_that_never_reached_init_is_stopped_after_the_start_timeout():
+    assert stop_reason(**{**RUNNING, "init_reached": False, "waited_s": 300.5}) == (
+        "did not reach hvd.init() within 300 s (HorovodRunner start_timeout_s): raise it if "
+        "main does slow work before hvd.init(), or look for a rank stuck at start in its output",
+        _wire.CAUSE_START_TIMEOUT,
+    )
+
+
+@pytest.mark.parametrize(
+    "returncode, cause, transient",
+    [(-9, _wire.CAUSE_SIGNAL, True), (-15, _wire.CAUSE_SIGNAL, True), (1, _wire.CAUSE_EXIT, False)],
+)
+def test_a_signal_is_a_transient_cause_and_an_exit_status_is_not(returncode, cause, transient):
+    assert exit_cause(returncode) == cause
+    assert (cause in _wire.TRANSIENT_CAUSES) is transient
