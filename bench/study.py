@@ -21,7 +21,7 @@ def study_kwargs(dataset_folder: str, epochs: int, threads: int = 1) -> dict:
     """``train_classifier``'s arguments for the study on the dataset published in
     ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
     from hvdflow.tasks.config import TrainingParams
-    from hvdflow.tasks.preprocess.job import read_manifest
+    from hvdflow.tasks.preprocess.publish import read_manifest
     from hvdflow.tasks.preprocess.storage import Location
     from hvdflow.tasks.train.run import training_kwargs
 

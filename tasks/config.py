@@ -30,7 +30,6 @@ IMAGE_SIDE_RANGE = (2, 4096)
 # Models trained on graphs rather than images; only the benchmark runs them.
 GRAPH_MODELS = ("gcn",)
 DEFAULT_REGISTERED_MODEL = "hvdflow-classifier"
-DEFAULT_SHARDS = 8
 
 
 def image_models() -> list[str]:
@@ -125,8 +124,7 @@ class DataParams(BaseModel):
             val_fraction=self.val_fraction,
             max_bad_fraction=self.max_bad_fraction,
             seed=self.split_seed,
-            # At least 8, as before np mattered: datasets built for np <= 8 stay reusable.
-            shards=max(DEFAULT_SHARDS, abs(ranks)),
+            np=abs(ranks),
         )
 
 

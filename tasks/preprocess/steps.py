@@ -10,7 +10,7 @@ import hashlib
 
 from prefect import get_run_logger, task
 
-from hvdflow.tasks.preprocess.job import DatasetManifest, PreprocessConfig
+from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
 
 
 def dataset_cache_key(context, parameters) -> str:
@@ -57,7 +57,7 @@ def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> D
 
 
 def _still_published(dataset: DatasetManifest) -> bool:
-    from hvdflow.tasks.preprocess.job import read_manifest
+    from hvdflow.tasks.preprocess.publish import read_manifest
     from hvdflow.tasks.preprocess.storage import Location
 
     version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt

@@ -21,7 +21,7 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 
-from hvdflow.tasks.preprocess.job import assign_partitions, check_quality
+from hvdflow.tasks.preprocess.plan import assign_partitions, check_quality
 from hvdflow.tasks.preprocess.storage import Location, S3Access, is_s3, join
 from hvdflow.tasks.preprocess.write import write_quarantine
 from hvdflow.tasks.score import publish

@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 
 from hvdflow.infra.launcher import CALLBACK, STDOUT
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
-from hvdflow.tasks.preprocess.job import DatasetManifest
+from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.train.run import TrainConfig, TrainResult
 from hvdflow.tasks.weights.stage import StagedWeights
 

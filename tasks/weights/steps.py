@@ -13,7 +13,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
 from hvdflow.infra.storage.object_store import ObjectStoreConfig
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
-from hvdflow.tasks.preprocess.job import DatasetManifest
+from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.weights.stage import StagedWeights
 
 

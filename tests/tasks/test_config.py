@@ -110,8 +110,11 @@ def test_a_bucket_input_is_accepted_and_other_urls_refused():
 
 def test_every_rank_gets_row_groups_and_small_np_keeps_the_default():
     data = DataParams()
-    assert data.preprocess_config(ranks=2).shards == 8
-    assert data.preprocess_config(ranks=-12).shards == 12
+    assert (data.preprocess_config(ranks=2).np, data.preprocess_config(ranks=2).row_groups) == (
+        2,
+        8,
+    )
+    assert data.preprocess_config(ranks=-12).row_groups == 12
     assert data.preprocess_config(ranks=16).params() == {
         **data.preprocess_config(ranks=2).params(),
         "files_per_split": 16,

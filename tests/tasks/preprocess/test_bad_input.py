@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images, sniff
-from hvdflow.tasks.preprocess import job as preprocess_job
+from hvdflow.tasks.preprocess import plan as preprocess_plan
 from hvdflow.tasks.preprocess.decode import PERMISSION_DENIED, Bad, Good, decode_image, decode_item
 from hvdflow.tasks.preprocess.sources import list_class_folders
 from hvdflow.tasks.preprocess.walk import PERMISSION_DENIED_FOLDER
@@ -401,7 +401,7 @@ def test_class_folders_without_files_to_decode_are_left_out_of_the_labels(tmp_pa
         ("fox/deep/3.png", "fox", True),
     ]
     config = PreprocessConfig(input=str(tmp_path), val_fraction=0.0)
-    split = preprocess_job.plan_split(config, listing, None)
+    split = preprocess_plan.plan_split(config, listing, None)
     assert split.label_index == {"ant": 0, "cow": 1, "fox": 2}  # contiguous, in name order
     assert split.per_item == [(1, 0), (1, 0), (0, 0), (1, 0)]  # nothing planned for doe
 
@@ -490,7 +490,7 @@ def test_odd_files_are_quarantined_with_their_reason_and_odd_images_become_rows(
         image_size=(16, 8),
         color_mode="RGB",
         max_bad_fraction=0.3,
-        shards=2,
+        np=2,
     )
     manifest = preprocess_images(spark, config)
 

@@ -20,6 +20,8 @@ from PIL import Image
 
 from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images, sources
 from hvdflow.tasks.preprocess import job as preprocess_job
+from hvdflow.tasks.preprocess.config import DatasetManifest
+from hvdflow.tasks.preprocess.plan import check_ranks, check_reused
 from hvdflow.tasks.preprocess.split import (
     choose_boundaries,
     is_val,
@@ -126,7 +128,7 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
         val_fraction=0.2,
         max_pixels=200 * 200,
         max_bad_fraction=0.2,
-        shards=2,  # 6 val rows: fewer than the default 8 ranks could share
+        np=2,  # 6 val rows: fewer than the default 8 row groups
     )
     manifest = preprocess_images(spark, config)
 
@@ -160,7 +162,7 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
     assert manifest.path == str(attempt)
     assert json.loads((attempt / "labels.json").read_text()) == manifest.label_map
     assert manifest.quarantine_path == str(attempt / "quarantine.csv")
-    # Petastorm's metadata names the row groups the executors wrote: at least `shards`.
+    # Petastorm's metadata names the row groups the executors wrote: at least `row_groups`.
     assert manifest.train_row_groups >= 2 and manifest.val_row_groups >= 2
     assert not (attempt / "quarantine").exists()  # the executors' parts, merged into one
 
@@ -169,7 +171,7 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
 def test_same_fingerprint_reuses_and_a_changed_input_writes_a_new_version(spark, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=4)
     config = PreprocessConfig(
-        input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), shards=2
+        input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), np=2
     )
     first = preprocess_images(spark, config)
     manifest_file = tmp_path / "out" / first.fingerprint[:16] / "manifest.json"
@@ -195,7 +197,7 @@ def test_too_many_bad_files_fail_with_the_fraction_and_leave_no_dataset(spark, t
     for i in range(3):
         (add_bad_files_root / f"junk{i}.jpg").write_bytes(b"")
     config = PreprocessConfig(
-        input=str(root), output=str(tmp_path / "out"), max_bad_fraction=0.5, shards=1
+        input=str(root), output=str(tmp_path / "out"), max_bad_fraction=0.5, np=1
     )
     with pytest.raises(ValueError) as err:
         preprocess_images(spark, config)
@@ -311,7 +313,7 @@ def test_unusable_inputs_never_cost_a_rank_its_row_group(tmp_path, planned, rows
 
 @pytest.mark.unit
 def test_the_default_fingerprint_parameters_are_unchanged():
-    """shards=8 fingerprints like files_per_split=8 did: earlier datasets are reused."""
+    """np <= 8 fingerprints like files_per_split=8 did: earlier datasets are reused."""
     params = PreprocessConfig(input="x").params()
     assert params == {
         "input_format": "folders",
@@ -323,13 +325,13 @@ def test_the_default_fingerprint_parameters_are_unchanged():
         "max_bad_fraction": 0.1,
         "files_per_split": 8,
     }
-    assert PreprocessConfig(input="x", shards=16).params()["files_per_split"] == 16
+    assert PreprocessConfig(input="x", np=16).params()["files_per_split"] == 16
 
 
 @pytest.mark.unit
 def test_more_ranks_than_a_split_can_share_fails_before_any_spark_work(tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=20)  # 48 train, 12 val rows
-    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), shards=16)
+    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), np=16)
     with pytest.raises(ValueError) as err:
         preprocess_images(None, config)  # no Spark session: it must not be needed
     message = str(err.value)
@@ -338,7 +340,48 @@ def test_more_ranks_than_a_split_can_share_fails_before_any_spark_work(tmp_path)
     assert not (tmp_path / "out").exists()
 
     with pytest.raises(ValueError, match=r"train has 48 < 50: use np <= 12, or add images$"):
-        preprocess_images(None, config.model_copy(update={"shards": 50}))
+        preprocess_images(None, config.model_copy(update={"np": 50}))
+
+
+@pytest.mark.unit
+def test_the_ranks_asked_for_decide_the_check_not_the_row_groups_they_are_cut_into(tmp_path):
+    """np=2 on an input with 5 validation rows builds (its splits are cut into at most as many
+    row groups as they have rows); the error names the np the user set, and the np that fits."""
+    config = PreprocessConfig(input="x", np=2)
+    assert config.row_groups == 8
+    check_ranks(config, train=20, val=5)  # fewer rows than row groups, more than ranks: fine
+    with pytest.raises(ValueError) as err:
+        check_ranks(config.model_copy(update={"np": 6}), train=20, val=5)
+    assert str(err.value) == (
+        "np=6: each rank needs at least one row group of the val split, but 'x' lists 20 train "
+        "and 5 val rows (val_fraction=0.2), so val has 5 < 6: use np <= 5, or add images, "
+        "or raise val_fraction"
+    )
+
+
+@pytest.mark.unit
+def test_a_reused_dataset_with_fewer_row_groups_than_ranks_is_refused_naming_both():
+    manifest = DatasetManifest(
+        path="/data/v/attempt-1",
+        fingerprint="f",
+        train_url="file:///data/v/attempt-1/train",
+        val_url="file:///data/v/attempt-1/val",
+        train_rows=20,
+        val_rows=5,
+        quarantined=0,
+        label_map={"a": 0},
+        image_shape=(8, 8, 1),
+        quarantine_path="/data/v/attempt-1/quarantine.csv",
+        train_row_groups=8,
+        val_row_groups=5,
+    )
+    check_reused(PreprocessConfig(input="x", np=5), manifest)
+    with pytest.raises(ValueError) as err:
+        check_reused(PreprocessConfig(input="x", np=6), manifest)
+    assert str(err.value) == (
+        "np=6: dataset /data/v/attempt-1 has 5 val row groups, fewer than one per rank: "
+        "use np <= 5, or add images"
+    )
 
 
 @pytest.mark.unit
@@ -371,18 +414,14 @@ def test_bundled_digits_go_through_the_same_path(spark, tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("size", "shards"), [(2, 8), (3, 8), (12, 12)])
-def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(
-    spark, tmp_path, size, shards
-):
+@pytest.mark.parametrize(("size", "np"), [(2, 2), (3, 3), (12, 12)])
+def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(spark, tmp_path, size, np):
     root = make_class_tree(tmp_path / "images", per_class=20)
     manifest = preprocess_images(
         spark,
-        PreprocessConfig(
-            input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), shards=shards
-        ),
+        PreprocessConfig(input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), np=np),
     )
-    assert manifest.train_row_groups >= shards and manifest.val_row_groups >= shards
+    assert manifest.train_row_groups >= max(8, np) and manifest.val_row_groups >= max(8, np)
     seen = []
     for rank in range(size):
         with open_dataset(
@@ -398,7 +437,7 @@ def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(
     everything = sorted(r["source"] for r in read_rows(manifest.train_url))
     assert sorted(s for shard in seen for s in shard) == everything
     assert all(shard for shard in seen)  # every rank got rows
-    # ... of the validation split too (shards >= np: every rank has a row group of its own).
+    # ... of the validation split too (row groups >= np: every rank has one of its own).
     assert all(read_sources(manifest.val_url, rank, size) for rank in range(size))
 
 
@@ -406,7 +445,7 @@ def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(
 def test_output_to_the_object_store_is_readable_through_s3fs(spark, store, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=6)
     output = store.config.uri(store.config.key("datasets"))
-    config = PreprocessConfig(input=str(root), output=output, image_size=(8, 8), shards=2)
+    config = PreprocessConfig(input=str(root), output=output, image_size=(8, 8), np=2)
     manifest = preprocess_images(spark, config, store=store)
     version = f"{output}/{manifest.fingerprint[:16]}"
     assert manifest.path == f"{version}/{manifest.attempt}"
@@ -563,7 +602,7 @@ def test_an_input_folder_missing_on_an_executor_fails_naming_host_and_path(
         return listing
 
     monkeypatch.setattr(preprocess_job, "list_inputs", listed_on_the_driver_only)
-    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), shards=2)
+    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), np=2)
     with pytest.raises(RuntimeError) as err:
         preprocess_images(spark, config)
     message = str(err.value)

@@ -60,7 +60,7 @@ def test_a_cached_dataset_whose_objects_were_deleted_is_built_again(
 
     output = store.config.uri(store.config.key("datasets"))
     config = PreprocessConfig(
-        input=str(write_images(tmp_path / "in")), output=output, image_size=(8, 8), shards=2
+        input=str(write_images(tmp_path / "in")), output=output, image_size=(8, 8), np=2
     )
 
     @flow

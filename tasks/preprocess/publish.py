@@ -1,0 +1,141 @@
+"""Publishing a dataset version: the Petastorm metadata and reports written after the tasks,
+then the manifest, the one write that makes an attempt the dataset; and reading it back.
+
+Publication is atomic: readers open the URLs in ``manifest.json`` and nothing else, and it is
+written (one rename, or one object PUT) only after every file of its attempt is complete. A
+published dataset whose files went missing reads as none, and is built again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+
+from hvdflow.tasks.preprocess.config import DatasetManifest
+from hvdflow.tasks.preprocess.schema import image_schema, image_shape
+from hvdflow.tasks.preprocess.storage import Location, dataset_url, join
+from hvdflow.tasks.preprocess.write import (
+    SPLITS,
+    arrow_schema,
+    write_empty_split,
+    write_petastorm_metadata,
+    write_quarantine,
+)
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+# The reports of a published attempt, beside its train/ and val/ splits.
+ATTEMPT_FILES = ("labels.json", "quarantine.csv")
+ATTEMPT_PREFIX = "attempt-"
+
+
+def finish(config, fingerprint, version, attempt, label_index, report):
+    """On the driver, once the part files exist: Petastorm metadata, reports, the manifest."""
+    attempt_url = version.join(attempt)
+    files, done = report.files, report.rows
+    unischema = image_schema(config.image_size, config.color_mode)
+    row_groups = {}
+    for split in SPLITS:
+        split_url = join(attempt_url, split)
+        if not files[split]:  # val_fraction=0: an empty split that still opens
+            files[split][write_empty_split(split_url, arrow_schema(), version.access)] = 0
+        row_groups[split] = write_petastorm_metadata(split_url, unischema, files[split])
+    attempt_dir = Location(attempt_url, version.access)
+    write_quarantine(attempt_dir, report.quarantine_parts)
+    attempt_dir.write_bytes("labels.json", json.dumps(label_index, indent=2).encode())
+
+    manifest = DatasetManifest(
+        path=attempt_url,
+        fingerprint=fingerprint,
+        train_url=dataset_url(join(attempt_url, "train")),
+        val_url=dataset_url(join(attempt_url, "val")),
+        train_rows=done["train"],
+        val_rows=done["val"],
+        quarantined=report.bad,
+        label_map=label_index,
+        image_shape=image_shape(config.image_size, config.color_mode),
+        quarantine_path=join(attempt_url, "quarantine.csv"),
+        attempt=attempt,
+        train_row_groups=row_groups["train"],
+        val_row_groups=row_groups["val"],
+    )
+    return publish(version, attempt, manifest, config)
+
+
+def read_manifest(version: Location) -> DatasetManifest | None:
+    """The dataset published in ``version``; None when there is none, or when files it needs
+    are gone (deleted by hand, or by a bucket's lifecycle rule): that one is built again."""
+    data = version.read_bytes(MANIFEST)
+    if data is None:
+        return None
+    record = json.loads(data)
+    fields = DatasetManifest.__dataclass_fields__
+    record = {k: v for k, v in record.items() if k in fields}
+    record["image_shape"] = tuple(record["image_shape"])
+    record["reused"] = True
+    manifest = DatasetManifest(**record)
+    missing = missing_files(Location(manifest.path, version.access))
+    if missing:
+        logger.warning(
+            "dataset %s lacks %d of its files (e.g. %s): it will be built again",
+            manifest.path,
+            len(missing),
+            missing[0],
+        )
+        return None
+    return manifest
+
+
+def missing_files(attempt: Location) -> list[str]:
+    """What a published attempt lacks of its reports, of each split's ``_common_metadata``, and
+    of the part files that metadata names (one listing, and a read of each metadata file)."""
+    present = attempt.files()
+    missing = [name for name in ATTEMPT_FILES if name not in present]
+    for split in SPLITS:
+        metadata = f"{split}/_common_metadata"
+        if metadata not in present:
+            missing.append(metadata)
+            continue
+        parts = (f"{split}/{part}" for part in part_files(attempt.read_bytes(metadata)))
+        missing += [part for part in parts if part not in present]
+    return missing
+
+
+def part_files(common_metadata: bytes) -> list[str]:
+    """The part files a split's ``_common_metadata`` names (Petastorm's row groups per file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY
+
+    metadata = pq.read_metadata(pa.BufferReader(common_metadata)).metadata or {}
+    return sorted(json.loads(metadata.get(ROW_GROUPS_PER_FILE_KEY, b"{}")))
+
+
+def publish(version: Location, attempt: str, manifest: DatasetManifest, config) -> DatasetManifest:
+    """Write the manifest (the moment the attempt becomes the dataset), then tidy up."""
+    other = read_manifest(version)
+    if other is not None:  # a concurrent run published first: keep its dataset
+        logger.info(
+            "dataset %s was published meanwhile (%s): keeping it", version.base, other.attempt
+        )
+        version.remove_tree(attempt)
+        return other
+    record = {
+        **asdict(manifest),
+        "params": config.params(),
+        "input": config.input,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    record.pop("reused")
+    version.write_bytes(MANIFEST, json.dumps(record, indent=2).encode())
+    for name in version.subfolders():
+        if name.startswith(ATTEMPT_PREFIX) and name != attempt:
+            try:
+                version.remove_tree(name)
+                logger.info("removed %s, left by an unfinished run", version.join(name))
+            except Exception as e:  # never read (no manifest names it): only clutter
+                logger.warning("could not remove %s: %s", version.join(name), e)
+    return manifest

@@ -1,0 +1,125 @@
+"""The Spark stage: every planned partition decoded and written by one task, the tasks'
+reports checked on the driver, then the attempt published or discarded.
+
+Image bytes never pass through the JVM: the tasks get small pickled listing items and return a
+few tuples each (part files, row counts, quarantined inputs by kind).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+from hvdflow.tasks.preprocess.decode import DecodePlan, executor_errors
+from hvdflow.tasks.preprocess.plan import (
+    SplitPlan,
+    check_quality,
+    partition_count,
+    plan_partitions,
+)
+from hvdflow.tasks.preprocess.publish import finish
+from hvdflow.tasks.preprocess.storage import Location, is_s3
+from hvdflow.tasks.preprocess.write import SPLITS, WritePlan, write_partition
+
+
+def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, attempt: str):
+    """Decode and write every image in one Spark stage, check what the tasks reported, and
+    publish the attempt (``publish.finish``); a failed check discards the attempt."""
+    sc = spark.sparkContext
+    partitions = partition_count(sc.defaultParallelism, listing, config)
+    planned_items = plan_partitions(listing, split, partitions, config)
+    plan = WritePlan(
+        decode=DecodePlan(
+            image_size=tuple(config.image_size),
+            color_mode=config.color_mode,
+            max_pixels=config.max_pixels,
+            seed=config.seed,
+            label_index=split.label_index,
+            root=listing.root,
+            access=version.access if is_s3(listing.root) else None,
+        ),
+        attempt_url=version.join(attempt),
+        access=version.access,
+        rules=split.rules,
+        sizes=planned_items.sizes,
+    )
+
+    def write(planned):
+        return write_partition(planned, plan)
+
+    # One (partition, items) pair per slice: every task gets the items planned for it. The
+    # items travel as small pickled values; decoded images never pass through the JVM.
+    planned = list(enumerate(planned_items.items))
+    sc.setJobDescription(
+        f"hvdflow preprocess: decoding and writing {sum(i.count for i in listing.items)} images"
+    )
+    try:
+        with executor_errors():
+            written = sc.parallelize(planned, partitions).mapPartitions(write).collect()
+    finally:
+        sc.setJobDescription(None)
+    try:
+        report = Report.of(written)
+        check_quality(config, report.good, report.bad, report.reasons, report.examples)
+        report.check_row_groups(config)
+    except ValueError:
+        discard(version, attempt)  # every task has ended: nothing writes there any more
+        raise
+    return finish(config, fingerprint, version, attempt, split.label_index, report)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the write tasks reported: part files, unusable inputs by kind, a few examples."""
+
+    files: dict[str, dict[str, int]]  # split -> part file -> row groups
+    rows: dict[str, int]  # split -> rows
+    quarantine_parts: list[str]
+    bad: int
+    reasons: Counter
+    examples: list[tuple[str, str]]
+
+    @classmethod
+    def of(cls, written) -> Report:
+
+        files: dict[str, dict[str, int]] = {name: {} for name in SPLITS}
+        rows = dict.fromkeys(SPLITS, 0)
+        parts, reasons, examples, bad = [], Counter(), [], 0
+        for row in written:
+            if row.kind in files:
+                files[row.kind][row.name] = row.row_groups
+                rows[row.kind] += row.rows
+            elif row.kind == "quarantine":
+                parts.append(row.name)
+                bad += row.rows
+            elif row.kind == "reason":
+                reasons[row.name] += row.rows
+            else:
+                examples.append(tuple(row.name.split("\0", 1)))
+        return cls(files, rows, sorted(parts), bad, reasons, heapq.nsmallest(3, examples))
+
+    @property
+    def good(self) -> int:
+        return sum(self.rows.values())
+
+    def check_row_groups(self, config) -> None:
+        """Unusable inputs can leave a split with fewer non-empty row groups than ranks."""
+        for name, rows in self.rows.items():
+            groups = sum(self.files[name].values())
+            if groups < config.np and (name == "train" or config.val_fraction > 0):
+                raise ValueError(
+                    f"np={config.np}: after quarantining {self.bad} unusable "
+                    f"inputs the {name} split has {rows} rows in {groups} row groups, fewer "
+                    f"than one per rank: use np <= {max(groups, 1)}, or fix or add images"
+                )
+
+
+def discard(version: Location, attempt: str) -> None:
+    try:
+        version.remove_tree(attempt)
+        if not is_s3(version.base):
+            os.rmdir(version.base)  # only if empty: nothing else was there
+    except OSError:
+        pass
