@@ -20,9 +20,9 @@ STUDY_TRAINING = {
 def study_kwargs(dataset_folder: str, epochs: int, threads: int = 1) -> dict:
     """``train_classifier``'s arguments for the study on the dataset published in
     ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
+    from hvdflow.infra.storage.files import Location
     from hvdflow.tasks.config import TrainingParams
     from hvdflow.tasks.preprocess.publish import read_manifest
-    from hvdflow.tasks.preprocess.storage import Location
     from hvdflow.tasks.train.run import training_kwargs
 
     dataset = read_manifest(Location(dataset_folder))

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hvdflow.infra import constants as c
 from hvdflow.infra.launcher.options import HorovodOptions
 from hvdflow.infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
-from hvdflow.infra.storage.object_store import parse_uri
+from hvdflow.infra.storage.uris import parse_uri
 from hvdflow.tasks.preprocess import PreprocessConfig
 from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact
 from hvdflow.training.optimizers import OPTIMIZERS

@@ -122,7 +122,8 @@ class _Bucket:
     """Objects under an ``s3://`` prefix. A PUT is atomic: an object is whole or absent."""
 
     def __init__(self, url: str):
-        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig, parse_uri
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+        from hvdflow.infra.storage.uris import parse_uri
 
         self.bucket, self.prefix = parse_uri(url.rstrip("/"))
         self.store = ObjectStore(ObjectStoreConfig.from_env(bucket=self.bucket))

@@ -39,7 +39,7 @@ def filesystem_for(url: str):
             for directory in sorted(directories):
                 yield from self.walk(posixpath.join(path, directory), refresh=refresh)
 
-    from hvdflow.infra.storage.object_store import s3_endpoint
+    from hvdflow.infra.storage.access import s3_endpoint
 
     endpoint = s3_endpoint()
     client_kwargs = {"endpoint_url": endpoint} if endpoint else {}

@@ -20,9 +20,7 @@ import os
 from collections.abc import Callable
 from urllib.parse import urlparse
 
-import boto3
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -34,18 +32,14 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.storage.access import S3Access, s3_endpoint
+from hvdflow.infra.storage.uris import parse_uri
 
 logger = logging.getLogger(__name__)
 
 # Attempts (with botocore's exponential backoff) before an unreachable store is an error.
 DEFAULT_ATTEMPTS = 4
 _CHUNK = 1 << 20
-
-
-def s3_endpoint() -> str | None:
-    """The S3 endpoint the AWS tools would use: ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``;
-    None means AWS S3 itself."""
-    return os.environ.get(c.AWS_ENDPOINT_URL_S3) or os.environ.get(c.AWS_ENDPOINT_URL) or None
 
 
 class ObjectStoreError(RuntimeError):
@@ -120,14 +114,6 @@ class ObjectStoreConfig(BaseModel):
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p)
 
 
-def parse_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> ``(bucket, key)``."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
-        raise ValueError(f"{uri!r} is not an object URI: expected s3://BUCKET/KEY")
-    return parsed.netloc, parsed.path.lstrip("/")
-
-
 def file_suffix(name: str) -> str:
     """The extension to keep when renaming ``name`` by content: Keras reads ``x.weights.h5``
     (its new weights format) differently from ``x.h5``, so the compound suffix must survive."""
@@ -151,18 +137,11 @@ class ObjectStore:
 
     def __init__(self, config: ObjectStoreConfig | None = None):
         self.config = config or ObjectStoreConfig.from_env()
-        # A session of its own: boto3's default session keeps the first keys it found for the
-        # rest of the process, and the keys in the environment now are the ones that count.
-        self._client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=self.config.endpoint_url,
-            region_name=self.config.region,
-            config=Config(
-                connect_timeout=self.config.connect_timeout_s,
-                read_timeout=self.config.read_timeout_s,
-                retries={"max_attempts": self.config.attempts, "mode": "standard"},
-                s3={"addressing_style": "path"},
-            ),
+        self._client = S3Access.from_env(self.config).client(
+            10,  # boto3's default pool: one store object serves one thread at a time here
+            connect_timeout_s=self.config.connect_timeout_s,
+            read_timeout_s=self.config.read_timeout_s,
+            attempts=self.config.attempts,
         )
 
     # --- errors ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hvdflow.tasks.preprocess.storage import is_s3
+from hvdflow.infra.storage.uris import is_s3
 
 # Row groups per split when a dataset is for fewer ranks: datasets built for np <= 8 are shared.
 MIN_ROW_GROUPS = 8

@@ -30,9 +30,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hvdflow.infra.storage.access import S3Access, error_code
+from hvdflow.infra.storage.uris import is_s3, split_s3
 from hvdflow.tasks.preprocess.pixels import unsupported_mode, upright_8bit
 from hvdflow.tasks.preprocess.sniff import what_it_is
-from hvdflow.tasks.preprocess.storage import S3Access, error_code, is_s3, split_s3
 
 # Why a local file is quarantined when this process may not read it.
 PERMISSION_DENIED = "permission denied: the file is not readable by this process (chmod a+r it)"

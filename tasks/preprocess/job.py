@@ -35,12 +35,14 @@ import logging
 import time
 import uuid
 
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.files import Location
+from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.tasks.preprocess import sources
 from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
 from hvdflow.tasks.preprocess.plan import check_listed, check_ranks, check_reused, plan_split
 from hvdflow.tasks.preprocess.publish import ATTEMPT_PREFIX, read_manifest
 from hvdflow.tasks.preprocess.stage import run_stage
-from hvdflow.tasks.preprocess.storage import Location, S3Access, is_s3, join
 
 logger = logging.getLogger(__name__)
 

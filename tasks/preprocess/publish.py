@@ -13,9 +13,10 @@ import logging
 import time
 from dataclasses import asdict
 
+from hvdflow.infra.storage.files import Location
+from hvdflow.infra.storage.uris import dataset_url, join
 from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.preprocess.schema import image_schema, image_shape
-from hvdflow.tasks.preprocess.storage import Location, dataset_url, join
 from hvdflow.tasks.preprocess.write import (
     SPLITS,
     arrow_schema,

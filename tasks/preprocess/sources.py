@@ -19,7 +19,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdflow.tasks.preprocess.storage import S3Access, is_s3, list_objects, split_s3
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.files import list_objects
+from hvdflow.infra.storage.uris import is_s3, split_s3
 from hvdflow.tasks.preprocess.walk import walk_class_folder
 
 logger = logging.getLogger(__name__)

@@ -12,6 +12,8 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 
+from hvdflow.infra.storage.files import Location
+from hvdflow.infra.storage.uris import is_s3
 from hvdflow.tasks.preprocess.decode import DecodePlan, executor_errors
 from hvdflow.tasks.preprocess.plan import (
     SplitPlan,
@@ -20,7 +22,6 @@ from hvdflow.tasks.preprocess.plan import (
     plan_partitions,
 )
 from hvdflow.tasks.preprocess.publish import finish
-from hvdflow.tasks.preprocess.storage import Location, is_s3
 from hvdflow.tasks.preprocess.write import SPLITS, WritePlan, write_partition
 
 

@@ -57,8 +57,8 @@ def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> D
 
 
 def _still_published(dataset: DatasetManifest) -> bool:
+    from hvdflow.infra.storage.files import Location
     from hvdflow.tasks.preprocess.publish import read_manifest
-    from hvdflow.tasks.preprocess.storage import Location
 
     version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt
     published = read_manifest(Location(version))

@@ -35,7 +35,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from hvdflow.tasks.preprocess.storage import Location, S3Access, is_s3, join, open_for_write
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.files import Location, open_for_write
+from hvdflow.infra.storage.uris import is_s3, join
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +331,7 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
     from petastorm.utils import add_to_dataset_metadata
 
-    from hvdflow.tasks.preprocess.storage import dataset_url
+    from hvdflow.infra.storage.uris import dataset_url
     from hvdflow.training.reader import filesystem_for
 
     url = dataset_url(split_url)

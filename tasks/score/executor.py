@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.tasks.preprocess.decode import (
     FETCH_AHEAD,
     Bad,
@@ -33,7 +35,6 @@ from hvdflow.tasks.preprocess.decode import (
     get_object,
     host,
 )
-from hvdflow.tasks.preprocess.storage import S3Access, is_s3, join
 from hvdflow.tasks.preprocess.write import ParquetPart, part_name, write_quarantine_part
 from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
 

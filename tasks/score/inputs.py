@@ -16,8 +16,10 @@ import json
 import os
 from dataclasses import dataclass
 
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.files import list_objects
+from hvdflow.infra.storage.uris import is_s3, join, split_s3
 from hvdflow.tasks.preprocess import sources
-from hvdflow.tasks.preprocess.storage import S3Access, is_s3, join, list_objects, split_s3
 
 MANIFEST = "manifest.json"  # what preprocessing publishes beside a dataset's attempt folders
 IMAGE_COLUMN, SOURCE_COLUMN = "image", "source"
@@ -166,7 +168,7 @@ def first_image_shape(unit: Unit, access: S3Access | None) -> tuple[int, ...]:
 
 
 def _read_manifest(root: str, access: S3Access | None) -> dict | None:
-    from hvdflow.tasks.preprocess.storage import Location
+    from hvdflow.infra.storage.files import Location
 
     data = Location(root, access).read_bytes(MANIFEST)
     return json.loads(data) if data is not None else None

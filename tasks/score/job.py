@@ -21,8 +21,10 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.files import Location
+from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.tasks.preprocess.plan import assign_partitions, check_quality
-from hvdflow.tasks.preprocess.storage import Location, S3Access, is_s3, join
 from hvdflow.tasks.preprocess.write import write_quarantine
 from hvdflow.tasks.score import publish
 from hvdflow.tasks.score.config import ScoreConfig

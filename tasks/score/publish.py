@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 
-from hvdflow.tasks.preprocess.storage import Location
+from hvdflow.infra.storage.files import Location
 
 logger = logging.getLogger(__name__)
 

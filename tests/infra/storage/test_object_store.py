@@ -11,8 +11,8 @@ from hvdflow.infra.storage.object_store import (
     ObjectStoreConfig,
     ObjectStoreError,
     file_suffix,
-    parse_uri,
 )
+from hvdflow.infra.storage.uris import parse_uri
 
 # A secret that must not show up in any message.
 SECRET = "s3cr3t-value-never-shown"

@@ -1,12 +1,5 @@
-"""Where preprocessing reads and writes: local paths and ``s3://`` objects, the same way on the
+"""Files under a local folder or an ``s3://`` prefix, read and written the same way on the
 driver and on the executors.
-
-Spark's s3a connector cannot be installed here, so executors talk to object storage with boto3:
-one client per partition, built from an ``S3Access`` that travels in the Spark closure. It holds
-the endpoint and region, and the driver's standard AWS variables when the driver has them
-(executors started before the driver set them would not see them otherwise: the reason
-HorovodRunner forwards the same variables to its ranks); unset values fall back to the
-executor's own credential chain. Credentials are left out of its repr, so they never reach a log.
 
 Files are written whole or not at all: a local file goes to a temporary name and is renamed into
 place, an object is uploaded once complete (S3 makes an object visible only when its upload ends).
@@ -15,110 +8,16 @@ place, an object is uploaded once complete (S3 makes an object visible only when
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
-from hvdflow.infra import constants as c
+from hvdflow.infra.storage.access import S3Access, error_code
+from hvdflow.infra.storage.uris import is_s3, join, split_s3
 
-S3_SCHEME = "s3://"
 # Spooled output stays in memory up to this size, then spills to the local temporary folder.
 SPOOL_BYTES = 64 << 20
-
-
-def is_s3(url: str) -> bool:
-    return url.startswith(S3_SCHEME)
-
-
-def split_s3(uri: str) -> tuple[str, str]:
-    """``s3://bucket/some/key`` -> ``("bucket", "some/key")``; the key may be empty."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise ValueError(f"{uri!r} is not an object URI: expected s3://BUCKET/PREFIX")
-    return parsed.netloc, parsed.path.lstrip("/")
-
-
-def join(base: str, *parts: str) -> str:
-    """``base/part/...`` for a local path or an ``s3://`` URI."""
-    if is_s3(base):
-        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
-    return os.path.join(base, *parts)
-
-
-def dataset_url(path: str) -> str:
-    """The URL Petastorm opens: ``file://`` for a local folder, the ``s3://`` URI as it is."""
-    from pathlib import Path
-
-    return path if is_s3(path) else Path(os.path.abspath(path)).as_uri()
-
-
-@dataclass(frozen=True)
-class S3Access:
-    """How to reach the object store: plain values that pickle into a Spark closure."""
-
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
-    access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_env(cls, store=None) -> S3Access:
-        """The endpoint and region of ``store`` (an ObjectStore) or of the AWS variables, and the
-        credentials this process has in its environment."""
-        from hvdflow.infra.storage.object_store import s3_endpoint
-
-        env = os.environ
-        if store is not None:
-            endpoint, region = store.config.endpoint_url, store.config.region
-        else:
-            endpoint = s3_endpoint()
-            region = env.get(c.AWS_DEFAULT_REGION) or env.get(c.AWS_REGION) or "us-east-1"
-        return cls(
-            endpoint_url=endpoint,
-            region=region,
-            access_key_id=env.get(c.AWS_ACCESS_KEY_ID) or None,
-            secret_access_key=env.get(c.AWS_SECRET_ACCESS_KEY) or None,
-            session_token=env.get("AWS_SESSION_TOKEN") or None,
-        )
-
-    @property
-    def where(self) -> str:
-        return self.endpoint_url or "AWS S3"
-
-    def client(self, connections: int = 16):
-        """A new boto3 S3 client (thread-safe; build one per partition, never pickle one)."""
-        import boto3
-        from botocore.config import Config
-
-        session = boto3.session.Session(
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            aws_session_token=self.session_token,
-        )
-        return session.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            region_name=self.region,
-            config=Config(
-                connect_timeout=5,
-                read_timeout=60,
-                retries={"max_attempts": 4, "mode": "standard"},
-                max_pool_connections=connections,
-                s3={"addressing_style": "path"},
-            ),
-        )
-
-
-def error_code(error: Exception) -> str:
-    """The S3 error code of a botocore ClientError (``NoSuchKey``, ``AccessDenied``...), else
-    the exception's class name."""
-    response = getattr(error, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", "")) or type(error).__name__
-    return type(error).__name__
 
 
 def list_objects(client, uri: str, access: S3Access, delimiter: str | None = None):
@@ -296,8 +195,6 @@ class Location:
         """Delete a folder (every object under the prefix) and everything in it."""
         url = self.join(name)
         if not is_s3(url):
-            import shutil
-
             shutil.rmtree(url, ignore_errors=True)
             return
         bucket, prefix = split_s3(url + "/")
