@@ -1,6 +1,6 @@
 """Executors on other hosts run a packed environment shipped with spark.archives.
 
-This is how the README tells users to get hvdflow's environment onto a cluster whose executors
+This is how docs/clusters.md tells users to get hvdflow's environment onto a cluster whose executors
 lack it: pack the virtual environment with venv-pack, ship it with ``spark.archives`` and point
 ``PYSPARK_PYTHON`` at the unpacked interpreter. The test packs a small environment holding one
 module found nowhere else, so a host can only import it from the archive Spark unpacked on its
