@@ -9,13 +9,11 @@ import os
 import prefect.main  # noqa: F401
 import pytest
 
-import tests.helpers  # noqa: F401  (marks this session's environment before anything starts)
-from tests.cluster.fixtures import netns_cluster  # noqa: F401  (the multi-host harness)
-from tests.deployments import (  # noqa: F401  (a real Prefect server, a deployed run)
-    deployed_pipeline_run,
-    prefect_server,
-)
-from tests.helpers import preprocessed_digits
+from tests.helpers import preprocessed_digits  # also marks this session's environment first
+
+# Fixtures that live with their harness: the multi-host cluster and its services, a real
+# Prefect server with a deployed run.
+pytest_plugins = ["tests.cluster.fixtures", "tests.deployments"]
 
 # The machine's hostname may resolve to an address that is not on any interface here.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.cluster.driver import run_driver
-from tests.cluster.test_pipeline_on_cluster import BAD, cluster_services  # noqa: F401
+from tests.cluster.fixtures import BAD
 from tests.tasks.score.helpers import model_predictions, register_model
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ INPUT = "s3://hvdflow/raw/digits/"
 
 
 @pytest.mark.timeout(900)
-def test_two_hosts_score_from_and_into_the_bucket(netns_cluster, cluster_services, tmp_path):  # noqa: F811
+def test_two_hosts_score_from_and_into_the_bucket(netns_cluster, cluster_services, tmp_path):
     from hvdflow.infra._env import temporary_env
     from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 

@@ -71,11 +71,13 @@ def test_a_free_port_can_be_bound():
         s.bind(("127.0.0.1", port))
 
 
-def test_the_poller_returns_once_the_probe_passes():
-    answers = iter([ConnectionRefusedError("not yet"), False, True])
+def test_the_poller_returns_once_the_probe_passes_and_not_before():
+    answers = [ConnectionRefusedError("not yet"), False, True, True]
+    asked = []
 
     def probe() -> bool:
-        answer = next(answers)
+        answer = answers[len(asked)]
+        asked.append(answer)
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -83,6 +85,8 @@ def test_the_poller_returns_once_the_probe_passes():
     wait_until_ready(
         None, probe, what="x", timeout_s=5, setting="S", log_path=Path("l"), interval_s=0
     )
+    # It kept polling through the error and the False, and stopped at the first True.
+    assert len(asked) == 3 and asked[-1] is True
 
 
 def test_the_poller_times_out_naming_the_setting_the_last_error_and_the_log():
