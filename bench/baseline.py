@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 
-from hvdflow.bench.conditions import trainer_for
+from hvdflow.bench.conditions import trainer_for, with_options
 
 
 def _show_driver_messages_on_stdout() -> None:
@@ -29,8 +29,8 @@ def _show_driver_messages_on_stdout() -> None:
 def main(argv: list[str]) -> int:
     _show_driver_messages_on_stdout()
     train = trainer_for(argv[1])
-    kwargs = json.loads(argv[2])
-    result = train(**kwargs, use_horovod=False)
+    kwargs = with_options(argv[1], json.loads(argv[2]), use_horovod=False)
+    result = train(**kwargs)
     print("HVDFLOW_RESULT " + json.dumps(result), flush=True)
     return 0
 

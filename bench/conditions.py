@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from hvdflow.infra import LogLine, constants
 from hvdflow.training.epoch_log import epoch_times_from_log
+from hvdflow.training.spec import TrainSpec
 
 KERAS, CEILING, HOROVOD, TF = "keras", "ceiling", "hvd", "tf"
 ENGINE_OF = {HOROVOD: constants.HOROVOD, TF: constants.TF_COLLECTIVE}
@@ -156,14 +157,19 @@ def measure(
     lines: list[LogLine] = []
     started = time.perf_counter()
     if c.kind == KERAS:
-        results = [_run_baseline(trainer, _threads(trainer, kwargs, c.n or None), lines)]
+        results = [
+            _run_baseline(trainer, with_options(trainer, kwargs, threads=c.n or None), lines)
+        ]
     elif c.kind == CEILING:
-        results = _run_baselines(trainer, _threads(trainer, kwargs, threads_per_rank), c.n, lines)
+        one = with_options(trainer, kwargs, threads=threads_per_rank)
+        results = _run_baselines(trainer, one, c.n, lines)
     else:
         from hvdflow.infra import HorovodRunner
 
         if trainer == "classifier":
-            kwargs.update(engine=ENGINE_OF[c.kind], threads=threads_per_rank)
+            kwargs = with_options(
+                trainer, kwargs, engine=ENGINE_OF[c.kind], threads=threads_per_rank
+            )
         elif c.kind != HOROVOD:
             raise ValueError(f"condition {c.name}: the {trainer} trainer runs on Horovod only")
         runner = HorovodRunner(
@@ -191,9 +197,22 @@ def measure(
     )
 
 
-def _threads(trainer: str, kwargs: dict, threads: int | None) -> dict:
-    """The classifier takes a thread budget (None: every core); the GCN shares cores itself."""
-    return {**kwargs, "threads": threads} if trainer == "classifier" else kwargs
+def with_options(trainer: str, kwargs: dict, **options) -> dict:
+    """``kwargs`` of ``trainer`` with ``options``. The classifier takes them into its
+    ``TrainSpec`` (given as one, or as its ``to_dict()``): a thread budget (None: every core),
+    the engine, ``use_horovod``. The GCN shares cores itself and knows only ``use_horovod``."""
+    if trainer == "classifier":
+        spec = kwargs["spec"]
+        spec = spec if isinstance(spec, TrainSpec) else TrainSpec.from_dict(spec)
+        return {"spec": spec.replace(**options)}
+    return {**kwargs, **{k: v for k, v in options.items() if k == "use_horovod"}}
+
+
+def to_json(trainer: str, kwargs: dict) -> str:
+    """``kwargs`` as the baseline process reads them back (``with_options`` takes either)."""
+    if trainer == "classifier":
+        return json.dumps({"spec": with_options(trainer, kwargs)["spec"].to_dict()})
+    return json.dumps(kwargs)
 
 
 def concurrent_epoch_times(per_process: list[list[float]]) -> list[float]:
@@ -226,7 +245,7 @@ def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine])
 
 def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dict:
     process = subprocess.Popen(
-        [sys.executable, "-m", "hvdflow.bench.baseline", trainer, json.dumps(train_kwargs)],
+        [sys.executable, "-m", "hvdflow.bench.baseline", trainer, to_json(trainer, train_kwargs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -20,7 +20,7 @@ import json
 import sys
 
 from hvdflow.bench.reader_in_rank import steady_images_per_s
-from hvdflow.bench.study import study_kwargs
+from hvdflow.bench.study import study_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from hvdflow.infra import HorovodOptions, HorovodRunner
     from hvdflow.training.trainer import train_classifier
 
-    kwargs = study_kwargs(args.dataset, args.epochs)
+    spec = study_spec(args.dataset, args.epochs)
     variants = {
         # Both cycle times set: hvdflow's CPU ranks default to 10 ms (hvdflow.training.engines).
         "hvd2 cycle_time_ms=1 (Horovod's)": ("horovod", HorovodOptions(cycle_time_ms=1), {}),
@@ -51,16 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         for name, (engine, options, extra) in variants.items():
             runner = HorovodRunner(np=2, engine=engine, horovod=options)
-            result = runner.run(train_classifier, **kwargs, **extra, engine=engine)
+            result = runner.run(train_classifier, spec=spec.replace(**extra, engine=engine))
             rates[name].append(steady_images_per_s(result))
             print(f"round {round_ + 1}: {name:<28} {rates[name][-1]:7.1f} images/s", flush=True)
     print(json.dumps({name: max(values) for name, values in rates.items()}))
     if args.timeline:
-        print(json.dumps(where_time_goes(kwargs, args.timeline)), flush=True)
+        print(json.dumps(where_time_goes(spec, args.timeline)), flush=True)
     return 0
 
 
-def where_time_goes(kwargs: dict, path: str) -> dict[str, dict[str, float]]:
+def where_time_goes(spec, path: str) -> dict[str, dict[str, float]]:
     """One more hvd2 run of each cycle time with Horovod's timeline on: the share of the steady
     epochs spent waiting for the peer, in the allreduce, and in compute and input (the timeline
     slows training, so its runs are not among the rates above)."""
@@ -71,7 +71,7 @@ def where_time_goes(kwargs: dict, path: str) -> dict[str, dict[str, float]]:
     shares = {}
     for cycle in (1, 10):
         options = HorovodOptions(timeline_path=path, cycle_time_ms=cycle)
-        result = HorovodRunner(np=2, horovod=options).run(train_classifier, **kwargs)
+        result = HorovodRunner(np=2, horovod=options).run(train_classifier, spec=spec)
         name = f"hvd2 cycle_time_ms={cycle}"
         shares[name] = breakdown(load_events(path), skip_first_s=result["epoch_times"][0])
     return shares

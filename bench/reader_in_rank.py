@@ -19,7 +19,7 @@ import json
 import statistics
 import sys
 
-from hvdflow.bench.study import study_kwargs
+from hvdflow.bench.study import study_spec
 
 
 def steady_images_per_s(result: dict) -> float:
@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     from hvdflow.infra import HorovodRunner
     from hvdflow.training.trainer import train_classifier
 
-    kwargs = study_kwargs(args.dataset, args.epochs)
+    spec = study_spec(args.dataset, args.epochs)
     rates: dict[str, list[float]] = {"streamed": [], "in memory": []}
     for round_ in range(args.rounds):
         for name, max_mb in (("streamed", 0.0), ("in memory", 1024.0)):
             result = HorovodRunner(np=1).run(
-                train_classifier, **{**kwargs, "in_memory_max_mb": max_mb}
+                train_classifier, spec=spec.replace(in_memory_max_mb=max_mb)
             )
             rates[name].append(steady_images_per_s(result))
             print(f"round {round_ + 1}: {name:>9} {rates[name][-1]:7.1f} images/s", flush=True)
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         json.dumps(
             {
-                "train_rows": kwargs["train_rows"],
+                "train_rows": spec.data.train_rows,
                 "best_images_per_s": best,
                 "ratio_in_memory_over_streamed": best["in memory"] / best["streamed"],
                 "reader_share_of_streamed_epoch": 1 - best["streamed"] / best["in memory"],

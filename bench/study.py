@@ -6,6 +6,11 @@ at its customary rate; a small validation split, since the study times training.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hvdflow.training.spec import TrainSpec
+
 STUDY_DATA = {"image_size": (28, 28), "val_fraction": 0.05}
 STUDY_TRAINING = {
     "model": "mnist_cnn",
@@ -17,17 +22,17 @@ STUDY_TRAINING = {
 }
 
 
-def study_kwargs(dataset_folder: str, epochs: int, threads: int = 1) -> dict:
-    """``train_classifier``'s arguments for the study on the dataset published in
+def study_spec(dataset_folder: str, epochs: int, threads: int = 1) -> TrainSpec:
+    """What ``train_classifier`` trains in the study, on the dataset published in
     ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
     from hvdflow.infra.storage.files import Location
     from hvdflow.tasks.config import TrainingParams
     from hvdflow.tasks.preprocess.publish import read_manifest
-    from hvdflow.tasks.train.run import training_kwargs
+    from hvdflow.tasks.train.run import training_spec
 
     dataset = read_manifest(Location(dataset_folder))
     if dataset is None:
         raise SystemExit(f"--dataset {dataset_folder}: no complete published dataset there")
     training = TrainingParams(**STUDY_TRAINING, epochs=epochs)
     # Timed to the end whatever accuracy it reaches: no early stop, no verdict.
-    return {**training_kwargs(training, dataset), "threads": threads, "chance_margin": None}
+    return training_spec(training, dataset).replace(threads=threads, chance_margin=None)

@@ -106,7 +106,7 @@ def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
 
 
 def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
-    from hvdflow.tasks.train.run import training_kwargs
+    from hvdflow.tasks.train.run import training_spec
 
     training = params.training
     most_ranks = max(parse_condition(c).ranks for c in params.conditions)
@@ -129,8 +129,10 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
         staged = stage_weights_for(training.model, training.weights_source, dataset)
     # The study times every condition to its end and reports the accuracy it reached: no
     # condition stops early or is judged (and nothing is registered).
-    train_kwargs = {**training_kwargs(training, dataset, staged), "chance_margin": None}
-    train_kwargs["input_shape"] = list(train_kwargs["input_shape"])  # the baseline's JSON
+    spec = training_spec(training, dataset, staged).replace(chance_margin=None)
+    train_kwargs = {
+        "spec": spec.to_dict()
+    }  # plain values: a Prefect task input, the baseline's JSON
     workload = (
         f"the bundled digits augmented to {params.images} 28x28 images (shifts, small rotations, "
         "noise)"

@@ -10,6 +10,7 @@ import time
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
+from hvdflow.training.spec import TrainSpec
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class Attempts:
         """The current attempt's number in the MLflow run, from 1."""
         return self.before + self.count
 
-    def until_done(self, train_classifier_kwargs: dict, log_artifacts) -> dict:
+    def until_done(self, spec: TrainSpec, log_artifacts) -> dict:
         import mlflow
 
         from hvdflow.infra import HorovodRunner
@@ -60,7 +61,7 @@ class Attempts:
             )
             started = time.perf_counter()
             try:
-                return runner.run(train_classifier, **train_classifier_kwargs)
+                return runner.run(train_classifier, spec=spec)
             except Exception as e:
                 if not may_retry(e, self.count, launcher.retries):
                     raise

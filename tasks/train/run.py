@@ -30,6 +30,7 @@ from hvdflow.tasks.train.resume import (
 )
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG, REJECTED_TAG
 from hvdflow.training.optimizers import resolve_scaling, scaled_learning_rate
+from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
 
 logger = logging.getLogger(__name__)
 
@@ -106,16 +107,13 @@ def train_and_track(
         before = int(run.data.tags.get(ATTEMPTS_TAG, "0")) if resume_id else 0
         attempt = Attempts(launcher, spark, log_dir, on_log_line, before)
         result = attempt.until_done(
-            train_classifier_kwargs={
-                **training_kwargs(training, dataset, weights),
-                "run_id": run_id,
-                "tracking_uri": tracking_uri,
-                "registered_model_name": tracking.registered_model_name,
-                "checkpoint_url": checkpoint_url,
-                "checkpoint_keep": training.checkpoint_keep,
-                "engine": launcher.engine,
-                "fp16_compression": launcher.horovod.fp16_compression,
-            },
+            training_spec(training, dataset, weights).replace(
+                tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),
+                checkpoint_url=checkpoint_url,
+                checkpoint_keep=training.checkpoint_keep,
+                engine=launcher.engine,
+                fp16_compression=launcher.horovod.fp16_compression,
+            ),
             log_artifacts=lambda runner, n: _log_artifacts(runner, launcher, dataset, n),
         )
         wall = attempt.last_wall_s
@@ -188,29 +186,34 @@ def train_and_track(
     )
 
 
-def training_kwargs(training: TrainingParams, dataset, weights=None) -> dict:
-    """The keyword arguments of ``train_classifier`` for this dataset: plain values only."""
-    return {
-        "train_url": dataset.train_url,
-        "val_url": dataset.val_url,
-        "train_rows": dataset.train_rows,
-        "val_rows": dataset.val_rows,
-        "num_classes": dataset.num_classes,
-        "input_shape": tuple(dataset.image_shape),
-        "model_name": training.model,
-        "epochs": training.epochs,
-        "batch_size": training.batch_size,
-        "learning_rate": training.learning_rate,
-        "optimizer": training.optimizer,
-        "lr_scaling": training.lr_scaling,
-        "warmup_epochs": training.warmup_epochs,
-        "chance_margin": training.chance_margin,
-        "seed": training.seed,
-        "weights_uri": weights.uri if weights else None,
-        "weights_sha256": weights.sha256 if weights else None,
-        "mixed_precision": training.mixed_precision,
-        "in_memory_max_mb": training.in_memory_max_mb,
-    }
+def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
+    """What every rank trains on this dataset (a DatasetManifest), with these weights (a
+    StagedWeights, or None): the training parameters' share of ``TrainSpec``."""
+    return TrainSpec(
+        data=DataSpec(
+            train_url=dataset.train_url,
+            val_url=dataset.val_url,
+            train_rows=dataset.train_rows,
+            val_rows=dataset.val_rows,
+            num_classes=dataset.num_classes,
+            input_shape=tuple(dataset.image_shape),
+        ),
+        model_name=training.model,
+        epochs=training.epochs,
+        batch_size=training.batch_size,
+        seed=training.seed,
+        optimizer=OptimizerSpec(
+            name=training.optimizer,
+            learning_rate=training.learning_rate,
+            lr_scaling=training.lr_scaling,
+            warmup_epochs=training.warmup_epochs,
+        ),
+        weights_uri=weights.uri if weights else None,
+        weights_sha256=weights.sha256 if weights else None,
+        mixed_precision=training.mixed_precision,
+        in_memory_max_mb=training.in_memory_max_mb,
+        chance_margin=training.chance_margin,
+    )
 
 
 def _params(config: TrainConfig, dataset, weights) -> dict:

@@ -16,7 +16,7 @@ import pytest
 
 from hvdflow import HorovodRunner
 from hvdflow.tasks.config import TrainingParams
-from hvdflow.tasks.train.run import training_kwargs
+from hvdflow.tasks.train.run import training_spec
 from hvdflow.training.trainer import train_classifier
 from tests.helpers import preprocessed_digits
 
@@ -31,9 +31,9 @@ def digits_28(spark, tmp_path_factory):
 
 
 def final_val_accuracy(dataset, model: str, np: int, engine: str = "horovod") -> float:
-    kwargs = training_kwargs(TrainingParams(model=model, epochs=EPOCHS), dataset)
+    spec = training_spec(TrainingParams(model=model, epochs=EPOCHS), dataset)
     result = HorovodRunner(np=-np, engine=engine).run(
-        train_classifier, **kwargs, engine=engine, threads=1
+        train_classifier, spec=spec.replace(engine=engine, threads=1)
     )
     assert result["size"] == np and result["stopped"] is None and result["rejected"] is None
     return result["history"]["val_accuracy"][-1]

@@ -180,7 +180,7 @@ def test_a_replaced_object_fails_the_drivers_checksum_even_with_matching_metadat
     store.upload_file(str(forged), staged.uri, metadata={**asdict(staged), "sha256": forged_sha})
     assert store.head(staged.uri)["metadata"]["sha256"] == forged_sha
 
-    # What a rank does with what the driver gave it (training_kwargs: weights_sha256).
+    # What a rank does with what the driver gave it (its TrainSpec's weights_sha256).
     with pytest.raises(ObjectStoreError) as err:
         fetch_weights(staged.uri, staged.sha256, store)
     assert str(err.value) == (
@@ -196,7 +196,7 @@ def test_ranks_are_given_the_checksum_the_driver_computed():
     from types import SimpleNamespace
 
     from hvdflow.tasks.config import TrainingParams
-    from hvdflow.tasks.train.run import training_kwargs
+    from hvdflow.tasks.train.run import training_spec
     from hvdflow.tasks.weights.stage import StagedWeights
 
     staged = StagedWeights("digits_mlp", "/w.h5", "s3://b/weights/digits_mlp/ab.h5", "ab" * 32, 9)
@@ -208,8 +208,8 @@ def test_ranks_are_given_the_checksum_the_driver_computed():
         num_classes=10,
         image_shape=(8, 8, 1),
     )
-    kwargs = training_kwargs(TrainingParams(), dataset, staged)
-    assert (kwargs["weights_uri"], kwargs["weights_sha256"]) == (staged.uri, "ab" * 32)
+    spec = training_spec(TrainingParams(), dataset, staged)
+    assert (spec.weights_uri, spec.weights_sha256) == (staged.uri, "ab" * 32)
 
 
 @pytest.mark.integration

@@ -1,0 +1,93 @@
+"""What a rank is asked to train: one frozen value that crosses the pickle to every rank.
+
+The training step builds it from the flow's parameters and the dataset's manifest
+(``hvdflow.tasks.train.run.training_spec``), the benchmark from its study's setup; every rank
+gets the same one as ``train_classifier(spec)``. Plain values only (URLs, counts, names), so it
+pickles small, prints without secrets (credentials never travel in it) and goes through JSON to
+the benchmark's baseline process (``to_dict``/``from_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvdflow.infra.constants import HOROVOD
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The dataset a rank reads its shard of (a published ``DatasetManifest``, reduced)."""
+
+    train_url: str
+    val_url: str
+    train_rows: int
+    val_rows: int
+    num_classes: int
+    input_shape: tuple[int, ...]  # the stored image's (height, width, channels)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The optimizer and how its rate follows the number of ranks (``training.optimizers``)."""
+
+    name: str = "adam"
+    learning_rate: float = 0.001  # for one rank
+    lr_scaling: str = "auto"
+    warmup_epochs: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    """Where rank 0 logs epochs and registers the model: an MLflow run the driver opened."""
+
+    run_id: str
+    tracking_uri: str | None = None
+    registered_model_name: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything ``train_classifier`` needs. ``use_horovod=False`` is the benchmark's plain
+    Keras baseline: one process, no engine. ``chance_margin``: a model no better than chance by
+    this much is not registered (None: nothing is judged, as the benchmark times training)."""
+
+    data: DataSpec
+    model_name: str
+    epochs: int = 2
+    batch_size: int = 32  # per rank
+    seed: int = 0
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    weights_uri: str | None = None
+    weights_sha256: str | None = None
+    tracking: TrackingSpec | None = None
+    checkpoint_url: str | None = None
+    checkpoint_keep: int = 2
+    engine: str = HOROVOD
+    use_horovod: bool = True
+    mixed_precision: bool = False
+    fp16_compression: bool = False
+    threads: int | None = None  # TensorFlow threads of the process; None: its share of cores
+    in_memory_max_mb: float = 1024.0
+    chance_margin: float | None = None
+
+    def replace(self, **changes: Any) -> TrainSpec:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values; ``from_dict`` gives the same spec back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainSpec:
+        values = dict(values)
+        data = dict(values.pop("data"))
+        data["input_shape"] = tuple(data["input_shape"])
+        tracking = values.pop("tracking", None)
+        return cls(
+            data=DataSpec(**data),
+            optimizer=OptimizerSpec(**values.pop("optimizer", {})),
+            tracking=TrackingSpec(**tracking) if tracking else None,
+            **values,
+        )
