@@ -9,6 +9,8 @@ launcher and Horovod's Gloo allreduce work together.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 
 
 def weights_sha256(weights) -> str:
@@ -20,7 +22,8 @@ def weights_sha256(weights) -> str:
 
 
 def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0.05) -> dict:
-    """Train on the digits with Horovod; return size, per-rank checksums and final metrics."""
+    """Train on the digits with Horovod; return size, per-rank checksums, where each rank ran
+    and the final metrics."""
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
@@ -56,9 +59,17 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), LogCallback(hvd.rank())],
     )
     checksums = hvd_tf.allgather_object(weights_sha256(model.get_weights()))
+    # Where each rank ran, as Horovod saw it: the host, the address it was given and the
+    # interface Gloo used (a smoke test's first question on a new cluster).
+    where = {
+        "host": socket.gethostname(),
+        "address": os.environ.get("HOROVOD_HOSTNAME"),
+        "interface": os.environ.get("HOROVOD_GLOO_IFACE"),
+    }
     return {
         "size": hvd.size(),
         "checksums": list(checksums),
+        "ranks": list(hvd_tf.allgather_object(where)),
         "loss": float(history.history["loss"][-1]),
         "accuracy": float(history.history["accuracy"][-1]),
     }

@@ -101,41 +101,27 @@ def test_a_cut_link_stops_a_hosts_traffic_until_restored(netns_cluster):
         assert restored.returncode == 0, restored.stderr
 
 
-# The driver: train_digits on np=2, plus where each rank ran (its hostname, Horovod's view of
-# its host, the interface Gloo used).
-HOROVOD_DRIVER = textwrap.dedent(
-    """
-    import json, os, socket
-    from hvdflow import HorovodRunner
-    from hvdflow.training.smoke import train_digits
-
-    def main():
-        import horovod.tensorflow as hvd
-        result = train_digits(epochs=1)
-        where = [socket.gethostname(), os.environ["HOROVOD_HOSTNAME"],
-                 os.environ["HOROVOD_GLOO_IFACE"]]
-        result["where"] = hvd.allgather_object(where)
-        return result
-
-    runner = HorovodRunner(np=2, slot_wait_s=90, start_timeout_s=120, timeout_s=180)
-    print("RESULT=" + json.dumps(runner.run(main)))
-    """
-)
-
-
 @pytest.mark.timeout(300)
-def test_horovod_np2_runs_one_rank_on_each_host(netns_cluster, tmp_path):
-    run = run_driver(netns_cluster, "-c", HOROVOD_DRIVER, workdir=tmp_path, timeout_s=240)
+def test_hvdflow_smoke_np2_runs_one_rank_on_each_host_with_identical_weights(
+    netns_cluster, tmp_path
+):
+    """``hvdflow smoke`` as a user runs it against a standalone cluster (HVDFLOW_SPARK_MASTER
+    and spark-defaults.conf in SPARK_CONF_DIR): Horovod np=2, one rank on each host, each on
+    its host's own address and interface, ending with the same weights."""
+    run = run_driver(
+        netns_cluster,
+        *("-m", "hvdflow.flows.cli", "smoke", "--np", "2", "--epochs", "1"),
+        workdir=tmp_path,
+        timeout_s=240,
+    )
     assert run.returncode == 0, f"{run.stderr[-4000:]}\n--- cluster:\n{netns_cluster.diagnostics()}"
-    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT="))
-    result = json.loads(line.removeprefix("RESULT="))
-    assert result["size"] == 2
+    result = json.loads(run.stdout[run.stdout.index("{") :])
+    assert result["size"] == 2 and result["identical_weights"] is True
     assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
     host1, host2 = netns_cluster.hosts
-    assert sorted(map(tuple, result["where"])) == [
-        (host1.name, host1.ip, "eth0"),
-        (host2.name, host2.ip, "eth0"),
-    ]
+    where = sorted((r["host"], r["address"], r["interface"]) for r in result["ranks"])
+    assert where == [(host1.name, host1.ip, "eth0"), (host2.name, host2.ip, "eth0")]
+    assert "[1,1]<" in run.stderr  # rank 1's lines reached the driver, tagged
     assert wait_for_no_ranks() == []
 
 
