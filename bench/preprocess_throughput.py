@@ -103,6 +103,7 @@ def spark_job(spark, root: Path, out: Path, workload: Workload):
 
     config = PreprocessConfig(
         input=str(root),
+        input_format="folders",
         output=str(out),
         image_size=workload.image_size,
         color_mode=workload.color_mode,

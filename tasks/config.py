@@ -18,15 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hvdflow.infra import constants as c
 from hvdflow.infra.launcher.options import HorovodOptions
 from hvdflow.infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
-from hvdflow.infra.storage.uris import parse_uri
-from hvdflow.tasks.preprocess import PreprocessConfig
+
+# The data parameters are preprocessing's own (one model, in its room); the flows find every
+# parameter group here.
+from hvdflow.tasks.preprocess.config import (
+    DataParams,
+    InputFormat,
+    check_image_size,
+    check_output,
+    check_s3_uri,
+)
 from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact
 from hvdflow.training.optimizers import OPTIMIZERS
 
-InputFormat = Literal["folders", "mnist_idx", "digits"]
-# Image sides a preprocessing run accepts: 8x8 digits up to large photos; beyond this a typo
-# (an extra zero) would make every executor run out of memory.
-IMAGE_SIDE_RANGE = (2, 4096)
 # Models trained on graphs rather than images; only the benchmark runs them.
 GRAPH_MODELS = ("gcn",)
 DEFAULT_REGISTERED_MODEL = "hvdflow-classifier"
@@ -46,86 +50,6 @@ def model_recipe(model: str):
     if model in GRAPH_MODELS:
         return Recipe("adam", 0.01, 0.0)
     return recipe(model) if model in image_models() else None
-
-
-class DataParams(BaseModel):
-    """What to preprocess, and where the dataset goes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input: str = Field(
-        default="",
-        description="class-folder tree or MNIST IDX folder; empty with input_format 'digits': "
-        "the bundled digits, written under HVDFLOW_HOME",
-    )
-    input_format: InputFormat = "digits"
-    output: str = Field(
-        default="",
-        description="dataset root, a path or s3://bucket/prefix; empty: HVDFLOW_HOME/datasets",
-    )
-    image_size: tuple[int, int] = (8, 8)
-    color_mode: Literal["L", "RGB"] = "L"
-    val_fraction: float = Field(default=0.2, ge=0.0, lt=1.0)
-    max_bad_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
-    split_seed: int = 0
-
-    @field_validator("image_size")
-    @classmethod
-    def _sane_size(cls, size: tuple[int, int]) -> tuple[int, int]:
-        return check_image_size(size)
-
-    @field_validator("output")
-    @classmethod
-    def _output_syntax(cls, output: str) -> str:
-        return check_output(output)
-
-    @model_validator(mode="after")
-    def _input_exists(self) -> DataParams:
-        if self.input.startswith("s3://"):
-            check_s3_uri(self.input, "input")
-            if self.input_format == "digits":
-                raise ValueError(
-                    f"input {self.input!r}: input_format 'digits' writes the bundled digits to "
-                    "a local folder; use 'folders' (class sub-folders) or 'mnist_idx' for "
-                    "images in a bucket"
-                )
-            return self  # listed (and its existence checked) when preprocessing starts
-        if "://" in self.input:
-            raise ValueError(
-                f"input {self.input!r}: expected a folder every Spark executor can read (a "
-                "shared file system), or s3://bucket/prefix"
-            )
-        if self.input_format == "digits":
-            return self  # the bundled digits are written there on first use
-        if not self.input:
-            raise ValueError(
-                f"input is empty: input_format={self.input_format!r} needs the folder that "
-                "holds the images (or use input_format='digits' for the bundled digits)"
-            )
-        if not os.path.isdir(self.input):
-            raise ValueError(
-                f"input {self.input!r} is not an existing folder: give the folder of class "
-                "sub-folders (input_format='folders') or of MNIST IDX files ('mnist_idx')"
-            )
-        return self
-
-    def preprocess_config(self, ranks: int = 1) -> PreprocessConfig:
-        """The preprocessing step's config for training with ``ranks`` ranks (every rank needs a
-        row group of each split); empty paths mean HVDFLOW_HOME's."""
-        from hvdflow.infra.services.local import hvdflow_home
-
-        home = hvdflow_home()
-        return PreprocessConfig(
-            input=self.input or str(home / "data" / "digits"),
-            input_format=self.input_format,
-            output=self.output or str(home / "datasets"),
-            image_size=self.image_size,
-            color_mode=self.color_mode,
-            val_fraction=self.val_fraction,
-            max_bad_fraction=self.max_bad_fraction,
-            seed=self.split_seed,
-            np=abs(ranks),
-        )
 
 
 class TrainingParams(BaseModel):
@@ -331,31 +255,10 @@ class TrackingParams(BaseModel):
     )
 
 
-def check_image_size(size: tuple[int, int]) -> tuple[int, int]:
-    """``size`` (height, width) unless a side is outside IMAGE_SIDE_RANGE."""
-    low, high = IMAGE_SIDE_RANGE
-    if not all(low <= side <= high for side in size):
-        raise ValueError(
-            f"image_size {tuple(size)} is out of bounds: each side must be between {low} "
-            f"and {high} pixels (height, width)"
-        )
-    return size
-
-
-def check_output(output: str) -> str:
-    """``output`` unless it is neither a local path nor s3://bucket/prefix."""
-    if output.startswith("s3://"):
-        check_s3_uri(output, "output")
-    elif "://" in output:
-        raise ValueError(f"output {output!r}: expected a local path or s3://bucket/prefix")
-    return output
-
-
-def check_s3_uri(uri: str, name: str) -> None:
-    """ValueError naming ``name`` unless ``uri`` is s3://bucket/prefix with a valid bucket."""
-    try:
-        bucket, _key = parse_uri(uri.rstrip("/") + "/x")
-    except ValueError:
-        raise ValueError(f"{name} {uri!r}: expected s3://bucket/prefix") from None
-    if len(bucket) < 3:
-        raise ValueError(f"{name} {uri!r}: bucket names have at least 3 characters")
+__all__ = [
+    "DataParams",
+    "InputFormat",
+    "check_image_size",
+    "check_output",
+    "check_s3_uri",
+]

@@ -1,45 +1,148 @@
-"""What preprocessing is asked to do (``PreprocessConfig``) and what it published
-(``DatasetManifest``): the values every part of the step passes around."""
+"""What preprocessing is asked to do and what it published: the data parameters a flow takes
+(``DataParams``), the same as the step runs them (``PreprocessConfig``: paths resolved, the
+ranks it serves), and the published dataset (``DatasetManifest``)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hvdflow.infra.storage.uris import is_s3
+from hvdflow.infra.storage.uris import parse_uri
 
 # Row groups per split when a dataset is for fewer ranks: datasets built for np <= 8 are shared.
 MIN_ROW_GROUPS = 8
+InputFormat = Literal["folders", "mnist_idx", "digits"]
+# Image sides a preprocessing run accepts: 8x8 digits up to large photos; beyond this a typo
+# (an extra zero) would make every executor run out of memory.
+IMAGE_SIDE_RANGE = (2, 4096)
 
 
-class PreprocessConfig(BaseModel):
-    """What to read, how to turn it into training images, and where to write them."""
+def check_image_size(size: tuple[int, int]) -> tuple[int, int]:
+    """``size`` (height, width) unless a side is outside IMAGE_SIDE_RANGE."""
+    low, high = IMAGE_SIDE_RANGE
+    if not all(low <= side <= high for side in size):
+        raise ValueError(
+            f"image_size {tuple(size)} is out of bounds: each side must be between {low} "
+            f"and {high} pixels (height, width)"
+        )
+    return size
+
+
+def check_output(output: str) -> str:
+    """``output`` unless it is neither a local path nor s3://bucket/prefix."""
+    if output.startswith("s3://"):
+        check_s3_uri(output, "output")
+    elif "://" in output:
+        raise ValueError(f"output {output!r}: expected a local path or s3://bucket/prefix")
+    return output
+
+
+def check_s3_uri(uri: str, name: str) -> None:
+    """ValueError naming ``name`` unless ``uri`` is s3://bucket/prefix with a valid bucket."""
+    try:
+        bucket, _key = parse_uri(uri.rstrip("/") + "/x")
+    except ValueError:
+        raise ValueError(f"{name} {uri!r}: expected s3://bucket/prefix") from None
+    if len(bucket) < 3:
+        raise ValueError(f"{name} {uri!r}: bucket names have at least 3 characters")
+
+
+class DataParams(BaseModel):
+    """What to preprocess, and where the dataset goes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: str  # a folder every executor sees, or s3://bucket/prefix/
-    input_format: Literal["folders", "mnist_idx", "digits"] = "folders"
-    output: str = "data/datasets"
-    image_size: tuple[int, int] = (28, 28)  # (height, width)
+    input: str = Field(
+        default="",
+        description="class-folder tree or MNIST IDX folder; empty with input_format 'digits': "
+        "the bundled digits, written under HVDFLOW_HOME",
+    )
+    input_format: InputFormat = "digits"
+    output: str = Field(
+        default="",
+        description="dataset root, a path or s3://bucket/prefix; empty: HVDFLOW_HOME/datasets",
+    )
+    image_size: tuple[int, int] = (8, 8)
     color_mode: Literal["L", "RGB"] = "L"
     val_fraction: float = Field(default=0.2, ge=0.0, lt=1.0)
-    seed: int = 0
-    max_pixels: int = Field(default=50_000_000, gt=0)
     max_bad_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    split_seed: int = 0
+
+    @field_validator("image_size")
+    @classmethod
+    def _sane_size(cls, size: tuple[int, int]) -> tuple[int, int]:
+        return check_image_size(size)
+
+    @field_validator("output")
+    @classmethod
+    def _output_syntax(cls, output: str) -> str:
+        return check_output(output)
+
+    @model_validator(mode="after")
+    def _input_exists(self) -> DataParams:
+        if self.input.startswith("s3://"):
+            check_s3_uri(self.input, "input")
+            if self.input_format == "digits":
+                raise ValueError(
+                    f"input {self.input!r}: input_format 'digits' writes the bundled digits to "
+                    "a local folder; use 'folders' (class sub-folders) or 'mnist_idx' for "
+                    "images in a bucket"
+                )
+            return self  # listed (and its existence checked) when preprocessing starts
+        if "://" in self.input:
+            raise ValueError(
+                f"input {self.input!r}: expected a folder every Spark executor can read (a "
+                "shared file system), or s3://bucket/prefix"
+            )
+        if self.input_format == "digits":
+            return self  # the bundled digits are written there on first use
+        if not self.input:
+            raise ValueError(
+                f"input is empty: input_format={self.input_format!r} needs the folder that "
+                "holds the images (or use input_format='digits' for the bundled digits)"
+            )
+        if not os.path.isdir(self.input):
+            raise ValueError(
+                f"input {self.input!r} is not an existing folder: give the folder of class "
+                "sub-folders (input_format='folders') or of MNIST IDX files ('mnist_idx')"
+            )
+        return self
+
+    def preprocess_config(self, ranks: int = 1) -> PreprocessConfig:
+        """The preprocessing step's config for training with ``ranks`` ranks (every rank needs a
+        row group of each split); empty paths mean HVDFLOW_HOME's."""
+        return PreprocessConfig(**self.model_dump(), np=abs(ranks))
+
+
+class PreprocessConfig(DataParams):
+    """The data parameters as the preprocessing step runs them: paths resolved (empty ones are
+    HVDFLOW_HOME's), and what the run adds, the ranks it serves and a decoding bound."""
+
     # The most ranks that will read the dataset (the launcher's |np|): every split needs at least
     # one row group per rank. Splits are cut into ``row_groups`` where they have the rows.
     np: int = Field(default=1, ge=1)
+    max_pixels: int = Field(default=50_000_000, gt=0)  # a decompression bomb is quarantined
 
-    @model_validator(mode="after")
-    def _digits_are_local(self) -> PreprocessConfig:
-        if self.input_format == "digits" and is_s3(self.input):
-            raise ValueError(
-                f"input {self.input!r}: input_format 'digits' writes the bundled digits to a "
-                "local folder; give a folder path, or 'folders'/'mnist_idx' for images in a bucket"
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_paths(cls, values):
+        if isinstance(values, dict) and not (values.get("input") and values.get("output")):
+            from hvdflow.infra.services.local import hvdflow_home  # the services' home: lazy
+
+            home = hvdflow_home()
+            values = dict(values)
+            if not values.get("input") and values.get("input_format", "digits") == "digits":
+                values["input"] = str(home / "data" / "digits")
+            values["output"] = values.get("output") or str(home / "datasets")
+        return values
+
+    @property
+    def seed(self) -> int:
+        """The split's seed (``split_seed``): which records go to validation, and the order."""
+        return self.split_seed
 
     @property
     def row_groups(self) -> int:
@@ -49,9 +152,10 @@ class PreprocessConfig(BaseModel):
 
     def params(self) -> dict:
         """What decides the content besides the input files: part of the fingerprint."""
-        values = self.model_dump(exclude={"input", "output", "np"})
-        # The row groups, under the name they had when they counted files per split: np <= 8
-        # keeps the fingerprints, and so the datasets, that earlier versions wrote.
+        values = self.model_dump(exclude={"input", "output", "np", "split_seed"})
+        # Under the names they had before: ``seed``, and the row groups as the files per split
+        # they once counted (np <= 8 keeps the fingerprints that earlier versions wrote).
+        values["seed"] = self.split_seed
         values["files_per_split"] = self.row_groups
         return values
 

@@ -400,7 +400,9 @@ def test_class_folders_without_files_to_decode_are_left_out_of_the_labels(tmp_pa
         ("doe/gone.jpg", "doe", False),
         ("fox/deep/3.png", "fox", True),
     ]
-    config = PreprocessConfig(input=str(tmp_path), val_fraction=0.0)
+    config = PreprocessConfig(
+        input=str(tmp_path), input_format="folders", image_size=(28, 28), val_fraction=0.0
+    )
     split = preprocess_plan.plan_split(config, listing, None)
     assert split.label_index == {"ant": 0, "cow": 1, "fox": 2}  # contiguous, in name order
     assert split.per_item == [(1, 0), (1, 0), (0, 0), (1, 0)]  # nothing planned for doe
@@ -409,7 +411,12 @@ def test_class_folders_without_files_to_decode_are_left_out_of_the_labels(tmp_pa
 @pytest.mark.unit
 def test_a_tree_of_only_unusable_entries_fails_before_any_spark_work(tmp_path):
     symlink(tmp_path / "in" / "cat" / "gone.jpg", "missing.jpg")
-    config = PreprocessConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"))
+    config = PreprocessConfig(
+        input=str(tmp_path / "in"),
+        input_format="folders",
+        image_size=(28, 28),
+        output=str(tmp_path / "out"),
+    )
     with pytest.raises(ValueError) as err:
         preprocess_images(None, config)  # no Spark session: it must not be needed
     assert str(err.value) == (
@@ -486,6 +493,7 @@ def test_odd_files_are_quarantined_with_their_reason_and_odd_images_become_rows(
     good, bad = add_odd_files(root, tmp_path / "elsewhere")
     config = PreprocessConfig(
         input=str(root),
+        input_format="folders",
         output=str(tmp_path / "out"),
         image_size=(16, 8),
         color_mode="RGB",

@@ -122,6 +122,7 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
     expected_bad = add_bad_files(root)
     config = PreprocessConfig(
         input=str(root),
+        input_format="folders",
         output=str(tmp_path / "out"),
         image_size=(12, 10),
         color_mode="RGB",
@@ -171,7 +172,11 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
 def test_same_fingerprint_reuses_and_a_changed_input_writes_a_new_version(spark, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=4)
     config = PreprocessConfig(
-        input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), np=2
+        input=str(root),
+        input_format="folders",
+        output=str(tmp_path / "out"),
+        image_size=(8, 8),
+        np=2,
     )
     first = preprocess_images(spark, config)
     manifest_file = tmp_path / "out" / first.fingerprint[:16] / "manifest.json"
@@ -197,7 +202,12 @@ def test_too_many_bad_files_fail_with_the_fraction_and_leave_no_dataset(spark, t
     for i in range(3):
         (add_bad_files_root / f"junk{i}.jpg").write_bytes(b"")
     config = PreprocessConfig(
-        input=str(root), output=str(tmp_path / "out"), max_bad_fraction=0.5, np=1
+        input=str(root),
+        input_format="folders",
+        image_size=(28, 28),
+        output=str(tmp_path / "out"),
+        max_bad_fraction=0.5,
+        np=1,
     )
     with pytest.raises(ValueError) as err:
         preprocess_images(spark, config)
@@ -211,9 +221,15 @@ def test_too_many_bad_files_fail_with_the_fraction_and_leave_no_dataset(spark, t
 def test_input_without_images_fails_clearly(spark, tmp_path):
     (tmp_path / "empty" / "cat").mkdir(parents=True)
     with pytest.raises(ValueError, match="no images found in .*expected one sub-folder per class"):
-        preprocess_images(spark, PreprocessConfig(input=str(tmp_path / "empty")))
-    with pytest.raises(ValueError, match="is not a directory of class sub-folders"):
-        preprocess_images(spark, PreprocessConfig(input=str(tmp_path / "missing")))
+        preprocess_images(
+            spark,
+            PreprocessConfig(
+                input=str(tmp_path / "empty"), input_format="folders", image_size=(28, 28)
+            ),
+        )
+    # A folder that is not there fails when the config is built, before anything is listed.
+    with pytest.raises(ValueError, match="is not an existing folder: give the folder of class"):
+        PreprocessConfig(input=str(tmp_path / "missing"), input_format="folders")
 
 
 def write_idx(path, array, gz):
@@ -238,6 +254,7 @@ def test_mnist_idx_files(spark, tmp_path, gz):
     write_idx(tmp_path / "t10k-labels-idx1-ubyte", labels[:10], gz)
     config = PreprocessConfig(
         input=str(tmp_path),
+        image_size=(28, 28),
         input_format="mnist_idx",
         output=str(tmp_path / "out"),
         val_fraction=0.25,
@@ -312,9 +329,12 @@ def test_unusable_inputs_never_cost_a_rank_its_row_group(tmp_path, planned, rows
 
 
 @pytest.mark.unit
-def test_the_default_fingerprint_parameters_are_unchanged():
-    """np <= 8 fingerprints like files_per_split=8 did: earlier datasets are reused."""
-    params = PreprocessConfig(input="x").params()
+def test_the_fingerprint_parameters_keep_their_names(tmp_path):
+    """The split's seed is fingerprinted as ``seed`` and the row groups as ``files_per_split``
+    (np <= 8 gives 8), the names they had, so the same settings fingerprint as before."""
+    params = PreprocessConfig(
+        input=str(tmp_path), input_format="folders", image_size=(28, 28)
+    ).params()
     assert params == {
         "input_format": "folders",
         "image_size": (28, 28),
@@ -326,12 +346,19 @@ def test_the_default_fingerprint_parameters_are_unchanged():
         "files_per_split": 8,
     }
     assert PreprocessConfig(input="x", np=16).params()["files_per_split"] == 16
+    assert PreprocessConfig(input="x", split_seed=3).params()["seed"] == 3
 
 
 @pytest.mark.unit
 def test_more_ranks_than_a_split_can_share_fails_before_any_spark_work(tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=20)  # 48 train, 12 val rows
-    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), np=16)
+    config = PreprocessConfig(
+        input=str(root),
+        input_format="folders",
+        image_size=(28, 28),
+        output=str(tmp_path / "out"),
+        np=16,
+    )
     with pytest.raises(ValueError) as err:
         preprocess_images(None, config)  # no Spark session: it must not be needed
     message = str(err.value)
@@ -387,7 +414,7 @@ def test_a_reused_dataset_with_fewer_row_groups_than_ranks_is_refused_naming_bot
 @pytest.mark.unit
 def test_s3_inputs_are_validated_before_listing():
     with pytest.raises(ValueError, match="'digits' writes the bundled digits to a local folder"):
-        PreprocessConfig(input="s3://bucket/digits", input_format="digits")
+        PreprocessConfig(input="s3://bucket/digits", image_size=(28, 28), input_format="digits")
 
 
 @pytest.mark.unit
@@ -419,7 +446,13 @@ def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(spark, t
     root = make_class_tree(tmp_path / "images", per_class=20)
     manifest = preprocess_images(
         spark,
-        PreprocessConfig(input=str(root), output=str(tmp_path / "out"), image_size=(8, 8), np=np),
+        PreprocessConfig(
+            input=str(root),
+            input_format="folders",
+            output=str(tmp_path / "out"),
+            image_size=(8, 8),
+            np=np,
+        ),
     )
     assert manifest.train_row_groups >= max(8, np) and manifest.val_row_groups >= max(8, np)
     seen = []
@@ -445,7 +478,9 @@ def test_every_training_row_is_read_exactly_once_per_epoch_across_ranks(spark, t
 def test_output_to_the_object_store_is_readable_through_s3fs(spark, store, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=6)
     output = store.config.uri(store.config.key("datasets"))
-    config = PreprocessConfig(input=str(root), output=output, image_size=(8, 8), np=2)
+    config = PreprocessConfig(
+        input=str(root), input_format="folders", output=output, image_size=(8, 8), np=2
+    )
     manifest = preprocess_images(spark, config, store=store)
     version = f"{output}/{manifest.fingerprint[:16]}"
     assert manifest.path == f"{version}/{manifest.attempt}"
@@ -468,6 +503,7 @@ def test_class_folders_in_a_bucket_with_bad_objects(spark, store, tmp_path):
     output = store.config.uri(store.config.key("datasets"))
     config = PreprocessConfig(
         input=input_uri,
+        input_format="folders",
         output=output,
         image_size=(12, 10),
         color_mode="RGB",
@@ -516,6 +552,7 @@ def test_mnist_idx_files_in_a_bucket(spark, store, tmp_path):
     input_uri = upload_tree(store, tmp_path / "idx", "mnist")
     config = PreprocessConfig(
         input=input_uri,
+        image_size=(28, 28),
         input_format="mnist_idx",
         output=str(tmp_path / "out"),
         val_fraction=0.25,
@@ -538,7 +575,7 @@ def test_mnist_idx_files_in_a_bucket(spark, store, tmp_path):
 def test_the_fingerprint_of_an_s3_input_follows_the_objects_etags(store, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=2)
     input_uri = upload_tree(store, root, "raw")
-    config = PreprocessConfig(input=input_uri)
+    config = PreprocessConfig(input=input_uri, input_format="folders", image_size=(28, 28))
 
     def fingerprint():
         return sources.fingerprint(preprocess_job.list_inputs(config), config.params())
@@ -564,7 +601,9 @@ def test_a_retry_after_a_crash_mid_write_has_every_row_once(spark, tmp_path):
     root = make_class_tree(tmp_path / "images", per_class=20)
     expected = good_sources(root, {})
     out = tmp_path / "out"
-    config = PreprocessConfig(input=str(root), output=str(out), image_size=(8, 8))
+    config = PreprocessConfig(
+        input=str(root), input_format="folders", output=str(out), image_size=(8, 8)
+    )
     environment = spark.sparkContext.environment
     # The write task of partition 1 dies (os._exit) right after its first file is complete.
     environment[CRASH_AFTER_FIRST_FILE_ENV] = "1"
@@ -602,7 +641,13 @@ def test_an_input_folder_missing_on_an_executor_fails_naming_host_and_path(
         return listing
 
     monkeypatch.setattr(preprocess_job, "list_inputs", listed_on_the_driver_only)
-    config = PreprocessConfig(input=str(root), output=str(tmp_path / "out"), np=2)
+    config = PreprocessConfig(
+        input=str(root),
+        input_format="folders",
+        image_size=(28, 28),
+        output=str(tmp_path / "out"),
+        np=2,
+    )
     with pytest.raises(RuntimeError) as err:
         preprocess_images(spark, config)
     message = str(err.value)

@@ -26,7 +26,12 @@ def write_images(root, per_class=6, classes=("cat", "dog")):
 
 @pytest.mark.unit
 def test_the_preprocessing_cache_key_follows_the_code_version(tmp_path, monkeypatch):
-    config = PreprocessConfig(input=str(write_images(tmp_path / "in")), output=str(tmp_path))
+    config = PreprocessConfig(
+        input=str(write_images(tmp_path / "in")),
+        input_format="folders",
+        image_size=(28, 28),
+        output=str(tmp_path),
+    )
     key = dataset_cache_key(None, {"config": config})
     assert dataset_cache_key(None, {"config": config}) == key
 
@@ -60,7 +65,11 @@ def test_a_cached_dataset_whose_objects_were_deleted_is_built_again(
 
     output = store.config.uri(store.config.key("datasets"))
     config = PreprocessConfig(
-        input=str(write_images(tmp_path / "in")), output=output, image_size=(8, 8), np=2
+        input=str(write_images(tmp_path / "in")),
+        input_format="folders",
+        output=output,
+        image_size=(8, 8),
+        np=2,
     )
 
     @flow
