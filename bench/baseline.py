@@ -12,12 +12,12 @@ import logging
 import sys
 
 from hvdflow.bench.conditions import trainer_for, with_options
+from hvdflow.infra.launcher import rank_events
 
 
 def _show_driver_messages_on_stdout() -> None:
     """Outside a rank, ``log_to_driver`` logs instead; print those lines like rank 0's, so the
     paper's log method sees the same epoch lines (``Epoch z/z done`` too) in both conditions."""
-    from hvdflow.infra.launcher import rank_events
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))

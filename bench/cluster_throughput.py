@@ -23,6 +23,10 @@ import textwrap
 import time
 from pathlib import Path
 
+from hvdflow.bench.preprocess_throughput import make_caltech_like, make_small_images
+from hvdflow.infra._env import temporary_env
+from hvdflow.infra.services.local import LocalServices
+
 PREPROCESS = textwrap.dedent(
     """
     import json, sys, time
@@ -60,13 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--digits", type=int, default=400, help="images for the pipeline run")
     args = parser.parse_args(argv)
 
-    from hvdflow.bench.preprocess_throughput import make_caltech_like, make_small_images
-    from hvdflow.infra._env import temporary_env
-    from hvdflow.infra.services.local import LocalServices
-    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
-    from tests.cluster import netns
-    from tests.cluster.driver import run_driver
-    from tests.cluster.spark_cluster import netns_spark_cluster
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
+    from tests.cluster import netns  # noqa: PLC0415 (the test harness: only in a checkout)
+    from tests.cluster.driver import run_driver  # noqa: PLC0415 (the test harness: only in a checkout)
+    from tests.cluster.spark_cluster import netns_spark_cluster  # noqa: PLC0415 (the test harness: only in a checkout)
 
     if (reason := netns.unavailable_reason()) is not None:
         print(f"the multi-host harness cannot run here: {reason}", file=sys.stderr)

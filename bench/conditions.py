@@ -23,12 +23,15 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
-from hvdflow.infra import LogLine, constants
+from hvdflow.infra import HorovodRunner, LogLine, constants
 from hvdflow.training.epoch_log import epoch_times_from_log
+from hvdflow.training.gcn import train_gcn
 from hvdflow.training.spec import TrainSpec
+from hvdflow.training.trainer import train_classifier
 
 KERAS, CEILING, HOROVOD, TF = "keras", "ceiling", "hvd", "tf"
 ENGINE_OF = {HOROVOD: constants.HOROVOD, TF: constants.TF_COLLECTIVE}
@@ -133,12 +136,8 @@ class Measurement:
 def trainer_for(name: str):
     """The rank function of a trainer: ``classifier`` (images) or ``gcn`` (graphs)."""
     if name == "gcn":
-        from hvdflow.training.gcn import train_gcn
-
         return train_gcn
     if name == "classifier":
-        from hvdflow.training.trainer import train_classifier
-
         return train_classifier
     raise ValueError(f"trainer {name!r} is unknown: expected 'classifier' or 'gcn'")
 
@@ -164,8 +163,6 @@ def measure(
         one = with_options(trainer, kwargs, threads=threads_per_rank)
         results = _run_baselines(trainer, one, c.n, lines)
     else:
-        from hvdflow.infra import HorovodRunner
-
         if trainer == "classifier":
             kwargs = with_options(
                 trainer, kwargs, engine=ENGINE_OF[c.kind], threads=threads_per_rank
@@ -222,7 +219,6 @@ def concurrent_epoch_times(per_process: list[list[float]]) -> list[float]:
 
 def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine]) -> list[dict]:
     """``count`` baseline processes at once (the machine ceiling)."""
-    import threading
 
     results: list[dict | None] = [None] * count
     errors: list[BaseException] = []

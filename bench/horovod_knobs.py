@@ -21,6 +21,9 @@ import sys
 
 from hvdflow.bench.reader_in_rank import steady_images_per_s
 from hvdflow.bench.study import study_spec
+from hvdflow.bench.timeline import breakdown, load_events
+from hvdflow.infra import HorovodOptions, HorovodRunner
+from hvdflow.training.trainer import train_classifier
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         "epochs went (waiting for the peer, allreduce, compute and input)",
     )
     args = parser.parse_args(argv)
-
-    from hvdflow.infra import HorovodOptions, HorovodRunner
-    from hvdflow.training.trainer import train_classifier
 
     spec = study_spec(args.dataset, args.epochs)
     variants = {
@@ -64,9 +64,6 @@ def where_time_goes(spec, path: str) -> dict[str, dict[str, float]]:
     """One more hvd2 run of each cycle time with Horovod's timeline on: the share of the steady
     epochs spent waiting for the peer, in the allreduce, and in compute and input (the timeline
     slows training, so its runs are not among the rates above)."""
-    from hvdflow.bench.timeline import breakdown, load_events
-    from hvdflow.infra import HorovodOptions, HorovodRunner
-    from hvdflow.training.trainer import train_classifier
 
     shares = {}
     for cycle in (1, 10):

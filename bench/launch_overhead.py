@@ -15,6 +15,8 @@ import statistics
 import sys
 import time
 
+from hvdflow.infra import HorovodRunner
+
 
 def trivial():
     import horovod.tensorflow as hvd
@@ -33,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import horovod.spark
 
-    from hvdflow.infra import HorovodRunner
-    from hvdflow.infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
     spark = get_spark(
         f"local[{args.np}]",

@@ -30,6 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from hvdflow.training.models import build_model
+from hvdflow.training.reader import open_dataset
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -42,7 +47,6 @@ class Workload:
 
 def make_small_images(root: Path, count: int) -> None:
     """The digits, upscaled to 64x64 RGB JPEGs with noise, one folder per digit."""
-    import numpy as np
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -60,7 +64,6 @@ def make_small_images(root: Path, count: int) -> None:
 
 def make_caltech_like(root: Path, count: int, classes: int = 101) -> None:
     """Photo-like JPEGs of about 300x200: smooth random colour fields, a few shapes, grain."""
-    import numpy as np
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(1)
@@ -83,9 +86,9 @@ def make_caltech_like(root: Path, count: int, classes: int = 101) -> None:
 
 def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
     """The executors' per-image work in one process: read, decode, fit, PNG-encode."""
-    from hvdflow.tasks.preprocess.decode import Good, decode_item
-    from hvdflow.tasks.preprocess.schema import image_schema
-    from hvdflow.tasks.preprocess.sources import list_class_folders
+    from hvdflow.tasks.preprocess.decode import Good, decode_item  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.preprocess.schema import image_schema  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.preprocess.sources import list_class_folders  # noqa: PLC0415 (lazy: it loads Spark)
 
     field = image_schema(image_size, color_mode).image
     started = time.perf_counter()
@@ -99,7 +102,7 @@ def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
 
 
 def spark_job(spark, root: Path, out: Path, workload: Workload):
-    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images  # noqa: PLC0415 (lazy: it loads Spark)
 
     config = PreprocessConfig(
         input=str(root),
@@ -114,10 +117,7 @@ def spark_job(spark, root: Path, out: Path, workload: Workload):
 
 
 def mnist_cnn_consumption(batch_size: int, images: int) -> float:
-    import numpy as np
     import tensorflow as tf
-
-    from hvdflow.training.models import build_model
 
     x = np.random.default_rng(0).random((images, 28, 28, 1), dtype=np.float32)
     y = np.random.default_rng(1).integers(0, 10, images)
@@ -130,8 +130,6 @@ def mnist_cnn_consumption(batch_size: int, images: int) -> float:
 
 
 def reader_rate(url: str, batch_size: int, images: int) -> float:
-    from hvdflow.training.reader import open_dataset
-
     with open_dataset(url, batch_size=batch_size) as dataset:
         iterator = iter(dataset)
         next(iterator)  # warm up: the first batch pays for opening files and tracing
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    from hvdflow.infra.spark import get_spark
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
     workloads = [
         Workload("caltech", args.caltech_images, (224, 224), "RGB", "~300x200 JPEG -> 224x224 RGB"),

@@ -20,6 +20,8 @@ import statistics
 import sys
 
 from hvdflow.bench.study import study_spec
+from hvdflow.infra import HorovodRunner
+from hvdflow.training.trainer import train_classifier
 
 
 def steady_images_per_s(result: dict) -> float:
@@ -33,9 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args(argv)
-
-    from hvdflow.infra import HorovodRunner
-    from hvdflow.training.trainer import train_classifier
 
     spec = study_spec(args.dataset, args.epochs)
     rates: dict[str, list[float]] = {"streamed": [], "in memory": []}

@@ -24,12 +24,19 @@ and noisy: the best is the least disturbed).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
+
+from hvdflow.bench.preprocess_throughput import make_caltech_like
+from hvdflow.training.models import build_model
+from hvdflow.training.threads import use_threads
 
 IMAGE_SIZE = (224, 224)
 CLASSES = 10
@@ -38,11 +45,9 @@ CLASSES = 10
 def save_model(name: str, folder: Path):
     """The model, built with seeded weights and saved with MLflow (as training logs it)."""
     import mlflow.tensorflow
-    import numpy as np
     from mlflow.models import infer_signature
 
-    from hvdflow.tasks.score.model import local_model
-    from hvdflow.training.models import build_model
+    from hvdflow.tasks.score.model import local_model  # noqa: PLC0415 (lazy: it loads Spark)
 
     keras_model = build_model(name, (*IMAGE_SIZE, 3), CLASSES, seed=0)
     example = np.random.default_rng(0).random((2, *IMAGE_SIZE, 3), dtype=np.float32)
@@ -53,8 +58,8 @@ def save_model(name: str, folder: Path):
 
 
 def spark_run(spark, model, images: Path, out: Path, batch_size: int):
-    from hvdflow.tasks.score.config import ScoreConfig
-    from hvdflow.tasks.score.job import score_images
+    from hvdflow.tasks.score.config import ScoreConfig  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.job import score_images  # noqa: PLC0415 (lazy: it loads Spark)
 
     config = ScoreConfig(input=str(images), output=str(out), batch_size=batch_size)
     started = time.perf_counter()
@@ -64,12 +69,11 @@ def spark_run(spark, model, images: Path, out: Path, batch_size: int):
 
 def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float, float]:
     """(images scored, seconds, seconds in predict) of the single-process loop over ``units``."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hvdflow.tasks.preprocess.decode import Good, decode_image
-    from hvdflow.tasks.score.executor import prediction_schema, to_model_input
+    from hvdflow.tasks.preprocess.decode import Good, decode_image  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.executor import prediction_schema, to_model_input  # noqa: PLC0415 (lazy: it loads Spark)
 
     started = time.perf_counter()
     in_predict = 0.0
@@ -115,7 +119,6 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
 def forward_seconds(keras_model, batches: int, batch_size: int) -> float:
     """Seconds for ``batches`` forward passes of ``batch_size`` images held in memory, with
     ``predict_on_batch`` as the executors call it: the forward pass and nothing else."""
-    import numpy as np
 
     x = np.random.default_rng(0).random((batch_size, *IMAGE_SIZE, 3), dtype=np.float32)
     keras_model.predict_on_batch(x[:2])  # tracing
@@ -127,8 +130,6 @@ def forward_seconds(keras_model, batches: int, batch_size: int) -> float:
 
 def _one_thread_forward(model_dir: str, batches: int, batch_size: int, ready, results) -> None:
     import mlflow.tensorflow
-
-    from hvdflow.training.threads import use_threads
 
     use_threads(1)  # as a Spark task with spark.task.cpus = 1 (hvdflow.tasks.score.model_cache)
     keras_model = mlflow.tensorflow.load_model(model_dir)
@@ -144,7 +145,6 @@ def forward_pass_rates(keras_model, model_dir: str, images: int, batch_size: int
     Their ratio is what two one-core slots can gain over one process on the forward pass, on
     this machine, whatever runs them: the measure of how far a job like Spark's can go.
     """
-    import multiprocessing
 
     batches = max(2, images // batch_size // 2 * 2)
     one = batches * batch_size / forward_seconds(keras_model, batches, batch_size)
@@ -169,7 +169,6 @@ def forward_pass_rates(keras_model, model_dir: str, images: int, batch_size: int
 def measure(spark, name: str, workdir: Path, units, rounds: int, batch_size: int) -> dict:
     """One model's rounds of the three ways; the best rate of each and where the time went."""
     import mlflow.tensorflow
-    import numpy as np
 
     print(f"{name}:", flush=True)
     model = save_model(name, workdir / f"model-{name}")
@@ -243,9 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    from hvdflow.bench.preprocess_throughput import make_caltech_like
-    from hvdflow.infra.spark import get_spark
-    from hvdflow.tasks.score.inputs import list_images
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.inputs import list_images  # noqa: PLC0415 (lazy: it loads Spark)
 
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-score-"))
     try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hvdflow.infra.storage.files import Location
+
 if TYPE_CHECKING:
     from hvdflow.training.spec import TrainSpec
 
@@ -25,10 +27,9 @@ STUDY_TRAINING = {
 def study_spec(dataset_folder: str, epochs: int, threads: int = 1) -> TrainSpec:
     """What ``train_classifier`` trains in the study, on the dataset published in
     ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
-    from hvdflow.infra.storage.files import Location
-    from hvdflow.tasks.config import TrainingParams
-    from hvdflow.tasks.preprocess.publish import read_manifest
-    from hvdflow.tasks.train.run import training_spec
+    from hvdflow.tasks.config import TrainingParams  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.preprocess.publish import read_manifest  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.train.run import training_spec  # noqa: PLC0415 (lazy: it loads Spark)
 
     dataset = read_manifest(Location(dataset_folder))
     if dataset is None:

@@ -17,15 +17,21 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from hvdflow.bench.conditions import parse_condition
+from hvdflow.bench import stats
+from hvdflow.bench.conditions import measure, parse_condition
+from hvdflow.bench.workloads import write_augmented_digits_idx
 from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.services.local import hvdflow_home
+from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.preprocess.steps import preprocessed
+from hvdflow.tasks.train.run import training_spec
 from hvdflow.tasks.train.steps import check_tracking_step
 from hvdflow.tasks.weights.stage import redact
+from hvdflow.tasks.weights.steps import stage_weights_for
+from hvdflow.training.gcn import write_karate_cora
 
 DEFAULT_BENCH = BenchParams()
 
@@ -39,9 +45,6 @@ def measure_step(
     trainer: str,
     threads_per_rank: int = 1,
 ):
-    from hvdflow.bench.conditions import measure
-    from hvdflow.infra.spark import get_spark
-
     spark = get_spark(launcher.spark_master)
     m = measure(
         condition, repetition, train_kwargs, spark, trainer, launcher.horovod, threads_per_rank
@@ -89,7 +92,6 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
 def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
     """Cora-format files: ``input`` is their common prefix (``.../cora`` for cora.content);
     empty: Zachary's karate club from networkx."""
-    from hvdflow.training.gcn import write_karate_cora
 
     if params.data.input:
         content, cites = f"{params.data.input}.content", f"{params.data.input}.cites"
@@ -106,14 +108,10 @@ def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
 
 
 def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
-    from hvdflow.tasks.train.run import training_spec
-
     training = params.training
     most_ranks = max(parse_condition(c).ranks for c in params.conditions)
     data_params = params.data
     if params.workload == AUGMENTED_DIGITS and not data_params.input:
-        from hvdflow.bench.workloads import write_augmented_digits_idx
-
         root = hvdflow_home() / "data" / f"digits-augmented-{params.images}"
         write_augmented_digits_idx(str(root), params.images, data_params.val_fraction)
         data_params = data_params.model_copy(
@@ -124,7 +122,6 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     staged = None
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
-        from hvdflow.tasks.weights.steps import stage_weights_for
 
         staged = stage_weights_for(training.model, training.weights_source, dataset)
     # The study times every condition to its end and reports the accuracy it reached: no
@@ -147,9 +144,7 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
 
 
 def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, logger) -> dict:
-    import mlflow
-
-    from hvdflow.bench import stats
+    import mlflow  # noqa: PLC0415 (lazy: it loads MLflow)
 
     target = params.target_accuracy
     rows = stats.summary_table(measurements, target=target)

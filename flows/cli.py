@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from hvdflow.flows.cli_support import (
@@ -20,12 +21,14 @@ from hvdflow.flows.cli_support import (
     nested_params,
     one_line,
 )
+from hvdflow.flows.status import gather, render
+from hvdflow.infra import HorovodRunner
+from hvdflow.infra.services import check_bind_address
+from hvdflow.infra.services.local import LocalServices
+from hvdflow.training.smoke import train_digits
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from hvdflow.infra import HorovodRunner
-    from hvdflow.training.smoke import train_digits
-
     runner = HorovodRunner(np=args.np, driver_log_verbosity=args.driver_log_verbosity)
     result = runner.run(train_digits, epochs=args.epochs)
     same = len(set(result["checksums"])) == 1
@@ -36,9 +39,6 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 def _use_services(prefect: bool = True) -> dict[str, str]:
     """Start the embedded services that the environment does not already point elsewhere, and
     point this process at them, Prefect included (it reads its settings once, at import)."""
-    import os
-
-    from hvdflow.infra.services.local import LocalServices
 
     env = LocalServices().up(prefect=prefect)
     os.environ.update(env)
@@ -47,9 +47,6 @@ def _use_services(prefect: bool = True) -> dict[str, str]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from hvdflow.infra.services import check_bind_address
-    from hvdflow.infra.services.local import LocalServices
-
     if args.bind is not None:
         try:
             check_bind_address(args.bind)
@@ -72,11 +69,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import os
-
-    from hvdflow.flows.status import gather, render
-    from hvdflow.infra.services.local import LocalServices
-    from hvdflow.tasks.config import TrackingParams
+    from hvdflow.tasks.config import TrackingParams  # noqa: PLC0415 (lazy: it loads Spark)
 
     model = args.model or TrackingParams().registered_model_name
     experiment = args.experiment or TrackingParams().experiment
@@ -86,8 +79,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    from hvdflow.infra.services.local import LocalServices
-
     stopped = LocalServices().down()
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
     return 0
@@ -129,7 +120,7 @@ SCORE_FLAGS = {
 
 
 def _pipeline_params(args: argparse.Namespace):
-    from hvdflow.flows.params import (
+    from hvdflow.flows.params import (  # noqa: PLC0415 (lazy: it loads Spark)
         PipelineParams,  # no Prefect yet: it must see the services first
     )
 
@@ -139,8 +130,7 @@ def _pipeline_params(args: argparse.Namespace):
 def _cmd_run(args: argparse.Namespace) -> int:
     params = _pipeline_params(args)  # a bad parameter fails before any service starts
     _use_services()
-    from hvdflow.flows.pipeline import pipeline, throughput_lines
-    from hvdflow.infra.services.local import LocalServices
+    from hvdflow.flows.pipeline import pipeline, throughput_lines  # noqa: PLC0415 (lazy: it loads Spark)
 
     summary = pipeline(params)
     urls = LocalServices().urls()
@@ -164,8 +154,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _use_services()
     from prefect import serve
 
-    from hvdflow.flows.benchmark import benchmark
-    from hvdflow.flows.pipeline import pipeline
+    from hvdflow.flows.benchmark import benchmark  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.pipeline import pipeline  # noqa: PLC0415 (lazy: it loads Spark)
 
     deployments = [
         pipeline.to_deployment(
@@ -181,7 +171,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from hvdflow.flows.params import ScoreParams
+    from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads Spark)
 
     if args.input is None and '"input"' not in (args.params or ""):
         raise InvalidParameters(
@@ -190,7 +180,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         )
     params = nested_params(ScoreParams, args, SCORE_FLAGS)  # before any service starts
     _use_services()
-    from hvdflow.flows.score import score
+    from hvdflow.flows.score import score  # noqa: PLC0415 (lazy: it loads Spark)
 
     if args.serve:
         from prefect import serve
@@ -214,13 +204,13 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from hvdflow.flows.params import BenchParams
+    from hvdflow.flows.params import BenchParams  # noqa: PLC0415 (lazy: it loads Spark)
 
     if args.conditions:
         args.conditions = args.conditions.split(",")
     params = nested_params(BenchParams, args, BENCH_FLAGS)
     _use_services()
-    from hvdflow.flows.benchmark import benchmark
+    from hvdflow.flows.benchmark import benchmark  # noqa: PLC0415 (lazy: it loads Spark)
 
     result = benchmark(params)
     if result["dataset"].get("workload"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from hvdflow.infra.services.local import hvdflow_home
 from hvdflow.tasks.weights.stage import redact
 
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.
@@ -203,8 +204,6 @@ def _remove_our_handlers() -> None:
 
 
 def _log_file_path(command: str) -> Path | None:
-    from hvdflow.infra.services.local import hvdflow_home
-
     folder = hvdflow_home() / "logs"
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hvdflow.bench.conditions import parse_condition
 from hvdflow.bench.study import STUDY_DATA, STUDY_TRAINING
+from hvdflow.infra.services.local import hvdflow_home
 from hvdflow.tasks.config import (
     GRAPH_MODELS,
     DataParams,
@@ -142,7 +143,6 @@ class ScoreParams(BaseModel):
         """``data`` with its output resolved (empty: under HVDFLOW_HOME)."""
         if self.data.output:
             return self.data
-        from hvdflow.infra.services.local import hvdflow_home
 
         output = str(hvdflow_home() / "scores" / self.model.name)
         return self.data.model_copy(update={"output": output})

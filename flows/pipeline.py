@@ -51,7 +51,7 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
 def _logged_metric(uri: str, run_id: str, key: str) -> float | None:
     """The last value of ``key`` that MLflow run ``run_id`` logged; None without one, or when
     the tracking server does not answer now (the summary goes without it: the run is done)."""
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # noqa: PLC0415 (lazy: it loads MLflow)
 
     try:
         return MlflowClient(uri).get_run(run_id).data.metrics.get(key)

@@ -14,10 +14,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hvdflow.infra import constants as c
+from hvdflow.infra._env import temporary_env
 from hvdflow.infra.secrets import redact_url
+from hvdflow.tasks.train.tags import FLOW_RUN_TAG
 
 # Seconds each service gets to answer a status question: a stopped one refuses at once, and a
 # busy one on a loaded machine can take a few seconds without being down.
@@ -98,8 +100,6 @@ def last_runs(client, experiment: str, model: str, n: int) -> tuple[list[RunStat
     model's aliases (alias -> version)."""
     from mlflow.exceptions import MlflowException
 
-    from hvdflow.tasks.train.tags import FLOW_RUN_TAG
-
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return [], {}
@@ -135,7 +135,6 @@ def last_runs(client, experiment: str, model: str, n: int) -> tuple[list[RunStat
 
 def with_flow_run_states(runs: list[RunStatus], states: Mapping[str, str]) -> list[RunStatus]:
     """``runs`` with the Prefect state of each one's flow run, where ``states`` has it."""
-    from dataclasses import replace
 
     return [
         replace(r, flow_run_state=states.get(r.flow_run_id)) if r.flow_run_id else r for r in runs
@@ -203,7 +202,6 @@ def gather(
     n: int = 5,
 ) -> Status:
     """The status of ``services`` (a LocalServices) and of the last ``n`` runs."""
-    from hvdflow.infra._env import temporary_env
 
     service_list = service_statuses(services.state(), environ)
     status = Status(str(services.home), service_list, model, experiment)

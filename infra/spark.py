@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
@@ -154,8 +156,6 @@ class SparkProgress:
     """
 
     def __init__(self, spark, log, every_s: float = EVERY_S):
-        import threading
-
         self._tracker = spark.sparkContext.statusTracker()
         self._log = log
         self._every_s = every_s
@@ -182,8 +182,6 @@ class SparkProgress:
         return stages
 
     def _run(self) -> None:
-        import time
-
         while not self._stop.wait(self._every_s):
             try:
                 for line in self._stages.update(self._active(), time.monotonic()):

@@ -29,7 +29,8 @@ from hvdflow.tasks.preprocess.config import (
     check_s3_uri,
 )
 from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact
-from hvdflow.training.optimizers import OPTIMIZERS
+from hvdflow.training.models import Recipe, model_names, recipe
+from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES, OPTIMIZERS
 
 # Models trained on graphs rather than images; only the benchmark runs them.
 GRAPH_MODELS = ("gcn",)
@@ -37,15 +38,12 @@ DEFAULT_REGISTERED_MODEL = "hvdflow-classifier"
 
 
 def image_models() -> list[str]:
-    from hvdflow.training.models import model_names
-
     return model_names()
 
 
 def model_recipe(model: str):
     """The model's training defaults (``hvdflow.training.models.Recipe``); None for an unknown one.
     The graph model trains full-batch: its ranks split one batch, so its rate needs no scaling."""
-    from hvdflow.training.models import Recipe, recipe
 
     if model in GRAPH_MODELS:
         return Recipe("adam", 0.01, 0.0)
@@ -135,8 +133,6 @@ class TrainingParams(BaseModel):
             if data.get("learning_rate") is None:
                 data["learning_rate"] = defaults.learning_rate
         elif data.get("learning_rate") is None:
-            from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES
-
             data["learning_rate"] = DEFAULT_LEARNING_RATES.get(optimizer.lower(), 0.001)
         if data.get("warmup_epochs") is None:
             data["warmup_epochs"] = defaults.warmup_epochs

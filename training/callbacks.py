@@ -9,6 +9,8 @@ import time
 import tensorflow as tf
 
 from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
+from hvdflow.infra.tracking import check_reachable
+from hvdflow.training.checkpoints import CheckpointState, epoch_folder
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
 from hvdflow.training.quality import divergence
 
@@ -162,7 +164,7 @@ class EpochMetricsSender:
         return unsent
 
     def _run(self) -> None:
-        import mlflow.entities  # noqa: F401  (imported here, not in the first timed send)
+        import mlflow.entities  # noqa: F401, PLC0415  (imported here, not in the first timed send)
 
         outage = _Outage()
         while True:
@@ -192,14 +194,12 @@ class EpochMetricsSender:
             outage.end()
 
     def _send(self, epoch: int, metrics: dict[str, float], at: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # noqa: PLC0415 (lazy: it loads Spark)
 
         if self._probe:
             # A quick probe first: MLflow's own retries would hold an epoch for minutes before
             # saying anything about a server that is down.
-            import mlflow
-
-            from hvdflow.infra.tracking import check_reachable
+            import mlflow  # noqa: PLC0415 (lazy: it loads Spark)
 
             check_reachable(mlflow.get_tracking_uri())
             self._client = self._client or mlflow.MlflowClient()
@@ -299,8 +299,6 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
         self.epoch_times: list[float] = list(state.epoch_times) if state else []
 
     def on_epoch_end(self, epoch, logs=None):
-        from hvdflow.training.checkpoints import CheckpointState, epoch_folder
-
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(float(value))
         self.epoch_times.append(float((logs or {}).get("epoch_time_s", 0.0)))

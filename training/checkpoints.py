@@ -25,6 +25,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from hvdflow.infra.storage.uris import parse_uri
+
 logger = logging.getLogger(__name__)
 
 LATEST = "latest.json"
@@ -122,8 +124,7 @@ class _Bucket:
     """Objects under an ``s3://`` prefix. A PUT is atomic: an object is whole or absent."""
 
     def __init__(self, url: str):
-        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
-        from hvdflow.infra.storage.uris import parse_uri
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
 
         self.bucket, self.prefix = parse_uri(url.rstrip("/"))
         self.store = ObjectStore(ObjectStoreConfig.from_env(bucket=self.bucket))
@@ -138,7 +139,7 @@ class _Bucket:
         self.store.put_bytes(data, self._uri(name))
 
     def get_bytes(self, name: str) -> bytes | None:
-        from hvdflow.infra.storage.object_store import ObjectStoreError
+        from hvdflow.infra.storage.object_store import ObjectStoreError  # noqa: PLC0415 (lazy: it loads boto3)
 
         try:
             return self.store.get_bytes(self._uri(name))

@@ -32,6 +32,7 @@ from hvdflow.infra.constants import (
     TF_COLLECTIVE,
     TF_CONFIG,
 )
+from hvdflow.training.threads import share_cores, use_threads
 
 NONE = "none"  # one process, no engine (np=1 outside the launcher)
 # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by default) to negotiate the
@@ -86,7 +87,6 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
     its runtime starts. Threads are limited here too: ``threads`` per process, else the ranks
     on a host share its cores (a plain process gets them all).
     """
-    from hvdflow.training.threads import share_cores, use_threads
 
     if name == HOROVOD:
         import horovod.tensorflow.keras as hvd

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
+
 
 def load_cora(content_path: str, cites_path: str):
     """(features [N, F] float32, labels [N] int32, adjacency [N, N] float32, class names)."""
@@ -99,9 +102,6 @@ def train_gcn(
 ) -> dict:
     """Train; return history, per-epoch times and nodes per epoch like ``train_classifier``."""
     import tensorflow as tf
-
-    from hvdflow.infra.launcher.rank_events import log_to_driver
-    from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
     if use_horovod:
         import horovod.tensorflow as hvd

@@ -155,6 +155,6 @@ def make_planned_optimizer(name: str, plan: LearningRatePlan):
     """The optimizer with ``plan``'s learning rate: a constant, or the warm-up schedule."""
     if plan.warmup_steps == 0:
         return make_optimizer(name, plan.target)
-    from hvdflow.training.warmup import WarmupSchedule
+    from hvdflow.training.warmup import WarmupSchedule  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     return make_optimizer(name, WarmupSchedule(plan.base, plan.target, plan.warmup_steps))

@@ -14,14 +14,18 @@ training for its core.
 from __future__ import annotations
 
 import posixpath
+import warnings
 from contextlib import contextmanager
+
+import numpy as np
+
+from hvdflow.infra.storage.access import s3_endpoint
 
 
 def filesystem_for(url: str):
     """A pyarrow filesystem for ``s3://`` URLs on the configured endpoint (None for local)."""
     if not url.startswith("s3://"):
         return None
-    import warnings
 
     import s3fs
     from pyarrow.filesystem import S3FSWrapper
@@ -38,8 +42,6 @@ def filesystem_for(url: str):
             yield path, sorted(directories), sorted(files)
             for directory in sorted(directories):
                 yield from self.walk(posixpath.join(path, directory), refresh=refresh)
-
-    from hvdflow.infra.storage.access import s3_endpoint
 
     endpoint = s3_endpoint()
     client_kwargs = {"endpoint_url": endpoint} if endpoint else {}
@@ -59,7 +61,6 @@ def shard_megabytes(rows: int, size: int, image_shape) -> float:
 
 def load_shard(url: str, *, rank: int = 0, size: int = 1, fields=("image", "label")):
     """This rank's whole shard as numpy arrays, one per field, in the stored order."""
-    import numpy as np
     from petastorm import make_reader
 
     with make_reader(

@@ -12,6 +12,12 @@ import hashlib
 import os
 import socket
 
+import numpy as np
+
+from hvdflow.training.engines import TF_COLLECTIVE, start_engine
+from hvdflow.training.optimizers import scaled_learning_rate
+from hvdflow.training.threads import share_cores, use_threads
+
 
 def weights_sha256(weights) -> str:
     """One digest over every weight array's bytes, in layer order."""
@@ -29,9 +35,7 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
-    from hvdflow.training.callbacks import LogCallback
-    from hvdflow.training.optimizers import scaled_learning_rate
-    from hvdflow.training.threads import share_cores, use_threads
+    from hvdflow.training.callbacks import LogCallback  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     hvd.init()
     use_threads(share_cores(hvd.local_size()))
@@ -81,13 +85,10 @@ def train_digits_tf(epochs: int = 2, batch_size: int = 32, learning_rate: float 
     Run it with ``HorovodRunner(engine="tf_collective")`` or ``MirroredStrategyRunner``: each
     worker trains on its own shard with its own batches, as the Horovod version does.
     """
-    import numpy as np
     import tensorflow as tf
     from sklearn.datasets import load_digits
 
-    from hvdflow.training.callbacks import LogCallback
-    from hvdflow.training.engines import TF_COLLECTIVE, start_engine
-    from hvdflow.training.optimizers import scaled_learning_rate
+    from hvdflow.training.callbacks import LogCallback  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     engine = start_engine(TF_COLLECTIVE)
     images, labels = load_digits(return_X_y=True)

@@ -11,6 +11,13 @@ from __future__ import annotations
 import time
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.tracking import wait_until_reachable
+from hvdflow.training.checkpoints import CheckpointStore
+from hvdflow.training.engines import NONE, start_engine
+from hvdflow.training.models import build_model, model_input_shape
+from hvdflow.training.optimizers import learning_rate_plan, make_planned_optimizer
+from hvdflow.training.quality import rejection
+from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.spec import TrainSpec
 
 # How long rank 0 waits for a tracking server that is down before it logs the model.
@@ -45,11 +52,7 @@ def train_classifier(spec: TrainSpec) -> dict:
     """
     # Imported here, not above: the driver imports this module to send the function, and
     # must not pay for TensorFlow (the callbacks import it).
-    from hvdflow.training.callbacks import DivergenceGuard, EpochTimer
-    from hvdflow.training.engines import NONE, start_engine
-    from hvdflow.training.optimizers import learning_rate_plan
-    from hvdflow.training.quality import rejection
-    from hvdflow.training.reader import steps_per_epoch
+    from hvdflow.training.callbacks import DivergenceGuard, EpochTimer  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     data = spec.data
     # First, before any TensorFlow op. Fair use of the CPU: the ranks on a host split its cores;
@@ -98,8 +101,6 @@ def train_classifier(spec: TrainSpec) -> dict:
     if engine.rank == 0 and spec.tracking and not rejected:
         import mlflow
 
-        from hvdflow.infra.tracking import wait_until_reachable
-
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         result["model_version"] = _log_model(
             model, example, spec.tracking.run_id, spec.tracking.registered_model_name
@@ -110,8 +111,6 @@ def train_classifier(spec: TrainSpec) -> dict:
 def _compiled_model(spec: TrainSpec, engine, plan):
     """The model, built in the engine's scope, with the staged weights loaded if any, and
     compiled with the engine's optimizer."""
-    from hvdflow.training.models import build_model, model_input_shape
-    from hvdflow.training.optimizers import make_planned_optimizer
 
     if spec.mixed_precision:
         import tensorflow as tf
@@ -125,7 +124,7 @@ def _compiled_model(spec: TrainSpec, engine, plan):
         if spec.mixed_precision:
             model = _float32_output(model)
         if spec.weights_uri:
-            from hvdflow.training.weights import fetch_weights
+            from hvdflow.training.weights import fetch_weights  # noqa: PLC0415 (lazy: it loads boto3)
 
             model.load_weights(fetch_weights(spec.weights_uri, spec.weights_sha256))
         opt = engine.optimizer(make_planned_optimizer(spec.optimizer.name, plan))
@@ -140,8 +139,6 @@ def _resume(spec: TrainSpec, model, rank: int):
     if not spec.checkpoint_url:
         return None, None, None
     import tensorflow as tf
-
-    from hvdflow.training.checkpoints import CheckpointStore
 
     checkpoints = CheckpointStore(spec.checkpoint_url, keep=spec.checkpoint_keep)
     # model.optimizer: with mixed precision, compile wrapped opt in a LossScaleOptimizer.
@@ -161,7 +158,7 @@ def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpo
     """The engine's callbacks first (they make the logs equal on every rank), then the stall
     watch's feed, the timers and logs, rank 0's checkpoints and MLflow metrics, and last the
     divergence guard (the diverged epoch's metrics are logged first)."""
-    from hvdflow.training.callbacks import (
+    from hvdflow.training.callbacks import (  # noqa: PLC0415 (lazy: it loads TensorFlow)
         CheckpointCallback,
         LearningRateLog,
         LogCallback,
@@ -189,7 +186,6 @@ def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpo
 def _fit(spec: TrainSpec, engine, model, steps: int, callbacks, resumed):
     """``model.fit`` on this rank's shards; the history, the seconds it took, and a few
     validation images for the registered model's input example."""
-    from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 
     data, rank, size = spec.data, engine.rank, engine.size
     val_steps = steps_per_epoch(data.val_rows, size, spec.batch_size) if data.val_rows else None

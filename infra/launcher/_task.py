@@ -35,6 +35,7 @@ from hvdflow.infra.constants import (
 )
 from hvdflow.infra.launcher import _liveness, _placement, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
+from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -397,7 +398,6 @@ def _report_failure(
 
 def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
     """The rank's Python stacks: signal its faulthandler (``_rank``), read what it wrote."""
-    from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 
     start = os.path.getsize(path) if os.path.exists(path) else 0
     try:

@@ -193,7 +193,7 @@ class HorovodRunner:
         )
 
     def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
-        from hvdflow.infra.spark import get_spark
+        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
         spark = self._spark or get_spark()
         sc = spark.sparkContext

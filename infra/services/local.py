@@ -180,7 +180,7 @@ class LocalServices:
 
     def _create_artifact_bucket(self, store_env: dict[str, str]) -> None:
         """The tracking server's artifact bucket, in the object store it will use."""
-        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
 
         with temporary_env(store_env):
             ObjectStore(ObjectStoreConfig.from_env(bucket=ARTIFACT_BUCKET)).ensure_bucket()

@@ -260,7 +260,7 @@ class SeaweedServer(Service):
 
     def _ready(self) -> bool:
         """A signed S3 call succeeds: the port alone opens before the filer is ready."""
-        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         with socket.socket(family) as s:

@@ -9,6 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from hvdflow.infra.constants import HVDFLOW_CACHE_DIR
+
 _thread_locks: dict[str, threading.Lock] = {}
 _guard = threading.Lock()
 
@@ -46,7 +48,6 @@ def machine_lock(path: str | Path, timeout_s: float = 600.0, what: str = "the lo
 
 def cache_root() -> Path:
     """``$HVDFLOW_CACHE_DIR``, else ``~/.cache/hvdflow``: per machine, shared by its ranks."""
-    from hvdflow.infra.constants import HVDFLOW_CACHE_DIR
 
     root = os.environ.get(HVDFLOW_CACHE_DIR)
     return Path(root) if root else Path.home() / ".cache" / "hvdflow"

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hvdflow.infra.services.local import hvdflow_home
 from hvdflow.infra.storage.uris import parse_uri
 
 # Row groups per split when a dataset is for fewer ranks: datasets built for np <= 8 are shared.
@@ -130,8 +131,6 @@ class PreprocessConfig(DataParams):
     @classmethod
     def _resolve_paths(cls, values):
         if isinstance(values, dict) and not (values.get("input") and values.get("output")):
-            from hvdflow.infra.services.local import hvdflow_home  # the services' home: lazy
-
             home = hvdflow_home()
             values = dict(values)
             if not values.get("input") and values.get("input_format", "digits") == "digits":

@@ -17,6 +17,7 @@ Scoring (tasks/score/executor.py) reads and decodes its inputs with the same fun
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import re
@@ -33,7 +34,10 @@ import numpy as np
 from hvdflow.infra.storage.access import S3Access, error_code
 from hvdflow.infra.storage.uris import is_s3, split_s3
 from hvdflow.tasks.preprocess.pixels import unsupported_mode, upright_8bit
+from hvdflow.tasks.preprocess.schema import image_schema
 from hvdflow.tasks.preprocess.sniff import what_it_is
+from hvdflow.tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header
+from hvdflow.tasks.preprocess.split import split_key
 
 # Why a local file is quarantined when this process may not read it.
 PERMISSION_DENIED = "permission denied: the file is not readable by this process (chmod a+r it)"
@@ -314,8 +318,6 @@ class _Fetcher:
         return get_object(self.client, self._access, uri, first, last)
 
     def _idx_range(self, item):
-        from hvdflow.tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header
-
         if not is_s3(item.path):
             with _open_idx(item.path) as f:
                 _, (_, rows, cols) = parse_idx_header(f.read(16), item.path)
@@ -345,8 +347,6 @@ class _Fetcher:
         return pixels, labels, rows, cols
 
     def _whole_idx(self, uri: str) -> bytes:
-        import gzip
-
         if uri not in self._whole:
             data = self._get(uri)
             if data is None:
@@ -361,8 +361,6 @@ class _Fetcher:
 def decode_records(items, plan: DecodePlan, client=None):
     """Row or Bad records for ``items`` (sources.Item), in order; ``client``: the partition's
     boto3 client, if it has one already."""
-    from hvdflow.tasks.preprocess.schema import image_schema
-    from hvdflow.tasks.preprocess.split import split_key
 
     if not is_s3(plan.root):
         check_input_root(plan.root)

@@ -17,6 +17,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from hvdflow.infra.storage.access import S3Access
@@ -300,7 +301,6 @@ def code_version() -> str:
     """hvdflow's version and the sha256 of the preprocessing modules' source (this package's
     ``*.py``), computed once: an upgrade that changes how images become rows fingerprints
     every dataset anew, so none written by the old code is reused."""
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         release = version("hvdflow")

@@ -10,13 +10,16 @@ import hashlib
 
 from prefect import get_run_logger, task
 
+from hvdflow.infra.spark import SparkProgress, get_spark
+from hvdflow.infra.storage.files import Location
+from hvdflow.tasks.preprocess import preprocess_images, sources
 from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
+from hvdflow.tasks.preprocess.job import list_inputs
+from hvdflow.tasks.preprocess.publish import read_manifest
 
 
 def dataset_cache_key(context, parameters) -> str:
     """The dataset fingerprint: same inputs and parameters, same cached result."""
-    from hvdflow.tasks.preprocess import sources
-    from hvdflow.tasks.preprocess.job import list_inputs
 
     config: PreprocessConfig = parameters["config"]
     fingerprint = sources.fingerprint(list_inputs(config), config.params())
@@ -26,9 +29,6 @@ def dataset_cache_key(context, parameters) -> str:
 
 @task(name="preprocess", cache_key_fn=dataset_cache_key, persist_result=True)
 def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
-    from hvdflow.infra.spark import SparkProgress, get_spark
-    from hvdflow.tasks.preprocess import preprocess_images
-
     logger = get_run_logger()
     spark = get_spark(spark_master)
     logger.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
@@ -57,9 +57,6 @@ def preprocessed(config: PreprocessConfig, spark_master: str | None = None) -> D
 
 
 def _still_published(dataset: DatasetManifest) -> bool:
-    from hvdflow.infra.storage.files import Location
-    from hvdflow.tasks.preprocess.publish import read_manifest
-
     version = dataset.path.rstrip("/").rsplit("/", 1)[0]  # the manifest sits beside the attempt
     published = read_manifest(Location(version))
     return published is not None and published.path == dataset.path

@@ -37,7 +37,10 @@ from typing import NamedTuple
 
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.files import Location, open_for_write
-from hvdflow.infra.storage.uris import is_s3, join
+from hvdflow.infra.storage.uris import dataset_url, is_s3, join
+from hvdflow.tasks.preprocess.decode import FETCH_AHEAD, Bad, decode_records
+from hvdflow.tasks.preprocess.split import is_val
+from hvdflow.training.reader import filesystem_for
 
 logger = logging.getLogger(__name__)
 
@@ -231,9 +234,6 @@ def write_partition(planned, plan: WritePlan):
 
 
 def _write_one(partition: int, items, plan: WritePlan):
-    from hvdflow.tasks.preprocess.decode import FETCH_AHEAD, Bad, decode_records
-    from hvdflow.tasks.preprocess.split import is_val
-
     sizes = plan.sizes.get(partition, {})
     # One boto3 client per partition, for reading the inputs and writing the files.
     uses_s3 = is_s3(plan.attempt_url) or is_s3(plan.decode.root)
@@ -330,9 +330,6 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
     )
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
     from petastorm.utils import add_to_dataset_metadata
-
-    from hvdflow.infra.storage.uris import dataset_url
-    from hvdflow.training.reader import filesystem_for
 
     url = dataset_url(split_url)
     fs, path = get_filesystem_and_path_or_paths(url, filesystem=filesystem_for(url))

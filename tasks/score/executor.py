@@ -36,6 +36,7 @@ from hvdflow.tasks.preprocess.decode import (
     host,
 )
 from hvdflow.tasks.preprocess.write import ParquetPart, part_name, write_quarantine_part
+from hvdflow.tasks.score import model_cache
 from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
 
 INPUT_SCHEMA = "source string, path string, row_group int, problem string"
@@ -98,8 +99,6 @@ def score_partition(batches, plan: ExecutorPlan):
 
 
 def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tuple]:
-    from hvdflow.tasks.score import model_cache
-
     if not is_s3(plan.root):
         check_input_root(plan.root)
     uses_s3 = is_s3(plan.root) or is_s3(plan.attempt_url)
@@ -155,8 +154,6 @@ def _units(batches):
 
 
 def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
-    from hvdflow.tasks.score import model_cache
-
     rows: list[tuple] = []
     if out.rows:
         rows.append(("predictions", part_name(partition), out.rows))

@@ -16,8 +16,10 @@ import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from hvdflow.infra.storage.access import S3Access
-from hvdflow.infra.storage.files import list_objects
+from hvdflow.infra.storage.files import Location, list_objects
 from hvdflow.infra.storage.uris import is_s3, join, split_s3
 from hvdflow.tasks.preprocess import sources
 
@@ -159,7 +161,6 @@ def read_row_group(unit: Unit, access: S3Access | None):
 
 def first_image_shape(unit: Unit, access: S3Access | None) -> tuple[int, ...]:
     """The shape of the first image of a dataset, decoded on the driver."""
-    import numpy as np
     from PIL import Image
 
     _sources, images = read_row_group(unit, access)
@@ -168,8 +169,6 @@ def first_image_shape(unit: Unit, access: S3Access | None) -> tuple[int, ...]:
 
 
 def _read_manifest(root: str, access: S3Access | None) -> dict | None:
-    from hvdflow.infra.storage.files import Location
-
     data = Location(root, access).read_bytes(MANIFEST)
     return json.loads(data) if data is not None else None
 

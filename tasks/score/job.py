@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3, join
+from hvdflow.tasks.preprocess.decode import executor_errors
 from hvdflow.tasks.preprocess.plan import assign_partitions, check_quality
 from hvdflow.tasks.preprocess.write import write_quarantine
 from hvdflow.tasks.score import publish
 from hvdflow.tasks.score.config import ScoreConfig
+from hvdflow.tasks.score.executor import INPUT_SCHEMA, REPORT_SCHEMA, ExecutorPlan, score_partition
 from hvdflow.tasks.score.inputs import ScoreInput, list_input
 from hvdflow.tasks.score.model import ScoringModel, image_settings
 
@@ -76,7 +78,6 @@ def score_images(spark, config: ScoreConfig, model: ScoringModel) -> ScoreResult
     )
     location = Location(config.output, access)
     attempt = publish.new_attempt()
-    from hvdflow.tasks.score.executor import ExecutorPlan
 
     plan = ExecutorPlan(
         model_key=model.cache_key,
@@ -167,9 +168,6 @@ def partitions_for(images: int, units: int, slots: int) -> int:
 
 
 def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
-    from hvdflow.tasks.preprocess.decode import executor_errors
-    from hvdflow.tasks.score.executor import INPUT_SCHEMA, REPORT_SCHEMA, score_partition
-
     sc = spark.sparkContext
     partitions = partitions_for(listing.rows, len(listing.units), sc.defaultParallelism)
     assigned = assign_partitions([unit.rows for unit in listing.units], partitions)

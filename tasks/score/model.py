@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from hvdflow.infra.secrets import redact_url
+from hvdflow.infra.storage.locks import cache_root
 from hvdflow.tasks.score.config import ModelRef
 
 logger = logging.getLogger(__name__)
@@ -53,9 +55,6 @@ def fetch_model(ref: ModelRef, tracking_uri: str, workdir: str | None = None) ->
     """Resolve ``ref`` in the registry at ``tracking_uri`` and download that version, once per
     driver machine (``$HVDFLOW_CACHE_DIR/models``: a registered version's files never change)."""
     from mlflow import MlflowClient
-
-    from hvdflow.infra.secrets import redact_url
-    from hvdflow.infra.storage.locks import cache_root
 
     client = MlflowClient(tracking_uri)
     version = resolve_version(client, ref)

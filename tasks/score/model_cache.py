@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+from hvdflow.training.threads import use_threads
+
 logger = logging.getLogger(__name__)
 
 # Models kept per process: the newest few, so that a long-lived worker scoring version after
@@ -55,7 +57,6 @@ def _limit_threads(threads: int) -> None:
     global _threads_set
     if _threads_set:
         return
-    from hvdflow.training.threads import use_threads
 
     try:
         use_threads(threads)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from hvdflow.infra.spark import SparkProgress, get_spark
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
-from hvdflow.tasks.score.job import ScoreResult
-from hvdflow.tasks.score.model import ScoringModel
+from hvdflow.tasks.score.job import ScoreResult, score_images
+from hvdflow.tasks.score.model import ScoringModel, fetch_model
 from hvdflow.tasks.score.record import record_scoring
 
 
@@ -33,8 +34,6 @@ def _unless_bad_value(_task, _task_run, state) -> bool:
     retry_condition_fn=_unless_bad_value,
 )
 def find_model_step(ref: ModelRef, tracking_uri: str) -> ScoringModel:
-    from hvdflow.tasks.score.model import fetch_model
-
     model = fetch_model(ref, tracking_uri)
     get_run_logger().info(
         "%s is %s (run %s; %d classes, input %s)",
@@ -51,9 +50,6 @@ def find_model_step(ref: ModelRef, tracking_uri: str) -> ScoringModel:
 def score_step(
     config: ScoreConfig, model: ScoringModel, spark_master: str | None = None
 ) -> ScoreResult:
-    from hvdflow.infra.spark import SparkProgress, get_spark
-    from hvdflow.tasks.score.job import score_images
-
     logger = get_run_logger()
     spark = get_spark(spark_master)
     logger.info("scoring %s (%s) with %s", config.input, config.input_format, model.uri)

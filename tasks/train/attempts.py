@@ -7,10 +7,13 @@ import logging
 import os
 import time
 
+from hvdflow.infra import HorovodRunner
+from hvdflow.infra.launcher import RankFailed, SparkJobFailed
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
 from hvdflow.training.spec import TrainSpec
+from hvdflow.training.trainer import train_classifier
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +38,6 @@ class Attempts:
 
     def until_done(self, spec: TrainSpec, log_artifacts) -> dict:
         import mlflow
-
-        from hvdflow.infra import HorovodRunner
-        from hvdflow.training.trainer import train_classifier
 
         launcher = self.launcher
         while True:
@@ -92,7 +92,6 @@ def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
     Spark job itself failing (an executor lost). A Python error in the training function would
     only fail the same way again.
     """
-    from hvdflow.infra.launcher import RankFailed, SparkJobFailed
 
     if attempt > retries:
         return False

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 
 from hvdflow.infra.constants import HOROVOD
+from hvdflow.infra.secrets import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ def flow_run_url(flow_run_id: str | None) -> str | None:
     if not flow_run_id:
         return None
     from prefect.utilities.urls import url_for
-
-    from hvdflow.infra.secrets import redact_url
 
     url = url_for("flow-run", obj_id=str(flow_run_id))
     return redact_url(url) if url else None

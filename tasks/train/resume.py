@@ -21,7 +21,7 @@ def checkpoint_url_for(checkpoints: str, run_id: str) -> str | None:
     if checkpoints == "off":
         return None
     if not checkpoints:
-        from hvdflow.infra.storage.object_store import ObjectStoreConfig
+        from hvdflow.infra.storage.object_store import ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
 
         store = ObjectStoreConfig.from_env()
         return store.uri(store.key("checkpoints", run_id))

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
 from hvdflow.infra.secrets import redact_url
+from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import check_reachable, wait_until_reachable
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
 from hvdflow.tasks.train import model_card
@@ -261,10 +263,6 @@ def _log_artifacts(runner, launcher: LauncherParams, dataset, attempt: int = 1) 
 
 def _local_dataset_file(dataset, name: str) -> str | None:
     if dataset.path.startswith("s3://"):
-        import tempfile
-
-        from hvdflow.infra.storage.object_store import ObjectStore
-
         target = os.path.join(tempfile.mkdtemp(prefix="hvdflow-artifact-"), name)
         ObjectStore().download_file(f"{dataset.path}/{name}", target)
         return target

@@ -11,11 +11,16 @@ import contextvars
 import threading
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.runtime import flow_run
 
 from hvdflow.infra.launcher import CALLBACK, STDOUT
+from hvdflow.infra.spark import get_spark
+from hvdflow.infra.tracking import check_reachable
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
-from hvdflow.tasks.train.run import TrainConfig, TrainResult
+from hvdflow.tasks.train.progress import EpochProgress
+from hvdflow.tasks.train.run import TrainConfig, TrainResult, train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
 
 # The Prefect progress artifact that follows a training's epochs (the flow run's Artifacts tab).
@@ -24,8 +29,6 @@ TRAINING_PROGRESS_KEY = "hvdflow-training-progress"
 
 @task(name="check-tracking-server", retries=EDGE_RETRIES, retry_delay_seconds=EDGE_RETRY_DELAYS_S)
 def check_tracking_step(tracking_uri: str) -> None:
-    from hvdflow.infra.tracking import check_reachable
-
     check_reachable(tracking_uri)
 
 
@@ -37,9 +40,6 @@ def train_step(
     tracking_uri: str,
     spark_master: str | None = None,
 ) -> TrainResult:
-    from hvdflow.infra.spark import get_spark
-    from hvdflow.tasks.train.run import train_and_track
-
     logger = get_run_logger()
     progress = _ProgressArtifact(
         TRAINING_PROGRESS_KEY,
@@ -60,7 +60,6 @@ def train_step(
         config.launcher.np,
         config.training.epochs,
     )
-    from prefect.runtime import flow_run
 
     result = train_and_track(
         get_spark(spark_master),
@@ -85,10 +84,6 @@ class _ProgressArtifact:
     """
 
     def __init__(self, key: str, what: str, logger):
-        from prefect.artifacts import create_progress_artifact
-
-        from hvdflow.tasks.train.progress import EpochProgress
-
         self._what, self._logger = what, logger
         self._epochs = EpochProgress()
         self._lock = threading.Lock()
@@ -116,8 +111,6 @@ class _ProgressArtifact:
             self._update(100.0, f"{self._what}: finished")
 
     def _update(self, percent: float, description: str | None = None) -> None:
-        from prefect.artifacts import update_progress_artifact
-
         if self._id is None:
             return
         try:

@@ -28,6 +28,7 @@ from hvdflow.infra.progress import ByteProgress, human_bytes
 from hvdflow.infra.secrets import redact_url, resolve, split_userinfo
 from hvdflow.infra.storage.locks import cache_root, machine_lock
 from hvdflow.infra.storage.object_store import ObjectStore, file_suffix, sha256_file
+from hvdflow.training.models import build_model
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,6 @@ def _local_file(source: str) -> str | None:
 
 def _fetch(model: str, source: str, workdir: str, input_shape=None, num_classes=10) -> str:
     if source == OFFLINE_SOURCE:
-        from hvdflow.training.models import build_model
-
         path = os.path.join(workdir, f"{model}.weights.h5")
         build_model(model, input_shape, num_classes, seed=0).save_weights(path)
         return path

@@ -11,10 +11,12 @@ import uuid
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
-from hvdflow.infra.storage.object_store import ObjectStoreConfig
+from hvdflow.infra.secrets import resolve
+from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
-from hvdflow.tasks.weights.stage import StagedWeights
+from hvdflow.tasks.weights.stage import StagedWeights, is_intact, source_identity, stage_weights
+from hvdflow.training.models import model_input_shape
 
 
 def resolved_source_key(context, parameters) -> str:
@@ -26,8 +28,6 @@ def resolved_source_key(context, parameters) -> str:
     goes into the key; a source that does not resolve, or names no file, gets a key of its own,
     so the task runs and says why.
     """
-    from hvdflow.infra.secrets import resolve
-    from hvdflow.tasks.weights.stage import source_identity
 
     try:
         value = resolve(parameters["source"], "training.weights_source")
@@ -52,9 +52,6 @@ def stage_weights_step(
     input_shape: tuple[int, ...],
     num_classes: int,
 ) -> StagedWeights:
-    from hvdflow.infra.storage.object_store import ObjectStore
-    from hvdflow.tasks.weights.stage import stage_weights
-
     object_store = ObjectStore(store)
     object_store.ensure_bucket()
     # ``source`` may be a reference: stage_weights resolves it, here on the driver, and records
@@ -71,9 +68,6 @@ def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> Stag
     address) or changed (replaced, corrupted: another ETag) is staged again rather than handed
     to the ranks to fail their checksum on.
     """
-    from hvdflow.infra.storage.object_store import ObjectStore
-    from hvdflow.tasks.weights.stage import is_intact
-    from hvdflow.training.models import model_input_shape
 
     store = ObjectStoreConfig.from_env()
     args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)

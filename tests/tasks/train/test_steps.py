@@ -9,21 +9,20 @@ import pytest
 def test_the_training_progress_artifact_moves_with_the_epochs_and_ends_at_100(monkeypatch):
     import logging
 
-    import prefect.artifacts
-
+    from hvdflow.tasks.train import steps
     from hvdflow.tasks.train.steps import TRAINING_PROGRESS_KEY, _ProgressArtifact
     from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
     calls = []
     monkeypatch.setattr(
-        prefect.artifacts,
+        steps,
         "create_progress_artifact",
         lambda progress, key, description: (
             calls.append(("create", progress, key, description)) or "artifact-1"
         ),
     )
     monkeypatch.setattr(
-        prefect.artifacts,
+        steps,
         "update_progress_artifact",
         lambda artifact_id, progress, description: calls.append(
             ("update", artifact_id, progress, description)
@@ -46,16 +45,15 @@ def test_a_progress_artifact_the_api_refuses_warns_once_and_never_fails_training
 ):
     import logging
 
-    import prefect.artifacts
-
+    from hvdflow.tasks.train import steps
     from hvdflow.tasks.train.steps import _ProgressArtifact
     from hvdflow.training.epoch_log import epoch_done_line
 
     def refuse(*args, **kwargs):
         raise ConnectionError("Prefect API unreachable")
 
-    monkeypatch.setattr(prefect.artifacts, "create_progress_artifact", lambda *a, **k: "id-1")
-    monkeypatch.setattr(prefect.artifacts, "update_progress_artifact", refuse)
+    monkeypatch.setattr(steps, "create_progress_artifact", lambda *a, **k: "id-1")
+    monkeypatch.setattr(steps, "update_progress_artifact", refuse)
     caplog.set_level(logging.WARNING, "t")
     progress = _ProgressArtifact("k", "training m", logging.getLogger("t"))
     for epoch in (1, 2, 3):
