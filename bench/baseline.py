@@ -18,7 +18,6 @@ from hvdflow.infra.launcher import rank_events
 def _show_driver_messages_on_stdout() -> None:
     """Outside a rank, ``log_to_driver`` logs instead; print those lines like rank 0's, so the
     paper's log method sees the same epoch lines (``Epoch z/z done`` too) in both conditions."""
-
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     rank_events.logger.addHandler(handler)

@@ -219,7 +219,6 @@ def concurrent_epoch_times(per_process: list[list[float]]) -> list[float]:
 
 def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine]) -> list[dict]:
     """``count`` baseline processes at once (the machine ceiling)."""
-
     results: list[dict | None] = [None] * count
     errors: list[BaseException] = []
 

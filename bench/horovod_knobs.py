@@ -64,7 +64,6 @@ def where_time_goes(spec, path: str) -> dict[str, dict[str, float]]:
     """One more hvd2 run of each cycle time with Horovod's timeline on: the share of the steady
     epochs spent waiting for the peer, in the allreduce, and in compute and input (the timeline
     slows training, so its runs are not among the rates above)."""
-
     shares = {}
     for cycle in (1, 10):
         options = HorovodOptions(timeline_path=path, cycle_time_ms=cycle)

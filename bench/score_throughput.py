@@ -119,7 +119,6 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
 def forward_seconds(keras_model, batches: int, batch_size: int) -> float:
     """Seconds for ``batches`` forward passes of ``batch_size`` images held in memory, with
     ``predict_on_batch`` as the executors call it: the forward pass and nothing else."""
-
     x = np.random.default_rng(0).random((batch_size, *IMAGE_SIZE, 3), dtype=np.float32)
     keras_model.predict_on_batch(x[:2])  # tracing
     started = time.perf_counter()
@@ -145,7 +144,6 @@ def forward_pass_rates(keras_model, model_dir: str, images: int, batch_size: int
     Their ratio is what two one-core slots can gain over one process on the forward pass, on
     this machine, whatever runs them: the measure of how far a job like Spark's can go.
     """
-
     batches = max(2, images // batch_size // 2 * 2)
     one = batches * batch_size / forward_seconds(keras_model, batches, batch_size)
     context = multiprocessing.get_context("spawn")

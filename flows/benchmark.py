@@ -92,7 +92,6 @@ def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
 def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
     """Cora-format files: ``input`` is their common prefix (``.../cora`` for cora.content);
     empty: Zachary's karate club from networkx."""
-
     if params.data.input:
         content, cites = f"{params.data.input}.content", f"{params.data.input}.cites"
     else:

@@ -39,7 +39,6 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 def _use_services(prefect: bool = True) -> dict[str, str]:
     """Start the embedded services that the environment does not already point elsewhere, and
     point this process at them, Prefect included (it reads its settings once, at import)."""
-
     env = LocalServices().up(prefect=prefect)
     os.environ.update(env)
     adopt_prefect_logging()

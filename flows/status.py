@@ -135,7 +135,6 @@ def last_runs(client, experiment: str, model: str, n: int) -> tuple[list[RunStat
 
 def with_flow_run_states(runs: list[RunStatus], states: Mapping[str, str]) -> list[RunStatus]:
     """``runs`` with the Prefect state of each one's flow run, where ``states`` has it."""
-
     return [
         replace(r, flow_run_state=states.get(r.flow_run_id)) if r.flow_run_id else r for r in runs
     ]
@@ -202,7 +201,6 @@ def gather(
     n: int = 5,
 ) -> Status:
     """The status of ``services`` (a LocalServices) and of the last ``n`` runs."""
-
     service_list = service_statuses(services.state(), environ)
     status = Status(str(services.home), service_list, model, experiment)
     mlflow = next(s for s in service_list if s.name == "mlflow")

@@ -41,7 +41,6 @@ def wait_until_reachable(uri: str, timeout_s: float, on_wait=None, poll_s: float
     ``on_wait(message)`` is called once, if the server does not answer at first: end-of-run
     logging waits out a tracking server's restart instead of failing a finished training.
     """
-
     deadline = time.monotonic() + timeout_s
     told = False
     while True:

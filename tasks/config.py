@@ -44,7 +44,6 @@ def image_models() -> list[str]:
 def model_recipe(model: str):
     """The model's training defaults (``hvdflow.training.models.Recipe``); None for an unknown one.
     The graph model trains full-batch: its ranks split one batch, so its rate needs no scaling."""
-
     if model in GRAPH_MODELS:
         return Recipe("adam", 0.01, 0.0)
     return recipe(model) if model in image_models() else None

@@ -87,7 +87,6 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
     its runtime starts. Threads are limited here too: ``threads`` per process, else the ranks
     on a host share its cores (a plain process gets them all).
     """
-
     if name == HOROVOD:
         import horovod.tensorflow.keras as hvd
 

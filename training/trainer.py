@@ -111,7 +111,6 @@ def train_classifier(spec: TrainSpec) -> dict:
 def _compiled_model(spec: TrainSpec, engine, plan):
     """The model, built in the engine's scope, with the staged weights loaded if any, and
     compiled with the engine's optimizer."""
-
     if spec.mixed_precision:
         import tensorflow as tf
 
@@ -186,7 +185,6 @@ def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpo
 def _fit(spec: TrainSpec, engine, model, steps: int, callbacks, resumed):
     """``model.fit`` on this rank's shards; the history, the seconds it took, and a few
     validation images for the registered model's input example."""
-
     data, rank, size = spec.data, engine.rank, engine.size
     val_steps = steps_per_epoch(data.val_rows, size, spec.batch_size) if data.val_rows else None
     shard_mb = shard_megabytes(data.train_rows + data.val_rows, size, data.input_shape)

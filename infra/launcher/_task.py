@@ -398,7 +398,6 @@ def _report_failure(
 
 def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
     """The rank's Python stacks: signal its faulthandler (``_rank``), read what it wrote."""
-
     start = os.path.getsize(path) if os.path.exists(path) else 0
     try:
         os.kill(proc.pid, STACKS_SIGNAL)

@@ -48,6 +48,5 @@ def machine_lock(path: str | Path, timeout_s: float = 600.0, what: str = "the lo
 
 def cache_root() -> Path:
     """``$HVDFLOW_CACHE_DIR``, else ``~/.cache/hvdflow``: per machine, shared by its ranks."""
-
     root = os.environ.get(HVDFLOW_CACHE_DIR)
     return Path(root) if root else Path.home() / ".cache" / "hvdflow"

@@ -361,7 +361,6 @@ class _Fetcher:
 def decode_records(items, plan: DecodePlan, client=None):
     """Row or Bad records for ``items`` (sources.Item), in order; ``client``: the partition's
     boto3 client, if it has one already."""
-
     if not is_s3(plan.root):
         check_input_root(plan.root)
     field = image_schema(plan.image_size, plan.color_mode).image

@@ -301,7 +301,6 @@ def code_version() -> str:
     """hvdflow's version and the sha256 of the preprocessing modules' source (this package's
     ``*.py``), computed once: an upgrade that changes how images become rows fingerprints
     every dataset anew, so none written by the old code is reused."""
-
     try:
         release = version("hvdflow")
     except PackageNotFoundError:  # run from a checkout that was never installed

@@ -20,7 +20,6 @@ from hvdflow.tasks.preprocess.publish import read_manifest
 
 def dataset_cache_key(context, parameters) -> str:
     """The dataset fingerprint: same inputs and parameters, same cached result."""
-
     config: PreprocessConfig = parameters["config"]
     fingerprint = sources.fingerprint(list_inputs(config), config.params())
     where = hashlib.sha256(config.output.encode()).hexdigest()[:8]

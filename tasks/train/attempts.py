@@ -92,7 +92,6 @@ def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
     Spark job itself failing (an executor lost). A Python error in the training function would
     only fail the same way again.
     """
-
     if attempt > retries:
         return False
     return isinstance(error, (RankFailed, SparkJobFailed)) and error.transient

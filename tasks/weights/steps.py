@@ -28,7 +28,6 @@ def resolved_source_key(context, parameters) -> str:
     goes into the key; a source that does not resolve, or names no file, gets a key of its own,
     so the task runs and says why.
     """
-
     try:
         value = resolve(parameters["source"], "training.weights_source")
         return source_identity(
@@ -68,7 +67,6 @@ def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> Stag
     address) or changed (replaced, corrupted: another ETag) is staged again rather than handed
     to the ranks to fail their checksum on.
     """
-
     store = ObjectStoreConfig.from_env()
     args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)
     staged = stage_weights_step(*args)
