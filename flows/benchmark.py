@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-import tempfile
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -21,8 +21,8 @@ from hvdflow.bench import stats
 from hvdflow.bench.conditions import measure, parse_condition
 from hvdflow.bench.workloads import write_augmented_digits_idx
 from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
+from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.secrets import redact_url, tracking_login
-from hvdflow.infra.services.local import hvdflow_home
 from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import LauncherParams
@@ -150,8 +150,10 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     anova = stats.anova(measurements)
     anova_time = stats.anova(measurements, stats.times_to_target(measurements, target))
     table = stats.markdown(rows, anova, anova_time)
-    out_dir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-"))
     model = params.training.model
+    # The plots and tables stay where the result points, beside the other runs' (not in /tmp).
+    out_dir = hvdflow_home() / "benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{model}"
+    out_dir.mkdir(parents=True, exist_ok=True)
     plots = stats.plot(rows, out_dir, model)
     (out_dir / "table.md").write_text(table + "\n")
     (out_dir / "measurements.json").write_text(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from hvdflow.infra.services.local import hvdflow_home
+from hvdflow.infra.home import hvdflow_home
 from hvdflow.tasks.weights.stage import redact
 
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.

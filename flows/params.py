@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hvdflow.bench.conditions import parse_condition
 from hvdflow.bench.study import STUDY_DATA, STUDY_TRAINING
-from hvdflow.infra.services.local import hvdflow_home
+from hvdflow.infra.home import hvdflow_home
 from hvdflow.tasks.config import (
     GRAPH_MODELS,
     DataParams,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -33,6 +32,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from hvdflow.infra.constants import FORWARDED_TO_RANKS
+from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
 from hvdflow.infra.launcher._payload import pickle_payload
@@ -92,7 +92,8 @@ class HorovodRunner:
             gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
             MultiWorkerMirroredStrategy; rank r is its worker r, rank 0 its chief
             (``MirroredStrategyRunner`` is the spark-tensorflow-distributor API on top of it).
-        log_dir: where the run's log file goes; default: a new temporary directory.
+        log_dir: where the run's log file goes; default: a new folder under
+            ``$HVDFLOW_HOME/logs/runs/`` (``~/.hvdflow``), named by the time and the run id.
         on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
         forward_env: variables copied from the driver's environment into every rank at ``run``
             (default: the standard AWS and MLflow variables and hvdflow's own).
@@ -156,7 +157,11 @@ class HorovodRunner:
         payload = pickle_payload(main, kwargs)
         self.horovod.warn_about_costs()
         self.run_id = uuid.uuid4().hex[:12]
-        log_dir = self.log_dir or tempfile.mkdtemp(prefix=f"hvdflow-{self.run_id}-")
+        # The log outlives the run where a user looks for it (not in /tmp, which nothing cleans
+        # and a reboot empties): HVDFLOW_HOME/logs/runs/<date>-<run id>/driver.log.
+        log_dir = self.log_dir or str(
+            hvdflow_home() / "logs" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{self.run_id}"
+        )
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, "driver.log")
         with RunLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hvdflow.infra import constants as c
 from hvdflow.infra._env import temporary_env
+from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.services._process import (
     LOOPBACK,
     check_bind_address,
@@ -49,10 +50,6 @@ SERVICES: dict[str, type[Service]] = {
     "mlflow": MlflowServer,
     "s3": SeaweedServer,
 }
-
-
-def hvdflow_home() -> Path:
-    return Path(os.environ.get(c.HVDFLOW_HOME) or Path.home() / ".hvdflow")
 
 
 def _port(name: str, host: str) -> int:

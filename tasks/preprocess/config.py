@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hvdflow.infra.services.local import hvdflow_home
+from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.storage.uris import parse_uri
 
 # Row groups per split when a dataset is for fewer ranks: datasets built for np <= 8 are shared.

@@ -255,15 +255,17 @@ def _log_artifacts(runner, launcher: LauncherParams, dataset, attempt: int = 1) 
     for path in (launcher.horovod.timeline_path, launcher.horovod.autotune_log):
         if path and os.path.exists(path):
             mlflow.log_artifact(path, "horovod")
-    for name in ("labels.json", "quarantine.csv"):
-        local = _local_dataset_file(dataset, name)
-        if local:
-            mlflow.log_artifact(local, "dataset")
+    # A dataset in a bucket is downloaded for the upload, into a folder that goes with it.
+    with tempfile.TemporaryDirectory(prefix="hvdflow-artifact-") as scratch:
+        for name in ("labels.json", "quarantine.csv"):
+            local = _local_dataset_file(dataset, name, scratch)
+            if local:
+                mlflow.log_artifact(local, "dataset")
 
 
-def _local_dataset_file(dataset, name: str) -> str | None:
+def _local_dataset_file(dataset, name: str, scratch: str) -> str | None:
     if dataset.path.startswith("s3://"):
-        target = os.path.join(tempfile.mkdtemp(prefix="hvdflow-artifact-"), name)
+        target = os.path.join(scratch, name)
         ObjectStore().download_file(f"{dataset.path}/{name}", target)
         return target
     path = os.path.join(dataset.path, name)

@@ -124,6 +124,8 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
     from hvdflow.infra.services.prefect_server import PrefectServer
 
     services = LocalServices(tmp_path / "home")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     prefect_server = PrefectServer(tmp_path / "home" / "prefect").start()
     api_url = prefect_server.api_url
     env = {
@@ -134,6 +136,8 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         # The runner hears of a cancel through a websocket; if that drops, it polls, every 10 s
         # by default, which is the whole budget below.
         "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+        # The temporary folders of this process tree, to see that a run leaves none behind.
+        "TMPDIR": str(scratch),
     }
     # Served from a folder holding the user's own tasks.py and flows/ (first on sys.path there):
     # hvdflow's modules are hvdflow.tasks and hvdflow.flows, so theirs hide nothing of ours.
@@ -163,6 +167,9 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         assert flow_run.state.is_completed(), flow_run.state
         assert flow_run.parameters["params"]["training"]["epochs"] == 1  # not the default
         assert flow_run.parameters["params"]["launcher"]["np"] == -1
+        # A finished run leaves no temporary folder of ours; its log stays in HVDFLOW_HOME.
+        assert sorted(p.name for p in scratch.glob("hvdflow-*")) == []
+        assert list((tmp_path / "home" / "logs" / "runs").glob("*/driver.log"))
 
         # Cancelling a running flow run from Prefect stops every rank within 10 seconds.
         with temporary_settings({PREFECT_API_URL: api_url}):

@@ -319,12 +319,8 @@ def test_no_planted_secret_reaches_any_record(
         ),
         *files_under(Path(mlflow_server.home), label="MLflow server "),
         *files_under(tmp_path, label="local "),
-        *(
-            record
-            for run_dir in Path(tempfile.gettempdir()).glob("hvdflow-*")
-            if run_dir != workdir
-            for record in files_under(run_dir, since=started, label="driver-side ")
-        ),
+        # Every HorovodRunner run's log, where the runner keeps it.
+        *files_under(tmp_path / "home" / "logs" / "runs", label="driver-side "),
         *bucket_records(started),
     ]
     names = [where for where, _ in records]
