@@ -36,8 +36,13 @@ from hvdflow.infra.services._service import Service
 from hvdflow.infra.services.mlflow_server import MlflowServer
 from hvdflow.infra.services.prefect_server import PrefectServer
 from hvdflow.infra.services.seaweed import SeaweedServer
+from hvdflow.infra.storage.locks import machine_lock
 
 STATE_FILE = "services.json"
+# Held while services of one home start or stop: two commands started together (two scheduled
+# runs on a new worker) must not both start an MLflow server on one database, whose schema
+# migrations would collide and leave it unable to start.
+LOCK_FILE = "services.lock"
 # Conventional ports, used when free: S3 (SeaweedFS), MLflow, Prefect.
 PREFERRED_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200}
 # How long `hvdflow up` waits for each service; longer than their own defaults, since a first
@@ -97,6 +102,18 @@ class LocalServices:
         of the services already running, else 127.0.0.1). Beyond loopback every one of them
         requires credentials, and ``env()`` carries those.
         """
+        with self._lock("start"):
+            return self._up(prefect, bind)
+
+    def _lock(self, doing: str):
+        # Long enough for another command to start all three services from a cold home.
+        return machine_lock(
+            self.home / LOCK_FILE,
+            timeout_s=len(SERVICES) * START_TIMEOUT_S + 60,
+            what=f"another hvdflow command to {doing} the services of {self.home}",
+        )
+
+    def _up(self, prefect: bool, bind: str | None) -> dict[str, str]:
         state = self.state()
         host = self._bind_address(state, bind)
         if "s3" not in state and not os.environ.get(c.AWS_ENDPOINT_URL):
@@ -209,6 +226,10 @@ class LocalServices:
 
     def down(self) -> list[str]:
         """Stop every embedded service of this home; return the names stopped."""
+        with self._lock("stop"):
+            return self._down()
+
+    def _down(self) -> list[str]:
         state = self.state()
         stopped = [name for name in SERVICES if name in state]
         for name in stopped:

@@ -13,8 +13,12 @@ and MLFLOW_TRACKING_PASSWORD (``env()``).
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import sqlite3
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +26,8 @@ from hvdflow.infra import constants as c
 from hvdflow.infra.services._process import LOOPBACK, is_loopback, url_host
 from hvdflow.infra.services._secrets import load_or_create_json, new_secret, write_private
 from hvdflow.infra.services._service import Service
+
+logger = logging.getLogger(__name__)
 
 ADMIN_USERNAME = "admin"
 # The permission every user but the admin has on what they did not create, unless an admin
@@ -92,8 +98,13 @@ class MlflowServer(Service):
             env[c.MLFLOW_TRACKING_PASSWORD] = self._secrets["password"]
         return env
 
+    @property
+    def database_path(self) -> Path:
+        return self.home / "mlflow.db"
+
     def _prepare(self) -> None:
         super()._prepare()
+        recover_interrupted_migration(self.database_path)
         if self.auth:
             write_private(self.auth_config_path, self._auth_config())
 
@@ -116,7 +127,7 @@ class MlflowServer(Service):
             str(Path(sys.executable).parent / "mlflow"),
             "server",
             "--backend-store-uri",
-            f"sqlite:///{self.home / 'mlflow.db'}",
+            f"sqlite:///{self.database_path}",
             "--artifacts-destination",
             self.artifacts_destination,
             "--host",
@@ -163,3 +174,51 @@ class MlflowServer(Service):
         # /health answers without a login, with or without auth.
         with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
             return response.status == 200
+
+
+# Alembic alters a SQLite table by copying it into this temporary table, dropping the original
+# and renaming the copy; a migration that stops half way leaves the copy behind, and every later
+# start fails with "table _alembic_tmp_<name> already exists".
+ALEMBIC_TMP_PREFIX = "_alembic_tmp_"
+
+
+def recover_interrupted_migration(database: Path) -> list[str]:
+    """Drop what an interrupted schema migration left in the tracking database, so that the
+    server's start runs the migration again; return the tables dropped.
+
+    A leftover copy whose original table still exists holds nothing the original lacks: it is
+    dropped, after the database file is copied aside (``mlflow.db.before-recovery-<time>``).
+    A copy without its original is the only place the rows are: that is left for a person,
+    with the steps, instead of guessed at.
+    """
+    if not database.exists():
+        return []
+    with sqlite3.connect(database) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    leftovers = sorted(t for t in tables if t.startswith(ALEMBIC_TMP_PREFIX))
+    if not leftovers:
+        return []
+    orphans = [t for t in leftovers if t.removeprefix(ALEMBIC_TMP_PREFIX) not in tables]
+    if orphans:
+        raise RuntimeError(
+            f"the MLflow database {database} holds {', '.join(orphans)} from an interrupted "
+            f"schema migration, without the table{'s' if len(orphans) > 1 else ''} it replaces: "
+            "its rows are there only. Stop every MLflow server on it, copy the file aside, then "
+            f"rename each table to its name without {ALEMBIC_TMP_PREFIX!r} "
+            f"(sqlite3 {database} 'ALTER TABLE {orphans[0]} RENAME TO "
+            f"{orphans[0].removeprefix(ALEMBIC_TMP_PREFIX)}') and start again"
+        )
+    backup = database.with_name(f"{database.name}.before-recovery-{time.strftime('%Y%m%d-%H%M%S')}")
+    shutil.copy2(database, backup)
+    with sqlite3.connect(database) as db:
+        for table in leftovers:
+            db.execute(f'DROP TABLE "{table}"')
+    logger.warning(
+        "the MLflow database %s held %s from an interrupted schema migration: dropped (the "
+        "original tables are intact; a copy of the file is at %s); the server's start runs the "
+        "migration again",
+        database,
+        ", ".join(leftovers),
+        backup,
+    )
+    return leftovers
