@@ -9,8 +9,10 @@ A parameter that must carry a secret (a weights URL with a password or a signed 
 
 Flow parameters, MLflow params, logs and results then hold the reference; ``resolve`` turns it
 into the value only where the value is used (staging the weights; each rank's environment at
-launch). Any other value is a literal and is recorded as given. ``redact_url`` is how a URL is
-shown anywhere: without user:password and with its query string replaced.
+launch). A literal that plainly is a secret (``literal_secret``: a URL with a password or a signed
+query; a value for a variable named like a key, token or password) is refused where a flow's
+parameters are checked, since Prefect keeps flow-run parameters as given. ``redact_url`` is how a
+URL is shown anywhere: without user:password and with its query string replaced.
 """
 
 from __future__ import annotations
@@ -31,6 +33,44 @@ REDACTED = "<redacted>"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Prefect's rule for block document names.
 _BLOCK_NAME = re.compile(r"[a-z0-9-]+")
+
+
+# A URL that carries a secret in the clear: a password before the host, or a query parameter that
+# signs or authorizes the request (S3 and GCS presigned URLs, Azure SAS, ?token=, ?api_key=).
+# One pattern for Python and for the parameter schema that Prefect's server enforces (no inline
+# flags: JSON Schema's regular expressions are ECMA 262's).
+SECRET_URL_PATTERN = (
+    r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@"
+    r"|[?&]([A-Za-z-]*[Ss]ignature|[Ss]ig|[A-Za-z_-]*[Tt]oken|[Aa]pi_?[Kk]ey|[Kk]ey|[Ss]ecret"
+    r"|[Pp]assword|[Cc]redential|[A-Za-z-]*[Aa]uth[A-Za-z_]*)="
+)
+# An environment variable whose name says it holds a secret (AWS_SECRET_ACCESS_KEY, HF_TOKEN,
+# DB_PASSWORD, ...): its value must come by reference.
+SECRET_NAME_PATTERN = (
+    r"(KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|AUTH|SIGNATURE)"
+    r"|([Kk]ey|[Ss]ecret|[Tt]oken|[Pp]assword|[Cc]redential|[Aa]uth)"
+)
+_SECRET_URL = re.compile(SECRET_URL_PATTERN)
+_SECRET_NAME = re.compile(SECRET_NAME_PATTERN)
+# What a refused literal is told to become.
+BY_REFERENCE = (
+    "pass it by reference: 'env:NAME' (the variable NAME where the flow runs) or "
+    "'secret:block-name' (a Prefect Secret block); Prefect keeps flow-run parameters as given"
+)
+
+
+def literal_secret(value: str, name: str | None = None) -> str | None:
+    """What makes ``value`` (a literal, optionally the value of variable ``name``) a secret that
+    must not be a flow parameter, or None: 'holds a password', 'holds a signed query', 'is a
+    literal for a variable named like a secret'."""
+    if is_reference(value) or not value:
+        return None
+    if name is not None and _SECRET_NAME.search(name):
+        return "is a literal for a variable named like a secret"
+    found = _SECRET_URL.search(value)
+    if found is None:
+        return None
+    return "holds a password" if found.group(0).endswith("@") else "holds a signed query"
 
 
 def is_reference(value: str) -> bool:

@@ -17,7 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hvdflow.infra import constants as c
 from hvdflow.infra.launcher.options import HorovodOptions
-from hvdflow.infra.secrets import ENV_PREFIX, check_reference, is_reference, resolve
+from hvdflow.infra.secrets import (
+    BY_REFERENCE,
+    ENV_PREFIX,
+    SECRET_URL_PATTERN,
+    check_reference,
+    is_reference,
+    literal_secret,
+    resolve,
+)
 
 # The data parameters are preprocessing's own (one model, in its room); the flows find every
 # parameter group here.
@@ -111,8 +119,11 @@ class TrainingParams(BaseModel):
         description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
         f"{OFFLINE_SOURCE!r}; '' trains from scratch. A URL with a password or a signed query "
         "belongs in a reference, 'env:NAME' (the driver's variable NAME) or 'secret:block-name' "
-        "(a Prefect Secret block): parameters and logs then hold only the reference; a literal "
-        "is recorded as given",
+        "(a Prefect Secret block): parameters and logs then hold only the reference; such a "
+        "literal is refused",
+        # Prefect's server checks a deployment's parameters against this schema: a run given
+        # such a literal is refused before Prefect stores it.
+        json_schema_extra={"not": {"pattern": SECRET_URL_PATTERN}},
     )
 
     @model_validator(mode="before")
@@ -160,6 +171,8 @@ class TrainingParams(BaseModel):
         if source in ("", OFFLINE_SOURCE):
             return source
         if not is_reference(source):
+            if what := literal_secret(source):
+                raise ValueError(f"weights_source {redact(source)!r} {what}: {BY_REFERENCE}")
             _check_weights_source(source, shown=repr(redact(source)))
             return source
         check_reference(source, "weights_source")
@@ -224,6 +237,14 @@ class LauncherParams(BaseModel):
         "stall) runs again, resuming from its last checkpoint in the same MLflow run",
     )
     horovod: HorovodOptions = HorovodOptions()
+
+    @field_validator("horovod")
+    @classmethod
+    def _no_literal_secret(cls, horovod: HorovodOptions) -> HorovodOptions:
+        for name, value in horovod.extra_env.items():
+            if what := literal_secret(value, name):
+                raise ValueError(f"horovod.extra_env[{name!r}] {what}: {BY_REFERENCE}")
+        return horovod
 
     @field_validator("np")
     @classmethod

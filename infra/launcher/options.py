@@ -8,7 +8,12 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hvdflow.infra import constants as c
-from hvdflow.infra.secrets import check_reference, resolve
+from hvdflow.infra.secrets import (
+    SECRET_NAME_PATTERN,
+    SECRET_URL_PATTERN,
+    check_reference,
+    resolve,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +48,14 @@ class HorovodOptions(BaseModel):
         default_factory=dict,
         description="More variables for every rank. A value 'env:NAME' (the driver's variable "
         "NAME) or 'secret:block-name' (a Prefect Secret block) is resolved on the driver when "
-        "the ranks start, so that parameters and logs hold only the reference; any other value "
-        "is recorded as given.",
+        "the ranks start, so that parameters and logs hold only the reference. A flow refuses a "
+        "literal URL with a password or a signed query, and any literal for a variable named "
+        "like a key, token or password.",
+        # What Prefect's server enforces on a deployment's parameters: the same rule.
+        json_schema_extra={
+            "patternProperties": {SECRET_NAME_PATTERN: {"pattern": "^(env|secret):"}},
+            "additionalProperties": {"type": "string", "not": {"pattern": SECRET_URL_PATTERN}},
+        },
     )
 
     @field_validator("extra_env")

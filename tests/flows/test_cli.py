@@ -118,8 +118,44 @@ def test_a_secret_in_a_bad_parameter_is_not_echoed(tmp_path, monkeypatch, capfd)
     source = "https://user:hunter2@/weights.h5?X-Amz-Signature=t0ken"
     assert main(["run", "--params", json.dumps({"training": {"weights_source": source}})]) == 2
     err = capfd.readouterr().err
-    assert "the URL has no host" in err
+    assert err.count("\n") == 1  # one line
+    assert "holds a password: pass it by reference: 'env:NAME'" in err
     assert "hunter2" not in err and "t0ken" not in err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (
+            {"training": {"weights_source": "https://host/w.h5?X-Amz-Signature=t0ken"}},
+            "training.weights_source='https://host/w.h5?<redacted>': weights_source "
+            "'https://host/w.h5?<redacted>' holds a signed query: pass it by reference",
+        ),
+        (
+            {"launcher": {"horovod": {"extra_env": {"HF_TOKEN": "t0ken"}}}},
+            "horovod.extra_env['HF_TOKEN'] is a literal for a variable named like a secret: "
+            "pass it by reference: 'env:NAME' (the variable NAME where the flow runs) or "
+            "'secret:block-name' (a Prefect Secret block)",
+        ),
+    ],
+)
+def test_a_literal_secret_never_becomes_a_flow_parameter(
+    params, expected, tmp_path, monkeypatch, capfd
+):
+    import jsonschema
+
+    from hvdflow.flows.params import PipelineParams
+
+    monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
+    assert main(["run", "--params", json.dumps(params)]) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert expected in line and "t0ken" not in line
+    assert not (tmp_path / "home" / "services.json").exists()  # no service was started
+    # The same rule is in the schema that Prefect's server enforces on a deployment's
+    # parameters, so a run asked for from the UI or the API is refused before it is stored.
+    schema = PipelineParams.model_json_schema()
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(params))
 
 
 @pytest.mark.integration

@@ -181,6 +181,7 @@ def test_no_planted_secret_reaches_any_record(
     prefect_harness, spark, seaweed, mlflow_server, tmp_path, monkeypatch, capfd, caplog
 ):
     from prefect.blocks.system import Secret
+    from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, PREFECT_SERVER_DATABASE_CONNECTION_URL
 
     from hvdflow.training.models import build_model
@@ -251,6 +252,13 @@ def test_no_planted_secret_reaches_any_record(
         deployment_id = pipeline.to_deployment(
             name="hvdflow-security", parameters={"params": pipeline_params.model_dump(mode="json")}
         ).apply()
+        # The same weights URL as a literal: Prefect's server refuses the run before storing
+        # its parameters (the search below covers the server's database file).
+        literal = pipeline_params.model_dump(mode="json")
+        literal["training"]["weights_source"] = url
+        with get_client(sync_client=True) as client, pytest.raises(Exception) as refused:
+            client.create_flow_run_from_deployment(deployment_id, parameters={"params": literal})
+        assert "weights_source" in str(refused.value), refused.value
         first = pipeline(pipeline_params, return_state=True)
         assert first.is_completed(), first
         summary = first.result()

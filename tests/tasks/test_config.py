@@ -135,7 +135,8 @@ def test_output_syntax(output, expected):
 
 def test_weights_source_syntax_without_echoing_secrets(tmp_path):
     message = error_of(TrainingParams, weights_source="https://user:hunter2@/w.h5?sig=tok3n")
-    assert "the URL has no host" in message
+    assert "holds a password: pass it by reference" in message
+    assert "the URL has no host" in error_of(TrainingParams, weights_source="https:///w.h5")
     assert "hunter2" not in message.split("input_value")[0]
     assert "tok3n" not in message.split("input_value")[0]
     assert "neither an http(s) URL, an existing file" in error_of(
