@@ -48,6 +48,9 @@ def test_a_host_whose_name_resolves_to_loopback_fails_before_starting_a_multi_ho
         spec = spec_for(driver, cloudpickle.dumps((must_not_run, {})), heartbeat_timeout_s=60)
         with pytest.raises(RankFailed) as err:
             run_task(spec, 1, ["127.0.0.1", "127.0.0.2"], barrier=lambda: None)
+        # Read while the driver still listens: on a busy machine the report may arrive after
+        # run_task has raised.
+        reports = driver.messages(_wire.FAILED)
     finally:
         driver.shutdown()
         driver.server_close()
@@ -57,5 +60,5 @@ def test_a_host_whose_name_resolves_to_loopback_fails_before_starting_a_multi_ho
         "executor's address) in /etc/hosts or DNS"
     )
     assert str(err.value) == reason
-    [report] = driver.messages(_wire.FAILED)
+    [report] = reports
     assert (report["rank"], report["reason"], report["tail"]) == (1, reason, [])
