@@ -27,6 +27,7 @@ from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.preprocess.steps import preprocessed
+from hvdflow.tasks.spark_slots import spark_slots
 from hvdflow.tasks.train.run import training_spec
 from hvdflow.tasks.train.steps import check_tracking_step
 from hvdflow.tasks.weights.stage import redact
@@ -46,10 +47,13 @@ def measure_step(
     threads_per_rank: int = 1,
 ):
     spark = get_spark(launcher.spark_master)
-    m = measure(
-        condition, repetition, train_kwargs, spark, trainer, launcher.horovod, threads_per_rank
-    )
-    get_run_logger().info(
+    logger = get_run_logger()
+    # Timings that share the cluster with another flow measure that flow too: the whole of it.
+    with spark_slots(spark, None, f"benchmark condition {condition}", logger):
+        m = measure(
+            condition, repetition, train_kwargs, spark, trainer, launcher.horovod, threads_per_rank
+        )
+    logger.info(
         "%s round %d: %.1f images/s steady (warm-up epoch %.1f s, launch %.1f s), epochs %s s",
         m.condition,
         repetition + 1,

@@ -16,6 +16,7 @@ from hvdflow.tasks.score.config import ModelRef, ScoreConfig
 from hvdflow.tasks.score.job import ScoreResult, score_images
 from hvdflow.tasks.score.model import ScoringModel, fetch_model
 from hvdflow.tasks.score.record import record_scoring
+from hvdflow.tasks.spark_slots import spark_slots
 
 
 def _unless_bad_value(_task, _task_run, state) -> bool:
@@ -53,7 +54,8 @@ def score_step(
     logger = get_run_logger()
     spark = get_spark(spark_master)
     logger.info("scoring %s (%s) with %s", config.input, config.input_format, model.uri)
-    with SparkProgress(spark, logger):
+    # Scoring spreads over every core of the cluster: it takes them all, in turn with training.
+    with spark_slots(spark, None, "scoring", logger), SparkProgress(spark, logger):
         result = score_images(spark, config, model)
     logger.info(
         "%d images scored into %s, %d quarantined, %.1f images/s",
