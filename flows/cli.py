@@ -169,6 +169,43 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    params = _pipeline_params(args)  # a bad parameter fails before anything is deployed
+    score_params = None
+    if args.score_input:
+        from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads Spark)
+
+        # Scoring follows the model the pipeline deployment registers.
+        score_params = ScoreParams(
+            model={"name": params.tracking.registered_model_name},
+            data={"input": args.score_input},
+        )
+    elif args.score_on_champion:
+        raise InvalidParameters(
+            "--score-on-champion needs --score-input: the folder or s3://bucket/prefix of the "
+            "images each new champion scores"
+        )
+    _use_services()
+    from hvdflow.flows.deploy import deploy_all, deployments  # noqa: PLC0415 (lazy: it loads Spark)
+
+    made = deployments(
+        params,
+        cron=args.cron or None,
+        bench_cron=args.bench_cron or None,
+        score_params=score_params,
+        score_cron=args.score_cron,
+        score_on_champion=args.score_on_champion,
+    )
+    deploy_all(args.pool, made)
+    print(f"\ndeployed to work pool {args.pool!r} (module entrypoints: no checkout needed):")
+    for deployment in made:
+        schedule = ", ".join(str(s.schedule.cron) for s in deployment.schedules) or "on demand"
+        triggered = " and on each new champion" if deployment.triggers else ""
+        print(f"  {deployment.flow_name}/{deployment.name:<20} {schedule}{triggered}")
+    print(f"Start a worker where hvdflow is installed: prefect worker start --pool {args.pool}")
+    return 0
+
+
 def _cmd_score(args: argparse.Namespace) -> int:
     from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads Spark)
 
@@ -290,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text, func in (
         ("run", "run the pipeline once (starts the services if needed)", _cmd_run),
         ("serve", "serve the pipeline as a scheduled Prefect deployment", _cmd_serve),
+        (
+            "deploy",
+            "register the pipeline, benchmark and scoring deployments with a work pool "
+            "(module entrypoints: workers need hvdflow installed, not a checkout)",
+            _cmd_deploy,
+        ),
     ):
         command = commands.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--np", type=int, help="ranks (default 2; negative: on the driver)")
@@ -314,14 +357,31 @@ def build_parser() -> argparse.ArgumentParser:
                 help="continue a training that failed for good, in its MLflow run, from its last "
                 "checkpoint: the experiment's newest failed run, or RUN_ID",
             )
-        if name == "serve":
+        if name in ("serve", "deploy"):
             command.add_argument(
-                "--cron", default="0 3 * * *", help="pipeline schedule (default: daily, 03:00)"
+                "--cron",
+                default="0 3 * * *",
+                help="pipeline schedule (default: daily, 03:00; '' for none)",
             )
             command.add_argument(
                 "--bench-cron",
                 default="0 4 * * 0",
-                help="benchmark schedule (default: Sundays, 04:00)",
+                help="benchmark schedule (default: Sundays, 04:00; '' for none)",
+            )
+        if name == "deploy":
+            command.add_argument(
+                "--pool", required=True, help="the work pool (a process pool is created if none)"
+            )
+            command.add_argument(
+                "--score-input",
+                help="what the scoring deployment scores by default: a folder or s3://bucket/prefix",
+            )
+            command.add_argument("--score-cron", help="scoring schedule (default: none)")
+            command.add_argument(
+                "--score-on-champion",
+                action="store_true",
+                help="score --score-input with each new champion (a Prefect trigger on the "
+                "hvdflow.model.champion-moved event)",
             )
     score = commands.add_parser(
         "score",

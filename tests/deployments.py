@@ -1,12 +1,15 @@
 """Session fixtures around a real Prefect server with its UI: ``prefect_server``, and
-``deployed_pipeline_run``, one pipeline run made the way a team runs Prefect in production (a
-process work pool, ``prefect deploy --all`` from prefect.yaml, a worker, a run triggered through
-the API with non-default parameters). The deployment tests and the browser tests share that run.
+``deployed_pipeline_run``, the flows run the way a team runs Prefect in production: ``hvdflow
+deploy`` to a process work pool, a worker started in an empty folder (hvdflow installed, no
+checkout), a pipeline run asked for through the API with non-default parameters, the scoring run
+its new champion triggers, and a small benchmark. The deployment tests and the browser tests
+share these runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,10 +21,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 PREFECT = str(Path(sys.executable).parent / "prefect")
 POOL = "hvdflow"  # prefect.yaml's work pool
 PIPELINE_DEPLOYMENT = "hvdflow-pipeline/hvdflow-pipeline"
+SCORE_DEPLOYMENT = "hvdflow-score/hvdflow-score"
+BENCH_DEPLOYMENT = "hvdflow-benchmark/hvdflow-benchmark"
+HVDFLOW = str(Path(sys.executable).parent / "hvdflow")
 MODEL = "tests-deployed"
 # Bounds the one run: a worker's poll, the flow-run process's start, a Spark session, training.
 RUN_TIMEOUT_S = 480
@@ -40,18 +45,49 @@ class DeployedRun:
     parameters: dict
     deploy_output: str
     worker_log: Path
+    score_run: object  # the scoring run the pipeline's new champion triggered, or None
+    bench_run: object
+    folders: tuple[Path, Path]  # where `hvdflow deploy` ran and where the worker ran: empty
     # Processes the worker had started that were still alive after it was stopped.
     left_alive: list[str] = field(default_factory=list)
 
 
 def run_params(tmp: Path) -> dict:
-    """Non-default parameters: prefect.yaml says np=2 and 5 epochs."""
+    """Non-default parameters: the deployment's defaults say np=2 and 5 epochs."""
     return {
         "data": {"input": str(tmp / "digits"), "output": str(tmp / "datasets")},
         "training": {"epochs": 2},
         "launcher": {"np": -1},
         "tracking": {"registered_model_name": MODEL, "experiment": MODEL},
     }
+
+
+def bench_params(tmp: Path) -> dict:
+    """A small benchmark: plain Keras and np=1, one epoch on the digits at 8x8."""
+    return {
+        "data": {
+            "input": str(tmp / "digits"),
+            "output": str(tmp / "bench-datasets"),
+            "image_size": [8, 8],
+        },
+        "training": {"model": "digits_mlp", "epochs": 1, "optimizer": "adam", "weights_source": ""},
+        "conditions": ["keras", "1"],
+        "repetitions": 1,
+        "experiment": f"{MODEL}-bench",
+    }
+
+
+def images_to_score(folder: Path, count: int = 6) -> Path:
+    """A few PNG images of digits, as a consumer's folder holds them."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    folder.mkdir(parents=True, exist_ok=True)
+    digits = load_digits()
+    for i in range(count):
+        pixels = (digits.images[i] * 255 / 16).astype("uint8")
+        Image.fromarray(pixels).resize((32, 32)).save(folder / f"digit-{i}.png")
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -66,28 +102,20 @@ def prefect_server(tmp_path_factory):
         server.stop()
 
 
-def _prefect(args: list[str], env: dict, timeout_s: float = 180) -> str:
-    done = subprocess.run(
-        [PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"prefect {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}"
-            f"\n{done.stderr[-3000:]}"
-        )
-    return done.stdout
-
-
 @pytest.fixture(scope="session")
 def deployed_pipeline_run(prefect_server, seaweed, mlflow_server, tmp_path_factory):
-    """Create the pool, deploy prefect.yaml, start a worker, run the pipeline deployment with
-    non-default parameters through the API, then stop the worker and note what outlived it."""
+    """`hvdflow deploy` from an empty folder, a worker in another, the pipeline run through the
+    API with non-default parameters, the scoring run its champion triggers, a small benchmark;
+    then the worker is stopped and what outlived it noted."""
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from hvdflow.infra.services._process import start_process, stop_process_group
 
     tmp = tmp_path_factory.mktemp("deployed")
+    deploy_here, worker_here = tmp / "deploy-here", tmp / "worker-here"
+    deploy_here.mkdir()
+    worker_here.mkdir()
     env = {
         **os.environ,  # the session's object store variables (the seaweed fixture set them)
         "PREFECT_API_URL": prefect_server.api_url,
@@ -98,20 +126,44 @@ def deployed_pipeline_run(prefect_server, seaweed, mlflow_server, tmp_path_facto
         # The worker asks for work every 2 s instead of 10.
         "PREFECT_WORKER_QUERY_SECONDS": "2",
     }
-    _prefect(["work-pool", "create", POOL, "--type", "process", "--overwrite"], env)
-    deploy_output = _prefect(["--no-prompt", "deploy", "--all"], env)
+    env.pop("PYTHONPATH", None)  # hvdflow as installed, not this checkout's folders
+    deploy_output = _run(
+        [
+            HVDFLOW,
+            "deploy",
+            "--pool",
+            POOL,
+            "--np",
+            "2",
+            "--epochs",
+            "5",
+            "--score-input",
+            str(images_to_score(tmp / "to-score")),
+            "--score-on-champion",
+            "--params",
+            json.dumps({"tracking": {"registered_model_name": MODEL, "experiment": MODEL}}),
+        ],
+        env,
+        cwd=deploy_here,
+    )
 
     worker_log = tmp / "worker.log"
-    worker = start_process([PREFECT, "worker", "start", "--pool", POOL], worker_log, env)
+    worker = start_process(
+        [PREFECT, "worker", "start", "--pool", POOL], worker_log, env, cwd=worker_here
+    )
     try:
         with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
             parameters = {"params": run_params(tmp)}
             flow_run = run_deployment(
                 PIPELINE_DEPLOYMENT, parameters=parameters, timeout=RUN_TIMEOUT_S
             )
+            score_run = _finished_run_of(SCORE_DEPLOYMENT, RUN_TIMEOUT_S)
+            bench_run = run_deployment(
+                BENCH_DEPLOYMENT, parameters={"params": bench_params(tmp)}, timeout=RUN_TIMEOUT_S
+            )
     finally:
         stop_process_group(worker, WORKER_STOP_TIMEOUT_S)
-    # The worker, the flow-run process it started, that one's Spark JVM and rank processes all
+    # The worker, the flow-run processes it started, their Spark JVMs and rank processes all
     # carry this run's HVDFLOW_HOME: none of them may outlive the worker's stop.
     left = _processes_with(HOME_VAR, env[HOME_VAR])
     for entry in left:  # recorded for the test to fail on; not left running after it
@@ -125,8 +177,42 @@ def deployed_pipeline_run(prefect_server, seaweed, mlflow_server, tmp_path_facto
         parameters=parameters,
         deploy_output=deploy_output,
         worker_log=worker_log,
+        score_run=score_run,
+        bench_run=bench_run,
+        folders=(deploy_here, worker_here),
         left_alive=left,
     )
+
+
+def _run(command: list[str], env: dict, cwd: Path, timeout_s: float = 180) -> str:
+    done = subprocess.run(
+        command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command[:2])} failed ({done.returncode}):\n{done.stdout[-3000:]}"
+            f"\n{done.stderr[-3000:]}"
+        )
+    return done.stdout
+
+
+def _finished_run_of(deployment_name: str, timeout_s: float):
+    """The first flow run of ``deployment_name`` once it is final (a triggered one appears a
+    few seconds after its event); None if none finished within ``timeout_s``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(deployment_name)
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+            )
+            if runs and runs[0].state and runs[0].state.is_final():
+                return runs[0]
+            time.sleep(2)
+    return None
 
 
 def _processes_with(name: str, value: str, wait_s: float = 10.0) -> list[str]:

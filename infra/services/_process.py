@@ -119,9 +119,14 @@ def free_port(
 
 
 def start_process(
-    command: list[str], log_path: Path, env: dict[str, str] | None = None
+    command: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    *,
+    cwd: Path | None = None,
 ) -> subprocess.Popen:
-    """Run ``command`` in its own process group, output appended to ``log_path``."""
+    """Run ``command`` in its own process group (in folder ``cwd``), output appended to
+    ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
@@ -130,6 +135,7 @@ def start_process(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            cwd=cwd,
             start_new_session=True,  # its own group: stopping the group stops its workers too
         )
 

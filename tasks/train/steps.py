@@ -19,7 +19,10 @@ from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import check_reachable
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
+from hvdflow.tasks.spark_slots import spark_slots
+from hvdflow.tasks.train.events import CHAMPION_MOVED, champion_moved
 from hvdflow.tasks.train.progress import EpochProgress
+from hvdflow.tasks.train.registry import CHAMPION
 from hvdflow.tasks.train.run import TrainConfig, TrainResult, train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
 
@@ -61,16 +64,28 @@ def train_step(
         config.training.epochs,
     )
 
-    result = train_and_track(
-        get_spark(spark_master),
-        config,
-        dataset,
-        tracking_uri,
-        weights=weights,
-        on_log_line=forward,
-        flow_run_id=flow_run.id,  # a retry of this flow run resumes its MLflow run
-    )
+    spark = get_spark(spark_master)
+    # The ranks' barrier tasks, in turn with other flows on this cluster (none on the driver).
+    with spark_slots(spark, config.launcher.np, f"training with np={config.launcher.np}", logger):
+        result = train_and_track(
+            spark,
+            config,
+            dataset,
+            tracking_uri,
+            weights=weights,
+            on_log_line=forward,
+            flow_run_id=flow_run.id,  # a retry of this flow run resumes its MLflow run
+        )
     progress.finish()
+    if CHAMPION in result.aliases and result.model_version:
+        # Registry consumers follow the alias: a deployment trigger can score with it at once.
+        champion_moved(config.tracking.registered_model_name, result.model_version, result.run_id)
+        logger.info(
+            "event %s: %s version %s",
+            CHAMPION_MOVED,
+            config.tracking.registered_model_name,
+            result.model_version,
+        )
     return result
 
 

@@ -16,7 +16,9 @@ from tests.helpers import assert_refused_before_any_service
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("command", ["smoke", "up", "down", "status", "run", "serve", "bench"])
+@pytest.mark.parametrize(
+    "command", ["smoke", "up", "down", "status", "run", "serve", "deploy", "bench"]
+)
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([command, "--help"])

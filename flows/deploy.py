@@ -1,0 +1,97 @@
+"""``hvdflow deploy``: the pipeline, the benchmark and scoring as deployments of a work pool.
+
+The entrypoints are module paths (``hvdflow.flows.pipeline.pipeline``, ...), not files of a
+checkout: a worker started in any folder of any machine where hvdflow is installed (a virtual
+environment, a container image) runs them, with nothing pulled and nothing built. prefect.yaml
+remains for a worker that shares the deploying machine's checkout.
+
+Scoring can follow the registry: with ``score_on_champion``, its deployment carries a trigger on
+the event the training step emits when ``champion`` moves (``hvdflow.model.champion-moved``), and
+scores ``score_input`` with the version the event names.
+"""
+
+from __future__ import annotations
+
+from prefect import deploy
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.deployments.runner import EntrypointType
+from prefect.events import DeploymentEventTrigger
+from prefect.exceptions import ObjectNotFound
+
+from hvdflow.flows.benchmark import benchmark
+from hvdflow.flows.params import PipelineParams, ScoreParams
+from hvdflow.flows.pipeline import pipeline
+from hvdflow.flows.score import score
+from hvdflow.tasks.train.events import CHAMPION_MOVED, MODEL_NAME, MODEL_VERSION
+
+PIPELINE, BENCHMARK, SCORE = "hvdflow-pipeline", "hvdflow-benchmark", "hvdflow-score"
+
+
+def champion_trigger(params: ScoreParams) -> DeploymentEventTrigger:
+    """Run scoring when ``champion`` moves on ``params.model.name``, with the version moved to."""
+    scoring = params.model_dump(mode="json")
+    # A Jinja template the server fills from the event when the trigger fires.
+    scoring["model"]["version"] = "{{ event.resource['" + MODEL_VERSION + "'] }}"
+    del scoring["model"]["alias"]  # the version, not whatever holds the alias when it runs
+    return DeploymentEventTrigger(
+        name=f"score {params.model.name}'s new champion",
+        expect={CHAMPION_MOVED},
+        match={MODEL_NAME: params.model.name},
+        parameters={"params": scoring},
+    )
+
+
+def deployments(
+    pipeline_params: PipelineParams,
+    *,
+    cron: str | None,
+    bench_cron: str | None,
+    score_params: ScoreParams | None = None,
+    score_cron: str | None = None,
+    score_on_champion: bool = False,
+) -> list:
+    """The three deployments; scoring's default parameters exist only with ``score_params``
+    (without them a run asked for in the UI names its input there)."""
+    common = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1}
+    made = [
+        pipeline.to_deployment(
+            name=PIPELINE,
+            cron=cron,
+            parameters={"params": pipeline_params.model_dump(mode="json")},
+            **common,
+        ),
+        benchmark.to_deployment(name=BENCHMARK, cron=bench_cron, **common),
+    ]
+    if score_on_champion and score_params is None:
+        raise ValueError("scoring on a new champion needs what to score: give --score-input")
+    made.append(
+        score.to_deployment(
+            name=SCORE,
+            cron=score_cron,
+            parameters={"params": score_params.model_dump(mode="json")} if score_params else {},
+            triggers=[champion_trigger(score_params)] if score_on_champion else None,
+            **common,
+        )
+    )
+    return made
+
+
+def ensure_pool(name: str) -> bool:
+    """Create process work pool ``name`` unless a pool of that name exists; True if created."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+            return False
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+            return True
+
+
+def deploy_all(pool: str, made: list) -> list[str]:
+    """Register ``made`` with work pool ``pool`` (created if missing); the deployment ids."""
+    ensure_pool(pool)
+    ids = deploy(
+        *made, work_pool_name=pool, build=False, push=False, print_next_steps_message=False
+    )
+    return [str(i) for i in ids]
