@@ -12,7 +12,7 @@ run: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/python -m pytest --durations=25 $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The unit tier alone (no JVM, server or subprocess): under a minute, for the edit-test loop.
 test-fast: setup

@@ -34,7 +34,62 @@ HEAVY_FIXTURES = {
 }
 
 
+# `make test` runs the suite on two pytest-xdist workers. Tests that share a machine-wide thing
+# run on one worker, one after another: the multi-host harness (network namespaces, a standalone
+# Spark cluster); the session's Prefect server with its deployed run (made once, looked at by
+# several tests); and `hvdflow up`, which takes the conventional ports (5000, 8333, 4200) when
+# they are free, a check two workers could pass at the same moment. The scheduler sees only node
+# ids, so the groups are by path.
+SERIAL_GROUPS = {
+    "cluster": ("tests/cluster/",),
+    "deployed": (
+        "tests/ui/",
+        "tests/flows/test_status.py",
+        "tests/test_prefect_yaml.py",
+        "tests/infra/services/test_prefect_server.py",
+    ),
+    "local-services": (
+        "tests/flows/test_cli.py::test_up_",
+        "tests/flows/test_pipeline.py::test_a_served_deployment",
+        "tests/infra/services/test_local.py",
+        "tests/infra/services/test_service.py",
+    ),
+}
+# The order tests are handed out in: the slow ones first, so that the last minutes are not one
+# long test on one worker while the other waits (the groups go first anyway: xdist hands out the
+# units with the most tests first).
+TIER_ORDER = {"slow": 0, "integration": 1, "unit": 2}
+
+
+def serial_group(nodeid: str) -> str | None:
+    for group, prefixes in SERIAL_GROUPS.items():
+        if nodeid.startswith(prefixes):
+            return group
+    return None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Every test is a unit of its own, except the serial groups, each one unit on one worker.
+    (xdist's own --dist loadgroup marks node ids in a way pytest 9.2 no longer keeps.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid) or nodeid
+
+    return SerialGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    _check_cost_tiers(items)
+    items.sort(key=lambda item: TIER_ORDER[_tier(item)])  # stable: file order within a tier
+
+
+def _tier(item) -> str:
+    return next(m.name for m in item.iter_markers() if m.name in COST_TIERS)
+
+
+def _check_cost_tiers(items):
     """Every test names its cost tier (unit, integration or slow), exactly one, so that
     `make test-fast` (-m unit) runs only what is cheap; a unit test uses no heavy fixture."""
     problems = []

@@ -19,6 +19,12 @@ RANK_ENTRY = "hvdflow.infra.launcher._rank"
 # launches inherits it: another session's ranks on the same machine are not this one's leaks.
 TEST_SESSION_VAR = "HVDFLOW_TEST_SESSION"
 os.environ.setdefault(TEST_SESSION_VAR, uuid.uuid4().hex)
+# Under pytest-xdist each worker is a session of its own (its own Spark, its own ranks): the id
+# the workers inherit from the controller gets the worker's name.
+if (_worker := os.environ.get("PYTEST_XDIST_WORKER")) and not os.environ[TEST_SESSION_VAR].endswith(
+    f"-{_worker}"
+):
+    os.environ[TEST_SESSION_VAR] += f"-{_worker}"
 
 
 def rank_processes() -> list[psutil.Process]:
