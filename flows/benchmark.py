@@ -27,6 +27,7 @@ from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.preprocess.steps import preprocessed
+from hvdflow.tasks.results import shared_result_storage
 from hvdflow.tasks.spark_slots import spark_slots
 from hvdflow.tasks.train.run import training_spec
 from hvdflow.tasks.train.steps import check_tracking_step
@@ -121,12 +122,13 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
             update={"input": str(root), "input_format": "mnist_idx"}
         )
     data = data_params.preprocess_config(ranks=most_ranks)
-    dataset = preprocessed(data, params.launcher.spark_master)
+    storage = shared_result_storage()  # reruns on any worker reuse the dataset and weights
+    dataset = preprocessed(data, params.launcher.spark_master, storage)
     staged = None
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
 
-        staged = stage_weights_for(training.model, training.weights_source, dataset)
+        staged = stage_weights_for(training.model, training.weights_source, dataset, storage)
     # The study times every condition to its end and reports the accuracy it reached: no
     # condition stops early or is judged (and nothing is registered).
     spec = training_spec(training, dataset, staged).replace(chance_margin=None)

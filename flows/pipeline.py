@@ -14,6 +14,7 @@ from hvdflow.flows.params import PipelineParams
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.preprocess.steps import preprocessed
+from hvdflow.tasks.results import shared_result_storage
 from hvdflow.tasks.train.model_card import STEADY_METRIC, flow_run_url
 from hvdflow.tasks.train.steps import check_tracking_step, train_step
 from hvdflow.tasks.weights.steps import stage_weights_for
@@ -29,16 +30,19 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
     # input, result or printed link carries it.
     with tracking_login(tracking_uri()) as uri:
         check_tracking_step(uri)
+        # Results and cache records in the object store: a rerun on another worker reuses them.
+        storage = shared_result_storage()
         master = params.launcher.spark_master
         data = params.data.preprocess_config(ranks=params.launcher.np)
-        dataset = preprocessed(data, master)
+        dataset = preprocessed(data, master, storage)
         weights = None
         if params.training.weights_source:
             # A reference (env:NAME, secret:block-name) is resolved inside the task, on the driver.
             weights = stage_weights_for(
-                params.training.model, params.training.weights_source, dataset
+                params.training.model, params.training.weights_source, dataset, storage
             )
-        result = train_step(params.train_config(), dataset, weights, uri, master)
+        train = train_step.with_options(result_storage=storage)
+        result = train(params.train_config(), dataset, weights, uri, master)
         steady = _logged_metric(uri, result.run_id, STEADY_METRIC)
     summary = _summary(params, dataset, weights, result, steady)
     _publish_artifacts(summary, result)

@@ -60,7 +60,9 @@ def stage_weights_step(
     return staged
 
 
-def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> StagedWeights:
+def stage_weights_for(
+    model: str, source: str, dataset: DatasetManifest, result_storage=None
+) -> StagedWeights:
     """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task).
 
     A cached result whose object is gone (a bucket emptied, a server replaced at the same
@@ -69,10 +71,11 @@ def stage_weights_for(model: str, source: str, dataset: DatasetManifest) -> Stag
     """
     store = ObjectStoreConfig.from_env()
     args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)
-    staged = stage_weights_step(*args)
+    step = stage_weights_step.with_options(result_storage=result_storage)
+    staged = step(*args)
     if not is_intact(ObjectStore(store), staged):
         get_run_logger().warning(
             "cached weights %s are gone or changed: staging them again", staged.uri
         )
-        staged = stage_weights_step.with_options(refresh_cache=True)(*args)
+        staged = step.with_options(refresh_cache=True)(*args)
     return staged

@@ -49,6 +49,7 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     prefect_harness, spark, seaweed, tracking, tmp_path
 ):
     from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
     # A run whose training fails (no rank reaches hvd.init() in time) after preprocessing and
     # staging finished.
@@ -57,7 +58,10 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     assert "did not reach hvd.init() within 0.5 s" in str(failed.result(raise_on_failure=False))
     assert wait_for_no_ranks() == []
 
-    state = pipeline(params(tmp_path), return_state=True)
+    # Run again as another worker would: Prefect's local storage elsewhere (empty). The
+    # preprocessing and staging results and cache records are in the object store: reused.
+    with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: tmp_path / "another-worker"}):
+        state = pipeline(params(tmp_path), return_state=True)
     assert state.is_completed(), state
     summary = state.result()
     states = task_states(summary["flow_run_id"])
