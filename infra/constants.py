@@ -103,6 +103,8 @@ HVDFLOW_HOME = "HVDFLOW_HOME"
 
 # --- Tracking and orchestration: the variables MLflow's and Prefect's clients read ---
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+# The tracking server's job runner (MLflow 3), off in the embedded server.
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 # The object store behind the tracking server's artifact proxy (read by the server).
 MLFLOW_S3_ENDPOINT_URL = "MLFLOW_S3_ENDPOINT_URL"
 # Basic-auth login for a tracking server that requires one (sent with every request).

@@ -45,6 +45,7 @@ SERIAL_GROUPS = {
     "deployed": (
         "tests/ui/",
         "tests/flows/test_status.py",
+        "tests/flows/test_deploy.py::test_a_worker",
         "tests/test_prefect_yaml.py",
         "tests/infra/services/test_prefect_server.py",
     ),

@@ -36,6 +36,7 @@ from hvdflow.infra.constants import (
 from hvdflow.infra.launcher import _liveness, _placement, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
+from hvdflow.infra.ports import unclaimed_port
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -418,13 +419,11 @@ def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
 def _free_port(host: str) -> int:
     """A port free on ``host`` now, for the rank's TensorFlow server to listen on.
 
-    The rank binds it a few seconds later: another process could take it meanwhile, as with
-    spark-tensorflow-distributor, which picks its ports the same way; the run then fails at start
-    naming the rank, and a retry picks another.
+    The rank binds it a few seconds later. spark-tensorflow-distributor takes any port
+    ``bind(0)`` gives, from the range outgoing connections use too, so one may take it first
+    ("Could not start gRPC server"); this one is from below that range (``infra.ports``).
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return unclaimed_port(host)
 
 
 def _resolve(hostname: str) -> str | None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from hvdflow.infra.ports import unclaimed_port
+
 logger = logging.getLogger(__name__)
 
 # After SIGKILL, how long the stopper waits for the group to be gone before it gives up.
@@ -101,11 +103,8 @@ def free_port(
     address. With ``neighbour_offset``, port + offset is free and not in ``avoid`` too:
     SeaweedFS serves gRPC on its HTTP port + 10000 without asking.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     while True:
-        with socket.socket(family) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = unclaimed_port(host)
         if port in avoid or (host != LOOPBACK and not port_is_free(port)):
             continue
         if not neighbour_offset:

@@ -165,6 +165,9 @@ class MlflowServer(Service):
             c.MLFLOW_FLASK_SERVER_SECRET_KEY,
         ):
             env.pop(name, None)
+        # MLflow 3 starts a job runner beside the server (eight consumer processes, a queue in
+        # /dev/shm) for GenAI jobs hvdflow never asks for: off, unless the user turns it on.
+        env.setdefault(c.MLFLOW_SERVER_ENABLE_JOB_EXECUTION, "false")
         if self.auth:
             env[c.MLFLOW_AUTH_CONFIG_PATH] = str(self.auth_config_path)
             env[c.MLFLOW_FLASK_SERVER_SECRET_KEY] = self._secrets["flask_secret_key"]

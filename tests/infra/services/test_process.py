@@ -51,15 +51,10 @@ def test_a_free_port_avoids_the_given_ports_and_can_keep_its_neighbour_free(monk
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         busy = taken.getsockname()[1]
-        # The OS offers these in turn: the first is to be avoided, the second's neighbour is
+        # The picker offers these in turn: the first is to be avoided, the second's neighbour is
         # busy, the third is fine.
         offered = iter([busy - 1, busy - 100, busy - 2])
-
-        class Socket(socket.socket):
-            def getsockname(self):
-                return ("127.0.0.1", next(offered))
-
-        monkeypatch.setattr(_process.socket, "socket", Socket)
+        monkeypatch.setattr(_process, "unclaimed_port", lambda host: next(offered))
         assert free_port({busy - 1}, neighbour_offset=100) == busy - 2
     assert port_is_free(busy)
 
