@@ -100,7 +100,9 @@ def rank_env(
             c.HVDFLOW_RUN_ID: run_id,
         }
     )
-    if gpu is not None:
+    # A choice made in the options wins over the task's GPU: MirroredStrategyRunner(use_gpu=False)
+    # hides the GPUs with an empty CUDA_VISIBLE_DEVICES, on tasks that hold some.
+    if gpu is not None and c.CUDA_VISIBLE_DEVICES not in options_env:
         env[c.CUDA_VISIBLE_DEVICES] = gpu
     return env
 

@@ -71,6 +71,20 @@ def test_rank_env_holds_the_full_horovod_environment():
     }
 
 
+def test_gpus_hidden_in_the_options_stay_hidden_on_a_task_that_holds_one():
+    # MirroredStrategyRunner(use_gpu=False) on a cluster whose tasks hold GPUs.
+    env = rank_env(
+        RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1"),
+        rendezvous_addr="127.0.0.1",
+        rendezvous_port=4321,
+        gloo_iface="lo",
+        options_env={c.CUDA_VISIBLE_DEVICES: ""},
+        run_id="abc",
+        gpu="0",
+    )
+    assert env[c.CUDA_VISIBLE_DEVICES] == ""
+
+
 def test_each_rank_sees_only_its_local_ranks_gpu():
     assert gpu_for_rank(0, ["0", "1"]) == "0"
     assert gpu_for_rank(1, ["0", "1"]) == "1"
