@@ -42,16 +42,21 @@ def test_interleaved_hosts_get_ranks_host_by_host():
     assert {s.cross_size for s in slots} == {2}
 
 
-def test_rank_env_holds_the_full_horovod_environment():
-    env = rank_env(
-        RankSlot(1, 2, 1, 2, 0, 1, "127.0.0.1"),
+def env_of(slot: RankSlot, options_env: dict, gpu: str) -> dict:
+    """rank_env on loopback with a fixed rendezvous and run id."""
+    return rank_env(
+        slot,
         rendezvous_addr="127.0.0.1",
         rendezvous_port=4321,
         gloo_iface="lo",
-        options_env={c.HOROVOD_CYCLE_TIME: "5"},
+        options_env=options_env,
         run_id="abc",
-        gpu="1",
+        gpu=gpu,
     )
+
+
+def test_rank_env_holds_the_full_horovod_environment():
+    env = env_of(RankSlot(1, 2, 1, 2, 0, 1, "127.0.0.1"), {c.HOROVOD_CYCLE_TIME: "5"}, gpu="1")
     assert env == {
         "HOROVOD_RANK": "1",
         "HOROVOD_SIZE": "2",
@@ -73,15 +78,7 @@ def test_rank_env_holds_the_full_horovod_environment():
 
 def test_gpus_hidden_in_the_options_stay_hidden_on_a_task_that_holds_one():
     # MirroredStrategyRunner(use_gpu=False) on a cluster whose tasks hold GPUs.
-    env = rank_env(
-        RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1"),
-        rendezvous_addr="127.0.0.1",
-        rendezvous_port=4321,
-        gloo_iface="lo",
-        options_env={c.CUDA_VISIBLE_DEVICES: ""},
-        run_id="abc",
-        gpu="0",
-    )
+    env = env_of(RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1"), {c.CUDA_VISIBLE_DEVICES: ""}, gpu="0")
     assert env[c.CUDA_VISIBLE_DEVICES] == ""
 
 
