@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdflow.bench.preprocess_throughput import make_caltech_like
+from hvdflow.serving.images import model_input
 from hvdflow.training.models import build_model
 from hvdflow.training.threads import use_threads
 
@@ -73,7 +74,7 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
     import pyarrow.parquet as pq
 
     from hvdflow.tasks.preprocess.decode import Good, decode_image  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.executor import prediction_schema, to_model_input  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.executor import prediction_schema  # noqa: PLC0415 (lazy: it loads Spark)
 
     started = time.perf_counter()
     in_predict = 0.0
@@ -83,7 +84,7 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
     def predict():
         nonlocal in_predict
         began = time.perf_counter()
-        p = keras_model.predict(to_model_input(batch), batch_size=batch_size, verbose=0)
+        p = keras_model.predict(model_input(batch), batch_size=batch_size, verbose=0)
         in_predict += time.perf_counter() - began
         best = p.argmax(axis=1)
         sources.extend(batch_sources)

@@ -1,4 +1,4 @@
-"""The layers import only downwards: flows > bench > tasks > training > infra."""
+"""The layers import only downwards: flows > bench > tasks > training > infra > serving."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ["infra", "training", "tasks", "bench", "flows"]  # lowest first
+LAYERS = ["serving", "infra", "training", "tasks", "bench", "flows"]  # lowest first
 
 
 def imported_packages(path: Path) -> set[str]:

@@ -26,6 +26,7 @@ class DataSpec:
     val_rows: int
     num_classes: int
     input_shape: tuple[int, ...]  # the stored image's (height, width, channels)
+    labels: tuple[str, ...] = ()  # class names by label index: they travel inside the model
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class TrainSpec:
         values = dict(values)
         data = dict(values.pop("data"))
         data["input_shape"] = tuple(data["input_shape"])
+        data["labels"] = tuple(data.get("labels", ()))
         tracking = values.pop("tracking", None)
         return cls(
             data=DataSpec(**data),

@@ -102,9 +102,7 @@ def train_classifier(spec: TrainSpec) -> dict:
         import mlflow
 
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
-        result["model_version"] = _log_model(
-            model, example, spec.tracking.run_id, spec.tracking.registered_model_name
-        )
+        result["model_version"] = _log_model(model, example, spec)
     return result
 
 
@@ -235,11 +233,11 @@ def _whole_history(resumed, new: dict) -> dict[str, list[float]]:
     return merged
 
 
-def _log_model(model, example, run_id, registered_model_name):
+def _log_model(model, example, spec: TrainSpec) -> str | None:
     import mlflow
-    import mlflow.tensorflow
     import tensorflow as tf
-    from mlflow.models import infer_signature
+
+    from hvdflow.serving.package import log_classifier  # noqa: PLC0415 (lazy: it loads MLflow)
 
     # Registry consumers get the architecture and weights only: the compiled model carries
     # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
@@ -247,14 +245,8 @@ def _log_model(model, example, run_id, registered_model_name):
     tf.keras.utils.disable_interactive_logging()
     clean = tf.keras.models.clone_model(model)
     clean.set_weights(model.get_weights())
-    signature = infer_signature(example, clean.predict(example, verbose=0))
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.tensorflow.log_model(
-            clean,
-            name="model",
-            signature=signature,
-            input_example=example,
-            registered_model_name=registered_model_name,
-        )
+    labels = spec.data.labels or tuple(str(i) for i in range(spec.data.num_classes))
+    with mlflow.start_run(run_id=spec.tracking.run_id):
+        info = log_classifier(clean, labels, example, spec.tracking.registered_model_name)
     version = getattr(info, "registered_model_version", None)
     return str(version) if version is not None else None

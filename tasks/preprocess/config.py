@@ -182,3 +182,8 @@ class DatasetManifest:
     @property
     def num_classes(self) -> int:
         return len(self.label_map)
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The class names in the order of the model's outputs (label index 0, 1, ...)."""
+        return tuple(name for name, _ in sorted(self.label_map.items(), key=lambda kv: kv[1]))

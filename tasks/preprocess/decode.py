@@ -18,7 +18,6 @@ Scoring (tasks/score/executor.py) reads and decodes its inputs with the same fun
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import re
 import socket
@@ -33,7 +32,7 @@ import numpy as np
 
 from hvdflow.infra.storage.access import S3Access, error_code
 from hvdflow.infra.storage.uris import is_s3, split_s3
-from hvdflow.tasks.preprocess.pixels import unsupported_mode, upright_8bit
+from hvdflow.serving.images import UnreadableImage, decode, fit
 from hvdflow.tasks.preprocess.schema import image_schema
 from hvdflow.tasks.preprocess.sniff import what_it_is
 from hvdflow.tasks.preprocess.sources import _open_idx, idx_header_size, parse_idx_header
@@ -114,43 +113,13 @@ def check_input_root(root: str) -> None:
 # --- decoding ------------------------------------------------------------------------------
 
 
-def _fit(image, image_size, color_mode) -> np.ndarray:
-    from PIL import Image
-
-    image = image.convert(color_mode)
-    height, width = image_size
-    if image.size != (width, height):
-        image = image.resize((width, height), Image.BILINEAR)
-    return np.asarray(image, dtype=np.uint8)
-
-
 def decode_image(source: str, label: str, data: bytes, image_size, color_mode, max_pixels):
-    """One image file's bytes to a Good record, or a Bad one saying why not."""
-    from PIL import Image, UnidentifiedImageError
-
-    if not data:
-        return Bad(source, "empty file (0 bytes)")
-    # Pillow's own guard would raise or only warn depending on how far the limit is exceeded;
-    # hvdflow checks the header's size itself before decoding anything.
-    Image.MAX_IMAGE_PIXELS = None
+    """One image file's bytes to a Good record, or a Bad one saying why not (the registered
+    model decodes with the same ``hvdflow.serving.images.decode``)."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if width * height > max_pixels:
-                return Bad(
-                    source,
-                    f"{width}x{height} = {width * height} pixels is above max_pixels="
-                    f"{max_pixels} (decompression bomb guard): raise max_pixels if it is real",
-                )
-            reason = unsupported_mode(image)
-            if reason is not None:
-                return Bad(source, reason)
-            image.load()  # a truncated file fails here, not at open
-            return Good(source, label, _fit(upright_8bit(image), image_size, color_mode))
-    except UnidentifiedImageError:
-        return Bad(source, what_it_is(data) or "not an image file Pillow can read")
-    except (OSError, SyntaxError, ValueError) as e:
-        return Bad(source, f"corrupt or truncated image: {e}")
+        return Good(source, label, decode(data, image_size, color_mode, max_pixels))
+    except UnreadableImage as e:
+        return Bad(source, (e.unidentified and what_it_is(data)) or e.reason)
 
 
 def decode_idx(
@@ -171,7 +140,7 @@ def decode_idx(
     images = np.frombuffer(pixels[: complete * rows * cols], np.uint8).reshape(-1, rows, cols)
     for i in range(complete):
         image = Image.fromarray(images[i], mode="L")
-        yield Good(f"{name}#{start + i}", str(labels[i]), _fit(image, image_size, color_mode))
+        yield Good(f"{name}#{start + i}", str(labels[i]), fit(image, image_size, color_mode))
     for i in range(complete, count):
         yield Bad(f"{name}#{start + i}", "truncated IDX file")
 

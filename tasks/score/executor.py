@@ -25,6 +25,7 @@ import numpy as np
 
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3, join
+from hvdflow.serving.images import model_input
 from hvdflow.tasks.preprocess.decode import (
     FETCH_AHEAD,
     Bad,
@@ -79,13 +80,6 @@ def prediction_schema():
     )
 
 
-def to_model_input(images: list[np.ndarray]) -> np.ndarray:
-    """Decoded uint8 images to the model's input, as training reads them (reader.py): float32
-    in [0, 1] with a channel axis."""
-    batch = np.stack(images).astype(np.float32) / 255.0
-    return batch[..., np.newaxis] if batch.ndim == 3 else batch
-
-
 def score_partition(batches, plan: ExecutorPlan):
     """mapInPandas: pandas batches of INPUT_SCHEMA rows in, REPORT_SCHEMA rows out."""
     import pandas as pd
@@ -112,9 +106,9 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
 
     def predict() -> None:
         started = time.perf_counter()
-        model = model_cache.cached_model(plan.model_key, plan.archive, threads)
+        predict_proba = model_cache.cached_model(plan.model_key, plan.archive, threads)
         loaded = time.perf_counter()
-        probabilities = np.asarray(model.predict_on_batch(to_model_input(pending_images)))
+        probabilities = np.asarray(predict_proba(model_input(pending_images)))
         classes = probabilities.argmax(axis=1)
         timing["load"] += loaded - started
         timing["predict"] += time.perf_counter() - loaded

@@ -1,11 +1,12 @@
 """The model a scoring run uses, found on the driver: registry version, label map, shapes.
 
 ``fetch_model`` resolves ``models:/<name>@<alias>`` (or a version number) in the MLflow registry,
-downloads that version once to the driver, reads its input and output shapes from the logged
-signature and its label map from the training run's ``dataset/labels.json`` artifact. The
-result is a ``ScoringModel`` of plain values that travels to the executors. ``check_*`` compare
-it with the data before any Spark work, so a model that cannot score these inputs fails in
-seconds with what to change.
+downloads that version once to the driver and reads its input shape and class names: from the
+model itself (an ``ImageClassifier`` pyfunc, ``hvdflow.serving``, carries them in its MLmodel
+metadata), or for versions registered before it (a bare Keras model) from the logged signature
+and the training run's ``dataset/labels.json`` artifact. The result is a ``ScoringModel`` of
+plain values that travels to the executors. ``check_*`` compare it with the data before any
+Spark work, so a model that cannot score these inputs fails in seconds with what to change.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.locks import cache_root
+from hvdflow.serving.package import METADATA_KEY
 from hvdflow.tasks.score.config import ModelRef
 
 logger = logging.getLogger(__name__)
@@ -58,19 +60,21 @@ def fetch_model(ref: ModelRef, tracking_uri: str, workdir: str | None = None) ->
 
     client = MlflowClient(tracking_uri)
     version = resolve_version(client, ref)
-    if not version.run_id:
-        raise ValueError(
-            f"model {ref.name!r} version {version.version} has no training run, so no label "
-            f"map ({LABELS_ARTIFACT}): register a model that hvdflow trained"
-        )
     if workdir is None:
         identity = f"{redact_url(tracking_uri)}|{ref.name}|{version.version}|{version.run_id}"
         digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
         workdir = str(cache_root() / "models" / digest)
     os.makedirs(workdir, exist_ok=True)
-    labels = read_labels(client, version.run_id, workdir, f"{ref.name!r} v{version.version}")
     local_dir = download_model(ref.name, version.version, tracking_uri, workdir)
     model_uuid, input_shape, outputs = describe(local_dir)
+    labels = carried_labels(local_dir)
+    if labels is None:  # a version registered before the model carried its labels
+        if not version.run_id:
+            raise ValueError(
+                f"model {ref.name!r} version {version.version} has no training run, so no "
+                f"label map ({LABELS_ARTIFACT}): register a model that hvdflow trained"
+            )
+        labels = read_labels(client, version.run_id, workdir, f"{ref.name!r} v{version.version}")
     model = ScoringModel(
         name=ref.name,
         version=str(version.version),
@@ -168,12 +172,27 @@ def download_model(name: str, version: str, tracking_uri: str, workdir: str) -> 
     return target
 
 
-def describe(local_dir: str) -> tuple[str, tuple[int | None, ...], int]:
-    """(model_uuid, input shape without the batch axis, outputs) of a downloaded model: from
-    its logged signature, else from the model itself (loaded once on the driver)."""
+def carried_labels(local_dir: str) -> list[str] | None:
+    """The class names an ImageClassifier carries (its MLmodel metadata); None for a bare
+    Keras model."""
     from mlflow.models import Model
 
     meta = Model.load(os.path.join(local_dir, "MLmodel"))
+    carried = (meta.metadata or {}).get(METADATA_KEY)
+    return [str(label) for label in carried["labels"]] if carried else None
+
+
+def describe(local_dir: str) -> tuple[str, tuple[int | None, ...], int]:
+    """(model_uuid, input shape without the batch axis, outputs) of a downloaded model: what an
+    ImageClassifier carries; for a bare Keras model, its logged signature, else the model
+    itself (loaded once on the driver)."""
+    from mlflow.models import Model
+
+    meta = Model.load(os.path.join(local_dir, "MLmodel"))
+    carried = (meta.metadata or {}).get(METADATA_KEY)
+    if carried:
+        shape = tuple(int(d) for d in carried["input_shape"])
+        return str(meta.model_uuid or ""), shape, len(carried["labels"])
     signature = meta.signature
     shapes = None
     if signature is not None and signature.inputs is not None and signature.outputs is not None:

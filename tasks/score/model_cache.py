@@ -6,11 +6,17 @@ this executor), every later batch and task of that worker reuses it. Keyed by th
 (name and version) and its MLmodel id, so a version registered again elsewhere under the same
 number is not mistaken for the one cached. Only TensorFlow and MLflow are imported: never
 horovod, which a serving process does not need.
+
+What is cached is the model's ``probabilities`` function (prepared batch in, class
+probabilities out): the registered ImageClassifier's own (``hvdflow.serving.classifier``), so
+that a batch prediction is computed as a served one is, or a bare Keras model's
+``predict_on_batch`` for versions registered before it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict
 
 from hvdflow.training.threads import use_threads
@@ -32,23 +38,35 @@ def loads() -> int:
 
 
 def cached_model(key: tuple[str, str], archive: str, threads: int):
-    """The Keras model for ``key``; loaded from the Spark archive ``archive`` the first time."""
+    """The ``probabilities`` function of the model ``key``; loaded from the Spark archive
+    ``archive`` the first time."""
     global _loads
     model = _models.get(key)
     if model is not None:
         _models.move_to_end(key)
         return model
     _limit_threads(threads)
-    import mlflow.tensorflow
     from pyspark import SparkFiles
 
-    model = mlflow.tensorflow.load_model(SparkFiles.get(archive))
+    model = load_probabilities(SparkFiles.get(archive))
     _loads += 1
     _models[key] = model
     while len(_models) > KEEP:
         _models.popitem(last=False)
     logger.info("loaded %s from %s", key[0], archive)
     return model
+
+
+def load_probabilities(local_dir: str):
+    """The probabilities function of the model saved in ``local_dir``."""
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    if "tensorflow" in Model.load(os.path.join(local_dir, "MLmodel")).flavors:
+        import mlflow.tensorflow
+
+        return mlflow.tensorflow.load_model(local_dir).predict_on_batch
+    return mlflow.pyfunc.load_model(local_dir).unwrap_python_model().probabilities
 
 
 def _limit_threads(threads: int) -> None:

@@ -4,8 +4,9 @@ throughput figure the run reports beside its wall clock.
 The model version page shows the aliases (``candidate``, ``champion``) by itself; its description
 says what produced the version: the dataset's fingerprint, the number of ranks, the engine, the
 Prefect flow run (a link) and the MLflow run, so that whoever finds ``champion`` there can trace it
-back without opening anything else. The text is built by a pure function (``version_card``);
-``describe_version`` writes it with MlflowClient.update_model_version.
+back without opening anything else. The same facts are the version's tags (``version_tags``),
+for programs: ``search_model_versions("tags.`hvdflow.np` = '2'")``. Both are built by pure
+functions; ``describe_version`` writes them with MlflowClient.
 """
 
 from __future__ import annotations
@@ -80,6 +81,36 @@ def version_card(
     return "\n".join(lines)
 
 
+# The version tags' prefix: hvdflow.dataset_fingerprint, hvdflow.np, ...
+TAG_PREFIX = "hvdflow."
+
+
+def version_tags(
+    *,
+    dataset_fingerprint: str,
+    np: int,
+    engine: str = DEFAULT_ENGINE,
+    dataset: str | None = None,
+    flow_run_id: str | None = None,
+    run_id: str | None = None,
+    val_accuracy: float | None = None,
+    code_version: str | None = None,
+    **_,
+) -> dict[str, str]:
+    """The version's searchable lineage (MLflow tags are strings): what the card says."""
+    values = {
+        "dataset_fingerprint": dataset_fingerprint,
+        "dataset": redact_url(dataset) if dataset else None,
+        "np": str(np),
+        "engine": engine,
+        "flow_run_id": flow_run_id,
+        "run_id": run_id,
+        "val_accuracy": f"{val_accuracy:.6f}" if val_accuracy is not None else None,
+        "code_version": code_version,
+    }
+    return {TAG_PREFIX + key: str(value) for key, value in values.items() if value is not None}
+
+
 def describe_version(
     name: str,
     version: str | None,
@@ -92,27 +123,32 @@ def describe_version(
     **more,
 ) -> str | None:
     """Write ``version_card(...)`` as the description of ``version`` of registered model
-    ``name``; return it (None when there is no version). ``more``: the optional fields of
-    ``version_card``. ``client``: an MlflowClient (default: one for the current tracking URI).
+    ``name`` and ``version_tags(...)`` as its tags; return the description (None when there is
+    no version). ``more``: the optional fields of both. ``client``: an MlflowClient (default:
+    one for the current tracking URI).
 
-    The description is for people: a tracking server that refuses it is logged as a warning and
-    never fails a finished training.
+    Both are records about a finished training: a tracking server that refuses them is logged
+    as a warning and never fails it.
     """
     if version is None:
         return None
+    card_fields = ("flow_run_id", "run_id", "steady_images_per_s", "val_accuracy")
     text = version_card(
         dataset_fingerprint=dataset_fingerprint,
         np=np,
         engine=engine,
         flow_run_url=flow_run_url,
-        **more,
+        **{key: value for key, value in more.items() if key in card_fields},
     )
+    tags = version_tags(dataset_fingerprint=dataset_fingerprint, np=np, engine=engine, **more)
     if client is None:
         from mlflow import MlflowClient
 
         client = MlflowClient()
     try:
         client.update_model_version(name, str(version), description=text)
+        for key, value in tags.items():
+            client.set_model_version_tag(name, str(version), key, value)
     except Exception as e:
         logger.warning("could not describe %s version %s in MLflow: %s", name, version, e)
         return None

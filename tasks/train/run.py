@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
+import hvdflow
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import check_reachable, wait_until_reachable
@@ -163,6 +164,8 @@ def train_and_track(
             run_id=run_id,
             steady_images_per_s=steady,
             val_accuracy=(result["history"].get("val_accuracy") or [None])[-1],
+            dataset=dataset.path,
+            code_version=hvdflow.__version__,
         )
 
     logger.info(
@@ -199,6 +202,7 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
             val_rows=dataset.val_rows,
             num_classes=dataset.num_classes,
             input_shape=tuple(dataset.image_shape),
+            labels=dataset.class_names,
         ),
         model_name=training.model,
         epochs=training.epochs,

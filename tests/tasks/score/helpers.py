@@ -36,19 +36,25 @@ def write_digits(root: Path, indices, bad: bool = True) -> list[str]:
 
 
 def model_predictions(model_uri: str, images: list[bytes], image_size, color_mode):
-    """(class indices, probabilities of them) from the model's own ``predict`` on the encoded
-    ``images``, decoded as preprocessing decodes them."""
-    import mlflow.tensorflow
+    """(class indices, probabilities of them) from the model's own ``predict``, as a registry
+    consumer calls it: an ImageClassifier on the image files' bytes themselves; a bare Keras
+    version (registered before the model carried its preprocessing) on the images decoded as
+    preprocessing decodes them."""
+    import mlflow.pyfunc
+    import pandas as pd
 
+    from hvdflow.serving.images import model_input
     from hvdflow.tasks.preprocess.decode import decode_image
-    from hvdflow.tasks.score.executor import to_model_input
 
+    model = mlflow.pyfunc.load_model(model_uri)
+    if "tensorflow" not in model.metadata.flavors:
+        out = model.predict(pd.DataFrame({"image": images}))
+        assert out["error"].isna().all(), out["error"]
+        return out["class_index"].to_numpy(int), out["probability"].to_numpy(float)
     decoded = [
         decode_image("", "", data, image_size, color_mode, 50_000_000).image for data in images
     ]
-    probabilities = mlflow.tensorflow.load_model(model_uri).predict(
-        to_model_input(decoded), verbose=0
-    )
+    probabilities = np.asarray(model.predict(model_input(decoded)))
     classes = probabilities.argmax(axis=1)
     return classes, probabilities[np.arange(len(classes)), classes]
 
@@ -66,15 +72,18 @@ def register_model(
     labels: list[str] | None = None,
     num_classes: int = 10,
     alias: str | None = "champion",
+    legacy: bool = False,
 ) -> str:
-    """Log a freshly built (seeded) model with a signature, as training/trainer.py does, and
-    the run's ``dataset/labels.json``, as tasks/train/run.py does; register it; return its
-    version."""
+    """Log a freshly built (seeded) model as training/trainer.py does (an ImageClassifier
+    carrying its labels), and the run's ``dataset/labels.json`` as tasks/train/run.py does;
+    register it; return its version. ``legacy``: a bare Keras model with a signature, as
+    versions were registered before the model carried its labels and preprocessing."""
     import mlflow
     import mlflow.tensorflow
     from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
+    from hvdflow.serving.package import log_classifier
     from hvdflow.training.models import build_model
 
     keras_model = build_model(model, input_shape, num_classes, seed=0)
@@ -84,12 +93,15 @@ def register_model(
     mlflow.set_experiment("tests-score-models")
     with mlflow.start_run():
         mlflow.log_text(json.dumps({n: i for i, n in enumerate(labels)}), "dataset/labels.json")
-        info = mlflow.tensorflow.log_model(
-            keras_model,
-            name="model",
-            signature=infer_signature(example, keras_model.predict(example, verbose=0)),
-            registered_model_name=name,
-        )
+        if legacy:
+            info = mlflow.tensorflow.log_model(
+                keras_model,
+                name="model",
+                signature=infer_signature(example, keras_model.predict(example, verbose=0)),
+                registered_model_name=name,
+            )
+        else:
+            info = log_classifier(keras_model, labels, example, registered_model_name=name)
     version = str(info.registered_model_version)
     if alias:
         MlflowClient(tracking_uri).set_registered_model_alias(name, alias, version)

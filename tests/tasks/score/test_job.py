@@ -37,6 +37,22 @@ def digits_model(mlflow_server):
     return name, register_model(mlflow_server.tracking_uri, name)
 
 
+def test_a_version_registered_before_the_model_carried_its_labels_still_scores(
+    spark, mlflow_server, tmp_path
+):
+    name = f"tests-score-legacy-{uuid.uuid4().hex[:6]}"
+    version = register_model(mlflow_server.tracking_uri, name, legacy=True)
+    root = tmp_path / "heldout"
+    good = write_digits(root, range(1400, 1420), bad=False)
+    model = fetch_model(ModelRef(name=name), mlflow_server.tracking_uri, str(tmp_path / "m"))
+    assert model.uri == f"models:/{name}/{version}" and model.labels[3] == "digit-3"
+    result = score_images(spark, ScoreConfig(input=str(root), output=str(tmp_path / "o")), model)
+    table = pq.read_table(result.predictions_url).sort_by("source")
+    classes, probabilities = model_predictions(model.uri, read_files(root, good), (8, 8), "L")
+    assert table.column("class_index").to_pylist() == classes.tolist()
+    np.testing.assert_allclose(table.column("probability").to_numpy(), probabilities, rtol=1e-5)
+
+
 def spark_jobs_so_far(spark) -> int:
     return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
 
@@ -182,6 +198,6 @@ def test_a_model_that_does_not_fit_fails_before_any_spark_work(
 
     # A label map of 3 classes for a model with 10 outputs: refused when the model is found.
     mismatched = f"tests-score-labels-{uuid.uuid4().hex[:6]}"
-    register_model(uri, mismatched, labels=["cat", "dog", "emu"], num_classes=10)
+    register_model(uri, mismatched, labels=["cat", "dog", "emu"], num_classes=10, legacy=True)
     with pytest.raises(ValueError, match="outputs 10 class probabilities but the label map"):
         fetch_model(ModelRef(name=mismatched), uri)

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from hvdflow.serving.images import model_input
 from hvdflow.tasks.score import publish
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
-from hvdflow.tasks.score.executor import to_model_input
 from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, list_dataset, list_images
 from hvdflow.tasks.score.job import partitions_for
 from hvdflow.tasks.score.model import ScoringModel, check_labels, image_settings, labels_in_order
@@ -175,10 +175,10 @@ def test_a_folder_without_parquet_or_image_columns_is_refused(tmp_path):
 
 def test_images_become_model_input_as_training_reads_them():
     gray = [np.full((2, 3), 255, np.uint8), np.zeros((2, 3), np.uint8)]
-    batch = to_model_input(gray)
+    batch = model_input(gray)
     assert batch.shape == (2, 2, 3, 1) and batch.dtype == np.float32
     assert batch.max() == 1.0 and batch.min() == 0.0
-    assert to_model_input([np.zeros((2, 3, 3), np.uint8)]).shape == (1, 2, 3, 3)
+    assert model_input([np.zeros((2, 3, 3), np.uint8)]).shape == (1, 2, 3, 3)
 
 
 def test_tasks_are_one_wave_of_slots_unless_that_is_too_many_images_each():

@@ -11,6 +11,7 @@ from hvdflow.tasks.train.model_card import (
     flow_run_url,
     steady_images_per_s,
     version_card,
+    version_tags,
 )
 
 
@@ -59,11 +60,15 @@ class Registry:
     def __init__(self, refuse: bool = False):
         self.refuse = refuse
         self.descriptions: dict[tuple[str, str], str] = {}
+        self.tags: dict[tuple[str, str], dict[str, str]] = {}
 
     def update_model_version(self, name, version, description=None):
         if self.refuse:
             raise RuntimeError("RESOURCE_DOES_NOT_EXIST")
         self.descriptions[(name, version)] = description
+
+    def set_model_version_tag(self, name, version, key, value):
+        self.tags.setdefault((name, version), {})[key] = value
 
 
 @pytest.mark.unit
@@ -72,6 +77,13 @@ def test_describe_version_writes_the_card_and_a_refusal_only_warns(caplog):
     text = describe_version("m", "3", dataset_fingerprint="abc", np=2, client=registry)
     assert registry.descriptions == {("m", "3"): text}
     assert "- engine: horovod" in text  # the default engine
+    assert registry.tags == {
+        ("m", "3"): {
+            "hvdflow.dataset_fingerprint": "abc",
+            "hvdflow.np": "2",
+            "hvdflow.engine": "horovod",
+        }
+    }
 
     caplog.set_level(logging.WARNING, "hvdflow.tasks.train.model_card")
     assert describe_version("m", "3", dataset_fingerprint="a", np=2, client=Registry(True)) is None
@@ -88,3 +100,28 @@ def test_the_flow_run_link_is_under_the_prefect_ui():
     with temporary_settings({PREFECT_UI_URL: "https://prefect.example.org"}):
         assert flow_run_url("f-1") == "https://prefect.example.org/runs/flow-run/f-1"
     assert flow_run_url(None) is None
+
+
+@pytest.mark.unit
+def test_the_version_tags_are_the_cards_facts_as_strings_without_a_login():
+    tags = version_tags(
+        dataset_fingerprint="f" * 64,
+        np=-2,
+        engine="tf_collective",
+        dataset="s3://u:p@bucket/datasets/abc/attempt-1",
+        flow_run_id="fr-1",
+        run_id="r-1",
+        val_accuracy=0.97531234,
+        code_version="0.1.0",
+        steady_images_per_s=12.5,  # the card's only: not a tag
+    )
+    assert tags == {
+        "hvdflow.dataset_fingerprint": "f" * 64,
+        "hvdflow.dataset": "s3://bucket/datasets/abc/attempt-1",
+        "hvdflow.np": "-2",
+        "hvdflow.engine": "tf_collective",
+        "hvdflow.flow_run_id": "fr-1",
+        "hvdflow.run_id": "r-1",
+        "hvdflow.val_accuracy": "0.975312",
+        "hvdflow.code_version": "0.1.0",
+    }

@@ -59,6 +59,18 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     assert result.aliases == ["candidate", "champion"]
     version = client.get_model_version_by_alias("tests-digits", "champion")
     assert version.version == result.model_version and version.run_id == result.run_id
+    # Its lineage is searchable: tags, not only the description.
+    assert version.tags["hvdflow.dataset_fingerprint"] == digits_dataset.fingerprint
+    assert version.tags["hvdflow.dataset"] == digits_dataset.path
+    assert (version.tags["hvdflow.np"], version.tags["hvdflow.engine"]) == ("2", "horovod")
+    assert float(version.tags["hvdflow.val_accuracy"]) == pytest.approx(
+        run.data.metrics["val_accuracy"], abs=1e-6
+    )
+    found = client.search_model_versions(
+        f"name = 'tests-digits' and tags.`hvdflow.dataset_fingerprint` = "
+        f"'{digits_dataset.fingerprint}'"
+    )
+    assert version.version in {v.version for v in found}
     assert wait_for_no_ranks() == []
 
     # A worse model becomes the candidate but does not take the champion's place.
@@ -84,7 +96,9 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
 
     # A registry consumer in a fresh process predicts classes for a batch of dataset images.
     out = consume_champion("tests-digits", digits_dataset.val_url, mlflow_server.tracking_uri)
-    assert out["batch"] == 32 and out["shape"] == [32, 10]
+    assert out["batch"] == 32
+    # The class names travel inside the model: the dataset's, by label index.
+    assert out["names"] == [digits_dataset.class_names[c] for c in out["classes"]]
     assert out["accuracy"] > 0.5
 
 
@@ -105,12 +119,15 @@ CONSUMER = """
 import json, sys
 import mlflow.pyfunc, numpy as np
 from hvdflow.training.reader import open_dataset
+import pandas as pd
 model = mlflow.pyfunc.load_model("models:/tests-digits@champion")
 with open_dataset(sys.argv[1], batch_size=32, num_epochs=1, shuffle=False) as ds:
     images, labels = next(iter(ds))
-probabilities = np.asarray(model.predict(images.numpy()))
-classes = probabilities.argmax(axis=1)
-print(json.dumps({"batch": len(classes), "shape": list(probabilities.shape),
+# Images already prepared as the network takes them: the compatible input.
+out = model.predict(pd.DataFrame({"pixels": [image.tolist() for image in images.numpy()]}))
+classes = out["class_index"].to_numpy(int)
+print(json.dumps({"batch": len(classes), "classes": classes.tolist(),
+                  "names": out["class_name"].tolist(),
                   "accuracy": float((classes == labels.numpy()).mean())}))
 """
 

@@ -1,7 +1,14 @@
-"""Pixel formats: which Pillow images become 8-bit L or RGB, and how.
+"""How an image file becomes what the model sees: the one copy of that code.
 
-``unsupported_mode`` says, before anything is decoded, why an image's samples cannot be turned
-into 8 bits without guessing. ``upright_8bit`` takes a decoded image to what is stored:
+Preprocessing (``hvdflow.tasks.preprocess``), ``hvdflow score`` and the registered model itself
+(``hvdflow.serving.classifier``, which carries this module inside the model) all call
+``decode`` and ``model_input``, so a served prediction equals a batch prediction. Only numpy
+and Pillow: a registry consumer loads it without hvdflow.
+
+``decode`` takes a file's bytes to 8-bit L or RGB pixels of one size, or raises
+``UnreadableImage`` saying why. ``unsupported_mode`` says, before anything is decoded, why an
+image's samples cannot be turned into 8 bits without guessing. ``upright_8bit`` takes a decoded
+image to what is stored:
 
 - turned upright by its EXIF Orientation (a phone photo taken sideways is stored sideways with a
   tag saying so), before the resize, so the model sees what a person sees;
@@ -19,7 +26,12 @@ into 8 bits without guessing. ``upright_8bit`` takes a decoded image to what is 
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
+
+# Pixels an image may have before it is refused undecoded (a decompression bomb guard).
+MAX_PIXELS = 50_000_000
 
 # Modes with 8-bit samples, which Pillow converts to L/RGB without losing meaning.
 EIGHT_BIT_MODES = {"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr"}
@@ -101,3 +113,61 @@ def _rawmode(args) -> str:
     if isinstance(args, str):
         return args
     return args[0] if args and isinstance(args[0], str) else ""
+
+
+class UnreadableImage(Exception):
+    """An image file ``decode`` cannot turn into pixels; ``reason`` says why, for a person.
+    ``unidentified``: Pillow did not recognise the format at all (the caller may know better
+    what the bytes are)."""
+
+    def __init__(self, reason: str, unidentified: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.unidentified = unidentified
+
+
+def decode(data: bytes, image_size, color_mode: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """An image file's bytes to uint8 pixels (height, width) for "L" or (height, width, 3) for
+    "RGB": upright, 8-bit, resized to ``image_size`` (height, width). UnreadableImage if not."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise UnreadableImage("empty file (0 bytes)")
+    # Pillow's own guard would raise or only warn depending on how far the limit is exceeded;
+    # the header's size is checked here before anything is decoded.
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise UnreadableImage(
+                    f"{width}x{height} = {width * height} pixels is above max_pixels="
+                    f"{max_pixels} (decompression bomb guard): raise max_pixels if it is real"
+                )
+            reason = unsupported_mode(image)
+            if reason is not None:
+                raise UnreadableImage(reason)
+            image.load()  # a truncated file fails here, not at open
+            return fit(upright_8bit(image), image_size, color_mode)
+    except UnidentifiedImageError:
+        raise UnreadableImage("not an image file Pillow can read", unidentified=True) from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise UnreadableImage(f"corrupt or truncated image: {e}") from None
+
+
+def fit(image, image_size, color_mode: str) -> np.ndarray:
+    """A Pillow image in ``color_mode``, resized (bilinear) to ``image_size`` (height, width)."""
+    from PIL import Image
+
+    image = image.convert(color_mode)
+    height, width = image_size
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.BILINEAR)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def model_input(images) -> np.ndarray:
+    """Decoded uint8 images to the model's input, as training reads them: float32 in [0, 1]
+    with a channel axis (batch, height, width, channels)."""
+    batch = np.stack(images).astype(np.float32) / 255.0
+    return batch[..., np.newaxis] if batch.ndim == 3 else batch

@@ -1,0 +1,111 @@
+"""Packing a trained Keras network into the registered model a consumer can use alone.
+
+``log_classifier`` logs an ``ImageClassifier`` pyfunc (``hvdflow.serving.classifier``): the
+network as a ``.keras`` file, the class names and the input shape inside the model, the
+signature and an input example of real image bytes, and requirements that name exactly what
+the pyfunc imports at the versions that trained it (one TensorFlow distribution). The class and
+the image code are pickled by value, so the model loads where hvdflow is not installed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from importlib.metadata import PackageNotFoundError, distribution
+
+import cloudpickle
+import numpy as np
+
+from hvdflow.serving import classifier, images
+
+# The MLmodel metadata key under which hvdflow describes the model (input shape, labels).
+METADATA_KEY = "hvdflow"
+# What the pyfunc imports, by distribution; the TensorFlow distribution is whichever trained it.
+REQUIRED = ("mlflow", "cloudpickle", "numpy", "pandas", "pillow")
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-macos")
+
+
+def requirements() -> list[str]:
+    """``name==version`` for each distribution the pyfunc imports, as installed here."""
+    pins = [f"{name}=={distribution(name).version}" for name in REQUIRED]
+    return [*pins, tensorflow_requirement()]
+
+
+def tensorflow_requirement() -> str:
+    """The one TensorFlow distribution installed here (``tensorflow-cpu`` on hvdflow's stack),
+    pinned: never both, which a fresh serving environment would install side by side."""
+    for name in TENSORFLOW_DISTRIBUTIONS:
+        try:
+            return f"{name}=={distribution(name).version}"
+        except PackageNotFoundError:
+            continue
+    raise RuntimeError(f"none of {', '.join(TENSORFLOW_DISTRIBUTIONS)} is installed")
+
+
+def signature():
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema(
+        [
+            ColSpec("binary", "image", required=False),
+            ColSpec(Array(Array(Array("double"))), "pixels", required=False),
+        ]
+    )
+    outputs = Schema(
+        [
+            ColSpec("string", "class_name", required=False),
+            ColSpec("long", "class_index", required=False),
+            ColSpec("double", "probability", required=False),
+            ColSpec("string", "error", required=False),
+        ]
+    )
+    params = ParamSchema(
+        [ParamSpec("top_k", "long", 1), ParamSpec("probabilities", "boolean", False)]
+    )
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def png_bytes(prepared: np.ndarray) -> bytes:
+    """A prepared input (height, width, channels) in [0, 1] as a PNG file: the input example."""
+    from PIL import Image
+
+    pixels = np.clip(np.rint(np.asarray(prepared) * 255.0), 0, 255).astype(np.uint8)
+    if pixels.shape[-1] == 1:
+        pixels = pixels[..., 0]
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def log_classifier(network, labels, example: np.ndarray, registered_model_name=None):
+    """Log ``network`` (Keras, uncompiled) as an ImageClassifier to the active MLflow run;
+    ``example`` is a prepared input batch, whose first image becomes the input example.
+    Returns MLflow's ModelInfo."""
+    import mlflow
+    import pandas as pd
+
+    shape = tuple(int(d) for d in network.input_shape[1:])
+    python_model = classifier.ImageClassifier(labels, shape)
+    input_example = pd.DataFrame({"image": [png_bytes(example[0])]})
+    with tempfile.TemporaryDirectory(prefix="hvdflow-model-") as scratch:
+        path = os.path.join(scratch, "network.keras")
+        network.save(path)
+        # By value: the consumer's environment has no hvdflow to import these modules from.
+        for module in (images, classifier):
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            return mlflow.pyfunc.log_model(
+                name="model",
+                python_model=python_model,
+                artifacts={classifier.KERAS_ARTIFACT: path},
+                signature=signature(),
+                input_example=input_example,
+                pip_requirements=requirements(),
+                metadata={METADATA_KEY: {"input_shape": list(shape), "labels": list(labels)}},
+                registered_model_name=registered_model_name,
+            )
+        finally:
+            for module in (classifier, images):
+                cloudpickle.unregister_pickle_by_value(module)
