@@ -6,6 +6,7 @@ stands in for::
 
     from hvdflow import HorovodRunner            # was: from sparkdl import HorovodRunner
     from hvdflow import MirroredStrategyRunner   # was: from spark_tensorflow_distributor import ...
+    from hvdflow import score_udf                # like pyspark.ml.functions.predict_batch_udf
 
 The rooms below, lowest first; each imports only from the ones before it:
 
@@ -30,6 +31,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 _EXPORTS = dict(_INFRA_EXPORTS)
+# Registry consumers: score a DataFrame's column of images with a registered version.
+_EXPORTS["score_udf"] = "hvdflow.tasks.score.udf"
 
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

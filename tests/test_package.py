@@ -25,6 +25,7 @@ PUBLIC_API = [
     "log_to_driver",
     "report_progress",
     "get_spark",
+    "score_udf",
 ]
 
 

@@ -95,6 +95,7 @@ def train_classifier(spec: TrainSpec) -> dict:
         "stopped": guard.reason,
         "rejected": rejected,
         "model_version": None,
+        "evaluation": None,
     }
     if engine.rank == 0 and rejected:
         log_to_driver(f"not registering the model: {rejected}")
@@ -102,7 +103,7 @@ def train_classifier(spec: TrainSpec) -> dict:
         import mlflow
 
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
-        result["model_version"] = _log_model(model, example, spec)
+        result["model_version"], result["evaluation"] = _log_model(model, example, spec)
     return result
 
 
@@ -233,11 +234,15 @@ def _whole_history(resumed, new: dict) -> dict[str, list[float]]:
     return merged
 
 
-def _log_model(model, example, spec: TrainSpec) -> str | None:
+def _log_model(model, example, spec: TrainSpec) -> tuple[str | None, dict | None]:
+    """Log and register the ImageClassifier of ``model``; evaluate it on the validation split.
+    Returns (the registered version, the evaluation's metrics and artifacts)."""
     import mlflow
     import tensorflow as tf
 
+    from hvdflow.serving.classifier import ImageClassifier  # noqa: PLC0415 (lazy: it loads MLflow)
     from hvdflow.serving.package import log_classifier  # noqa: PLC0415 (lazy: it loads MLflow)
+    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: it loads MLflow)
 
     # Registry consumers get the architecture and weights only: the compiled model carries
     # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
@@ -248,5 +253,12 @@ def _log_model(model, example, spec: TrainSpec) -> str | None:
     labels = spec.data.labels or tuple(str(i) for i in range(spec.data.num_classes))
     with mlflow.start_run(run_id=spec.tracking.run_id):
         info = log_classifier(clean, labels, example, spec.tracking.registered_model_name)
+        classifier = ImageClassifier(labels, clean.input_shape[1:])
+        classifier.network = clean
+        try:
+            evaluation = evaluate_logged(info, classifier, spec.data.val_url)
+        except Exception as e:  # a report about a registered model: never undoes it
+            log_to_driver(f"mlflow.models.evaluate failed, the model stays registered: {e!r}")
+            evaluation = None
     version = getattr(info, "registered_model_version", None)
-    return str(version) if version is not None else None
+    return (str(version) if version is not None else None), evaluation

@@ -60,6 +60,23 @@ class ModelRef(BaseModel):
             return f"models:/{self.name}/{self.version}"
         return f"models:/{self.name}@{self.alias}"
 
+    @classmethod
+    def from_uri(cls, uri: str) -> ModelRef:
+        """``models:/<name>@<alias>``, ``models:/<name>/<version>`` or ``models:/<name>`` (its
+        champion); ValueError for anything else."""
+        path = uri.removeprefix("models:/")
+        if path == uri or not path:
+            raise ValueError(
+                f"model URI {uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>"
+            )
+        if "@" in path:
+            name, alias = path.rsplit("@", 1)
+            return cls(name=name, alias=alias)
+        if "/" in path:
+            name, version = path.rsplit("/", 1)
+            return cls(name=name, version=version)
+        return cls(name=path)
+
 
 class ScoreConfig(BaseModel):
     """What to score and where the predictions go; checked when built."""

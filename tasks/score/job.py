@@ -81,7 +81,7 @@ def score_images(spark, config: ScoreConfig, model: ScoringModel) -> ScoreResult
 
     plan = ExecutorPlan(
         model_key=model.cache_key,
-        archive=_ship(spark.sparkContext, model),
+        archive=ship_model(spark.sparkContext, model),
         labels=model.labels,
         image_size=image_size,
         color_mode=color_mode,
@@ -190,7 +190,7 @@ def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
         sc.setJobDescription(None)
 
 
-def _ship(sc, model: ScoringModel) -> str:
+def ship_model(sc, model: ScoringModel) -> str:
     """The model's archive name on the executors; zipped and added to Spark once per app."""
     key = (sc.applicationId, model.cache_key)
     if key in _shipped:

@@ -83,6 +83,8 @@ def version_card(
 
 # The version tags' prefix: hvdflow.dataset_fingerprint, hvdflow.np, ...
 TAG_PREFIX = "hvdflow."
+# The evaluation's figures a version carries as tags: hvdflow.evaluation.<name>.
+EVALUATION_TAGGED = ("accuracy_score", "f1_score", "precision_score", "recall_score")
 
 
 def version_tags(
@@ -95,9 +97,11 @@ def version_tags(
     run_id: str | None = None,
     val_accuracy: float | None = None,
     code_version: str | None = None,
+    evaluation: dict | None = None,
     **_,
 ) -> dict[str, str]:
-    """The version's searchable lineage (MLflow tags are strings): what the card says."""
+    """The version's searchable lineage (MLflow tags are strings): what the card says, and the
+    headline figures of its ``mlflow.models.evaluate`` (``hvdflow.training.evaluation``)."""
     values = {
         "dataset_fingerprint": dataset_fingerprint,
         "dataset": redact_url(dataset) if dataset else None,
@@ -108,6 +112,11 @@ def version_tags(
         "val_accuracy": f"{val_accuracy:.6f}" if val_accuracy is not None else None,
         "code_version": code_version,
     }
+    evaluated = evaluation or {}
+    for name in EVALUATION_TAGGED:
+        value = evaluated.get("metrics", {}).get(name)
+        values[f"evaluation.{name}"] = f"{value:.6f}" if value is not None else None
+    values["evaluation.confusion_matrix"] = evaluated.get("artifacts", {}).get("confusion_matrix")
     return {TAG_PREFIX + key: str(value) for key, value in values.items() if value is not None}
 
 

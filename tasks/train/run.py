@@ -166,6 +166,7 @@ def train_and_track(
             val_accuracy=(result["history"].get("val_accuracy") or [None])[-1],
             dataset=dataset.path,
             code_version=hvdflow.__version__,
+            evaluation=result.get("evaluation"),
         )
 
     logger.info(

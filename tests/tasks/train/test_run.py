@@ -71,6 +71,15 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
         f"'{digits_dataset.fingerprint}'"
     )
     assert version.version in {v.version for v in found}
+    # mlflow.models.evaluate on the validation split: its metrics and confusion matrix on the
+    # run, the headline figures on the version.
+    assert run.data.metrics["accuracy_score"] > 0.5
+    assert float(version.tags["hvdflow.evaluation.accuracy_score"]) == pytest.approx(
+        run.data.metrics["accuracy_score"], abs=1e-6
+    )
+    assert {"f1_score", "precision_score", "recall_score"} <= set(run.data.metrics)
+    assert "confusion_matrix.png" in {a.path for a in client.list_artifacts(result.run_id)}
+    assert version.tags["hvdflow.evaluation.confusion_matrix"].endswith("confusion_matrix.png")
     assert wait_for_no_ranks() == []
 
     # A worse model becomes the candidate but does not take the champion's place.
@@ -205,5 +214,5 @@ def test_the_tf_engine_with_mixed_precision_registers_a_champion_a_consumer_load
     assert result.aliases == ["candidate", "champion"]
 
     out = consume_champion("tests-digits-tf", digits_dataset.val_url, mlflow_server.tracking_uri)
-    assert out["shape"] == [32, 10] and out["accuracy"] > 0.3
+    assert out["batch"] == 32 and out["accuracy"] > 0.3
     assert wait_for_no_ranks() == []
