@@ -207,6 +207,7 @@ def test_ranks_are_given_the_checksum_the_driver_computed():
         val_rows=2,
         num_classes=10,
         image_shape=(8, 8, 1),
+        class_names=tuple(str(i) for i in range(10)),
     )
     spec = training_spec(TrainingParams(), dataset, staged)
     assert (spec.weights_uri, spec.weights_sha256) == (staged.uri, "ab" * 32)
