@@ -10,6 +10,7 @@ stands in for::
 
 The rooms below, lowest first; each imports only from the ones before it:
 
+- ``hvdflow.serving``: what travels inside the registered model (the image code, the pyfunc)
 - ``hvdflow.infra``: Spark, the barrier launcher, the embedded servers, object storage
 - ``hvdflow.training``: what runs inside each rank (models, reader, callbacks, optimizers)
 - ``hvdflow.tasks``: the pipeline's steps (preprocess, stage weights, train, register, score)
