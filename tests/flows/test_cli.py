@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from hvdflow.flows.cli import build_parser, main
+from hvdflow.infra.services.local import LocalServices
 from tests.helpers import assert_refused_before_any_service
 
 
@@ -28,8 +29,6 @@ def test_every_command_has_help(command, capsys):
 
 @pytest.mark.slow
 def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch, capsys):
-    from hvdflow.infra.services.local import LocalServices
-
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
     for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -68,6 +67,60 @@ def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch,
     assert LocalServices().state() == {}
     assert main(["down"]) == 0
     assert "nothing was running" in capsys.readouterr().out
+
+
+def run_cli(home: Path, *argv: str) -> subprocess.Popen:
+    """``hvdflow <argv>`` as a user starts it: its own process, services from ``home``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "hvdflow.flows.cli", *argv],
+        env={**env, "HVDFLOW_HOME": str(home)},
+        cwd=home.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("np", ["2", "-1"])
+def test_two_runs_started_together_on_a_cold_home_both_finish_and_a_third_works(np, tmp_path):
+    """Two scheduled runs on a new worker: whichever starts the services first, the other waits
+    for them and uses them; with np=2 each on local[2], the second training waits for the
+    first's Spark slots. A third run afterwards finds everything as it should be."""
+    from mlflow import MlflowClient
+
+    home = tmp_path / "home"
+    params = json.dumps({"training": {"epochs": 1}})
+    try:
+        together = [run_cli(home, "run", "--np", np, "--params", params) for _ in range(2)]
+        outputs = [process.communicate(timeout=600)[0] for process in together]
+        assert [process.returncode for process in together] == [0, 0], [
+            out[-3000:] for out in outputs
+        ]
+        third = run_cli(home, "run", "--np", np, "--params", params)
+        out = third.communicate(timeout=600)[0]
+        assert third.returncode == 0, out[-3000:]
+        assert "hvdflow pipeline finished" in out
+
+        services = LocalServices(home)
+        client = MlflowClient(services.urls()["mlflow"])
+        versions = client.search_model_versions("name = 'hvdflow-classifier'")
+        assert sorted(int(v.version) for v in versions) == [1, 2, 3]  # one per run, none lost
+        runs = sorted(
+            (client.get_run(v.run_id).info for v in versions), key=lambda info: info.start_time
+        )
+        assert all(info.status == "FINISHED" for info in runs)
+        if np == "2":  # one cluster of two slots: the trainings took turns
+            assert runs[0].end_time <= runs[1].start_time
+    finally:
+        down = run_cli(home, "down")
+        down.communicate(timeout=120)
+    assert LocalServices(home).state() == {}
 
 
 @pytest.mark.unit
