@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 # The launcher's own count of what a barrier stage may use: the same number it checks np against.
 from hvdflow.infra.launcher._slots import task_slots
@@ -33,15 +33,20 @@ QUIET_WAIT_S = 1.0
 
 
 def slots_limit(cluster_slots: int) -> int:
-    """The limit in force, created with ``cluster_slots`` when there is none yet."""
+    """The limit in force, created with ``cluster_slots`` when there is none yet. Two flows
+    that start together may both find none: the one whose create loses reads the winner's."""
     with get_client(sync_client=True) as client:
         try:
             return client.read_global_concurrency_limit_by_name(SPARK_SLOTS).limit
         except ObjectNotFound:
+            pass
+        try:
             client.create_global_concurrency_limit(
                 GlobalConcurrencyLimitCreate(name=SPARK_SLOTS, limit=cluster_slots)
             )
             return cluster_slots
+        except ObjectAlreadyExists:
+            return client.read_global_concurrency_limit_by_name(SPARK_SLOTS).limit
 
 
 @contextmanager

@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 
 from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.attempts import new_attempt
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.tasks.preprocess import sources
 from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
 from hvdflow.tasks.preprocess.plan import check_listed, check_ranks, check_reused, plan_split
-from hvdflow.tasks.preprocess.publish import ATTEMPT_PREFIX, read_manifest
+from hvdflow.tasks.preprocess.publish import read_manifest
 from hvdflow.tasks.preprocess.stage import run_stage
 
 logger = logging.getLogger(__name__)
@@ -85,9 +85,7 @@ def preprocess_images(spark, config: PreprocessConfig, store=None) -> DatasetMan
     check_ranks(config, *split.totals())
 
     started = time.monotonic()
-    attempt = (
-        f"{ATTEMPT_PREFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-    )
+    attempt = new_attempt()
     manifest = run_stage(spark, config, listing, split, fingerprint, version, attempt)
     logger.info(
         "preprocessed %d images into %s in %.1f s (%d train, %d val, %d quarantined)",

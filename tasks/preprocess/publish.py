@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import asdict
 
+from hvdflow.infra.storage.attempts import removable_attempts
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import dataset_url, join
 from hvdflow.tasks.preprocess.config import DatasetManifest
@@ -30,7 +31,6 @@ logger = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 # The reports of a published attempt, beside its train/ and val/ splits.
 ATTEMPT_FILES = ("labels.json", "quarantine.csv")
-ATTEMPT_PREFIX = "attempt-"
 
 
 def finish(config, fingerprint, version, attempt, label_index, report):
@@ -132,11 +132,11 @@ def publish(version: Location, attempt: str, manifest: DatasetManifest, config) 
     }
     record.pop("reused")
     version.write_bytes(MANIFEST, json.dumps(record, indent=2).encode())
-    for name in version.subfolders():
-        if name.startswith(ATTEMPT_PREFIX) and name != attempt:
-            try:
-                version.remove_tree(name)
-                logger.info("removed %s, left by an unfinished run", version.join(name))
-            except Exception as e:  # never read (no manifest names it): only clutter
-                logger.warning("could not remove %s: %s", version.join(name), e)
+    # Not a younger attempt: it may be a run that started with this one and is still writing.
+    for name in removable_attempts(version.subfolders(), attempt, None, time.time()):
+        try:
+            version.remove_tree(name)
+            logger.info("removed %s, left by an unfinished run", version.join(name))
+        except Exception as e:  # never read (no manifest names it): only clutter
+            logger.warning("could not remove %s: %s", version.join(name), e)
     return manifest

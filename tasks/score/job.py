@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.attempts import new_attempt
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.tasks.preprocess.decode import executor_errors
@@ -77,7 +78,7 @@ def score_images(spark, config: ScoreConfig, model: ScoringModel) -> ScoreResult
         model, config.image_size, config.color_mode, listing.stored_shape
     )
     location = Location(config.output, access)
-    attempt = publish.new_attempt()
+    attempt = new_attempt()
 
     plan = ExecutorPlan(
         model_key=model.cache_key,

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from hvdflow.infra.storage import attempts
 from hvdflow.serving.images import model_input
-from hvdflow.tasks.score import publish
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
 from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, list_dataset, list_images
 from hvdflow.tasks.score.job import partitions_for
@@ -189,13 +189,13 @@ def test_tasks_are_one_wave_of_slots_unless_that_is_too_many_images_each():
 
 def test_publishing_removes_the_replaced_attempt_and_stale_ones_only():
     now = time.time()
-    mine, previous = publish.new_attempt(now), publish.new_attempt(now - 3600)
-    running = publish.new_attempt(now - 60)  # another run, still writing
-    stale = publish.new_attempt(now - publish.STALE_ATTEMPT_S - 60)
+    mine, previous = attempts.new_attempt(now), attempts.new_attempt(now - 3600)
+    running = attempts.new_attempt(now - 60)  # another run, still writing
+    stale = attempts.new_attempt(now - attempts.STALE_ATTEMPT_S - 60)
     names = [mine, previous, running, stale, "not-an-attempt"]
-    assert publish.removable_attempts(names, mine, previous, now) == [previous, stale]
-    assert abs(publish.attempt_time(mine) - now) < 1.5
-    assert publish.attempt_time("attempt-garbage-1") is None
+    assert attempts.removable_attempts(names, mine, previous, now) == [previous, stale]
+    assert abs(attempts.attempt_time(mine) - now) < 1.5
+    assert attempts.attempt_time("attempt-garbage-1") is None
 
 
 def test_class_names_become_valid_metric_names():
