@@ -33,24 +33,9 @@ def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch,
     for name in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
         monkeypatch.delenv(name, raising=False)
     try:
-        # Two commands started together on a cold home (two scheduled runs on a new worker):
-        # one starts the services, the other waits for it and uses them; neither fails.
-        env = {**os.environ, "HVDFLOW_HOME": str(tmp_path / "home")}
-        both = [
-            subprocess.Popen(
-                [sys.executable, "-m", "hvdflow.flows.cli", "up", "--no-prefect"],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
-        outputs = [process.communicate(timeout=300) for process in both]
-        assert [process.returncode for process in both] == [0, 0], outputs
-        assert outputs[0][0] == outputs[1][0]  # the same services, the same URLs
-        assert "already exists" not in outputs[0][1] + outputs[1][1]
-        out = outputs[0][0]
+        # (Two commands started together on a cold home: test_two_runs_started_together_...)
+        assert main(["up", "--no-prefect"]) == 0
+        out = capsys.readouterr().out
         services = LocalServices()
         urls = services.urls()
         assert set(urls) == {"s3", "mlflow"}

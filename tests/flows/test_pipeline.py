@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -114,22 +113,6 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     assert again.is_completed(), again
     assert store.head(summary["weights_uri"]) is not None
     assert manifest.exists()
-
-    # Two flows started together on one cluster (local[2]: two task slots, np=2 each) both
-    # complete: the second training waits for the first's slots of the Prefect limit
-    # spark-slots, instead of failing after the launcher's slot_wait_s (15 s; a training takes
-    # longer).
-    with ThreadPoolExecutor(2) as pool:
-        started = [
-            pool.submit(pipeline, params(tmp_path, epochs=2), return_state=True) for _ in range(2)
-        ]
-        together = [run.result() for run in started]
-    assert [state.is_completed() for state in together] == [True, True], together
-    trainings = sorted(
-        (client.get_run(state.result()["mlflow_run_id"]).info for state in together),
-        key=lambda info: info.start_time,
-    )
-    assert trainings[0].end_time <= trainings[1].start_time  # one after the other
 
 
 @pytest.mark.slow
