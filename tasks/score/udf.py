@@ -44,6 +44,10 @@ def score_udf(
         images = spark.read.format("binaryFile").load("s3a://bucket/new/")
         scored = images.withColumn("prediction", score_udf()("content"))
         scored.select("path", "prediction.class_name", "prediction.probability")
+
+    For many small files, a column of paths is faster than a ``binaryFile`` read, which Spark
+    packs as if each file cost ``spark.sql.files.openCostInBytes`` (4 MB): dozens of tasks for
+    a few thousand images.
     """
     from pyspark.sql import SparkSession
     from pyspark.sql.functions import pandas_udf
