@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -122,3 +123,12 @@ def user_project(root: Path) -> Path:
     (project / "flows" / "__init__.py").write_text("OWNER = 'the user'\n")
     (project / "flows" / "pipeline.py").write_text("OWNER = 'the user'\n")
     return project
+
+
+def terminate(process: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM ``process``; SIGKILL it if it has not exited ``grace_s`` later."""
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()

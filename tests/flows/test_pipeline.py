@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from hvdflow.flows.pipeline import PipelineParams, pipeline, throughput_lines
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
-from tests.helpers import rank_processes, user_project, wait_for_no_ranks
+from tests.helpers import rank_processes, terminate, user_project, wait_for_no_ranks
 
 
 @pytest.fixture
@@ -192,11 +192,7 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
             left = wait_for_no_ranks(10.0)
             assert left == [], f"ranks alive {time.monotonic() - cancelled_at:.1f} s after cancel"
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        terminate(server)
         services.down()
         prefect_server.stop()
     assert wait_for_no_ranks() == []

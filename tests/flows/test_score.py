@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hvdflow.flows.params import ScoreParams
-from tests.helpers import assert_refused_before_any_service
+from tests.helpers import assert_refused_before_any_service, terminate
 from tests.tasks.score.helpers import BAD_FILES, model_predictions, read_files, write_digits
 
 MODEL = "tests-score-flow"
@@ -248,11 +248,7 @@ def test_the_champion_served_by_mlflow_alone_or_as_a_udf_answers_as_hvdflow_scor
         with urllib.request.urlopen(request, timeout=120) as r:
             served = json.loads(r.read())["predictions"]
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        terminate(server)
 
     summary = score(ScoreParams(model={"name": MODEL}, data={"input": str(heldout)}))
     table = pq.read_table(summary["predictions"]).sort_by("source").to_pylist()
