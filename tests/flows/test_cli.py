@@ -71,12 +71,18 @@ def run_cli(home: Path, *argv: str) -> subprocess.Popen:
     )
 
 
+# Rounds of the two-runs test, each on a new home: CI runs one (the suite's time budget);
+# HVDFLOW_TEST_ROUNDS=5 repeats it, as a race deserves before a release.
+ROUNDS = int(os.environ.get("HVDFLOW_TEST_ROUNDS", "1"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("np", ["2", "-1"])
-def test_two_runs_started_together_on_a_cold_home_both_finish_and_a_third_works(np, tmp_path):
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_two_runs_started_together_on_a_cold_home_both_finish_and_a_third_works(round_, tmp_path):
     """Two scheduled runs on a new worker: whichever starts the services first, the other waits
     for them and uses them; with np=2 each on local[2], the second training waits for the
     first's Spark slots. A third run afterwards finds everything as it should be."""
+    np = "2"
     from mlflow import MlflowClient
 
     home = tmp_path / "home"
@@ -100,8 +106,8 @@ def test_two_runs_started_together_on_a_cold_home_both_finish_and_a_third_works(
             (client.get_run(v.run_id).info for v in versions), key=lambda info: info.start_time
         )
         assert all(info.status == "FINISHED" for info in runs)
-        if np == "2":  # one cluster of two slots: the trainings took turns
-            assert runs[0].end_time <= runs[1].start_time
+        # Two slots of the spark-slots limit, np=2 each: the trainings took turns.
+        assert runs[0].end_time <= runs[1].start_time
     finally:
         down = run_cli(home, "down")
         down.communicate(timeout=120)

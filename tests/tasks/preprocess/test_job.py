@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import struct
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from hvdflow.infra.storage.attempts import STALE_ATTEMPT_S, removable_attempts
 from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images, sources
 from hvdflow.tasks.preprocess import job as preprocess_job
 from hvdflow.tasks.preprocess.config import DatasetManifest
@@ -624,7 +626,13 @@ def test_a_retry_after_a_crash_mid_write_has_every_row_once(spark, tmp_path):
     read = read_sources(manifest.train_url) + read_sources(manifest.val_url)
     assert sorted(read) == expected  # every row once: nothing of the crashed attempt
     assert manifest.train_rows + manifest.val_rows == len(expected)
-    assert sorted(p.name for p in version.iterdir()) == [manifest.attempt, "manifest.json"]
+    # The crashed attempt stays until it is a day old: a run started alongside this one could
+    # still be writing an attempt that young. No manifest names it; a later publication
+    # removes it.
+    names = sorted(p.name for p in version.iterdir())
+    assert names == sorted([crashed.name, manifest.attempt, "manifest.json"])
+    later = time.time() + STALE_ATTEMPT_S + 60
+    assert removable_attempts(names, manifest.attempt, None, later) == [crashed.name]
 
 
 @pytest.mark.integration
