@@ -9,12 +9,10 @@ run: setup
 	.venv/bin/hvdflow run
 
 # The test suite: lint, then every test (slow ones included). Fails when no test ran.
-# Three workers on two cores: with two, the CPUs sat idle half the time (tests wait on servers,
-# heartbeats and Spark), and the serial groups each hold a worker for minutes.
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/python -m pytest -n 3 --durations=25 $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
 
 # The unit tier alone (no JVM, server or subprocess): under a minute, for the edit-test loop.
 test-fast: setup
