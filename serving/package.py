@@ -17,10 +17,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 import cloudpickle
 import numpy as np
 
-from hvdflow.serving import classifier, images
+from hvdflow.serving import METADATA_KEY, classifier, images
 
-# The MLmodel metadata key under which hvdflow describes the model (input shape, labels).
-METADATA_KEY = "hvdflow"
 # What the pyfunc imports, by distribution; the TensorFlow distribution is whichever trained it.
 REQUIRED = ("mlflow", "cloudpickle", "numpy", "pandas", "pillow")
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-macos")

@@ -4,7 +4,8 @@
 converted and PNG-encoded as Petastorm stores it) and ``Bad`` records. It fetches the bytes of
 its items (local reads, or ``s3://`` GETs on the partition's one boto3 client, FETCH_AHEAD in
 flight while the previous images decode) and decodes each image once: upright and in 8 bits
-(pixels.py: EXIF orientation, CMYK polarity, 16-bit grayscale).
+(``hvdflow.serving.images``, the code the registered model carries: EXIF orientation, CMYK
+polarity, 16-bit grayscale).
 
 A bad *file* becomes a ``Bad`` record with a reason a person can act on, so one corrupt image
 never fails the job; a file that is no image says what it is (sniff.py: an HTML page left by a

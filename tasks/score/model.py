@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.locks import cache_root
-from hvdflow.serving.package import METADATA_KEY
+from hvdflow.serving import METADATA_KEY
 from hvdflow.tasks.score.config import ModelRef
 
 logger = logging.getLogger(__name__)
