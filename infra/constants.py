@@ -146,6 +146,8 @@ FORWARDED_TO_RANKS = (
     HVDFLOW_BUCKET,
     HVDFLOW_PREFIX,
     HVDFLOW_CACHE_DIR,
+    # Databricks' way to record a Horovod timeline: set it on the driver before run().
+    HOROVOD_TIMELINE,
 )
 
 # --- hvdflow: set by the launcher's task in the rank process it starts ---

@@ -21,6 +21,23 @@ from hvdflow.infra import constants as c
 
 
 @dataclass(frozen=True)
+class GpuPlan:
+    """How a run hands out GPUs.
+
+    ``per_task`` None: one rank per GPU, a task holding k GPUs runs k ranks (Databricks'
+    HorovodRunner). A tuple: one worker per task, using that many of its task's GPUs
+    (spark-tensorflow-distributor's MirroredStrategyRunner; 0 hides them).
+    ``resource_name``: the Spark resource the tasks (and the driver) hold GPUs under.
+    ``driver_gpus``: the GPUs ranks on the driver may use; None: CUDA_VISIBLE_DEVICES, else
+    every GPU of the machine.
+    """
+
+    per_task: tuple[int, ...] | None = None
+    resource_name: str = "gpu"
+    driver_gpus: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class RankSlot:
     """One rank's place in the job, as Horovod's Gloo controller reads it from the environment."""
 
@@ -117,11 +134,56 @@ def tf_config(workers: Sequence[Mapping], rank: int) -> str:
     )
 
 
-def gpu_for_rank(local_rank: int, gpu_addresses: Sequence[str]) -> str | None:
-    """The one GPU a rank may see: its local rank's among those the task (or host) has."""
+def gpu_for_rank(index_in_task: int, gpu_addresses: Sequence[str]) -> str | None:
+    """The one GPU a HorovodRunner rank may see: its own among those its task holds.
+
+    A task holding k GPUs runs k ranks (``ranks_per_task``), the i-th sees the i-th GPU; the
+    driver (np < 0) is one task running every rank over the driver's GPUs.
+    """
     if not gpu_addresses:
         return None
-    return gpu_addresses[local_rank % len(gpu_addresses)]
+    return gpu_addresses[index_in_task % len(gpu_addresses)]
+
+
+def worker_gpus(count: int, gpu_addresses: Sequence[str], resource_name: str = "gpu") -> str:
+    """CUDA_VISIBLE_DEVICES for a MirroredStrategyRunner worker that uses ``count`` of its task's
+    GPUs: the first ``count`` (the original samples at random; the first are as good and the
+    same on every attempt). 0 hides every GPU, as ``use_gpu=False`` asks."""
+    if count > len(gpu_addresses):
+        raise ValueError(
+            f"this worker needs {count} GPU(s) but its task holds {len(gpu_addresses)} "
+            f"({', '.join(gpu_addresses) or 'none'}): check "
+            f"spark.task.resource.{resource_name}.amount and the executors' GPUs"
+        )
+    return ",".join(gpu_addresses[:count])
+
+
+def gpus_owned(visible: str | None, addresses: Sequence[str]) -> list[str]:
+    """The GPUs a task (or the driver) may hand out: the process's CUDA_VISIBLE_DEVICES when
+    the cluster pinned one, else the addresses Spark's resource scheduling assigned.
+
+    spark-tensorflow-distributor decides the same way: where a cluster sets the variable on its
+    executors, Spark's addresses are not the devices this process can see.
+    """
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    return list(addresses)
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` over ``parts`` holders, the first ones taking one more: 7 over 3 is 3, 2, 2."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def rank_hosts(task_hosts: Sequence[str], ranks_per_task: Sequence[int] | None) -> list[str]:
+    """One host per rank: each task's host repeated for the ranks it runs (one each if None).
+
+    Ranks are numbered in this order, so the ranks of a task are consecutive and a task's
+    first rank is the number of ranks of the tasks before it.
+    """
+    if ranks_per_task is None:
+        return list(task_hosts)
+    return [host for host, n in zip(task_hosts, ranks_per_task, strict=True) for _ in range(n)]
 
 
 def gloo_iface_for(host: str) -> str:

@@ -16,14 +16,27 @@ def task_slots(sc) -> int:
     return int(jsc.maxNumConcurrentTasks(profile))
 
 
-def wait_for_slots(sc, np: int, wait_s: float) -> None:
-    """Fail fast where Spark would re-check a barrier stage without slots for minutes."""
+def task_gpu_amount(conf, resource_name: str) -> float | None:
+    """``spark.task.resource.<name>.amount``: the GPUs each task holds, None where unset."""
+    value = conf.get(f"spark.task.resource.{resource_name}.amount", None)
+    return float(value) if value is not None else None
+
+
+def wait_for_slots(
+    sc, tasks: int, wait_s: float, asked: str | None = None, setting: str = "np"
+) -> None:
+    """Fail fast where Spark would re-check a barrier stage without slots for minutes.
+
+    ``asked`` says what needs the ``tasks`` slots (default: ``np=<tasks>``); ``setting`` is the
+    argument to lower.
+    """
+    asked = asked or f"np={tasks}"
     deadline = time.monotonic() + wait_s
-    while (slots := task_slots(sc)) < np:
+    while (slots := task_slots(sc)) < tasks:
         if time.monotonic() >= deadline:
             raise RuntimeError(
-                f"np={np} needs {np} task slots but the cluster ({sc.master}) has {slots} after "
-                f"waiting {wait_s:g} s (HorovodRunner slot_wait_s): lower np, or add executors "
-                "or cores (barrier mode starts every rank at once)"
+                f"{asked} needs {tasks} task slots but the cluster ({sc.master}) has {slots} "
+                f"after waiting {wait_s:g} s (slot_wait_s): lower {setting}, or add executors, "
+                "cores or GPUs (barrier mode starts every task at once)"
             )
         time.sleep(0.5)

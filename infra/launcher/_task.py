@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hvdflow.infra.constants import (
+    CUDA_VISIBLE_DEVICES,
     HVDFLOW_ENGINE,
     HVDFLOW_EVENT_FD,
     HVDFLOW_PARENT_PID,
@@ -62,6 +63,14 @@ class TaskSpec:
     start_timeout_s: float
     heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S
     engine: str = _wire.HOROVOD
+    # How many ranks each task runs, by partition: a task holding k GPUs runs k ranks, one per
+    # GPU (Databricks' HorovodRunner on GPU clusters). None: one rank per task.
+    ranks_per_task: tuple[int, ...] | None = None
+    # How many of its task's GPUs each task's one worker uses (MirroredStrategyRunner: num_slots
+    # GPUs spread over the tasks; 0 hides them). None: each rank gets one GPU of its task.
+    gpus_per_task: tuple[int, ...] | None = None
+    # The Spark resource name the tasks hold their GPUs under.
+    gpu_resource_name: str = "gpu"
 
 
 class RankFailed(RuntimeError):
@@ -211,52 +220,121 @@ def run_task(
     gpu_addresses: Sequence[str] = (),
     all_gather: Callable[[str], list[str]] | None = None,
 ) -> bytes | None:
-    """Run the rank of this partition to its end; rank 0's pickled result, else None.
+    """Run this partition's ranks to their end; rank 0's pickled result, else None.
 
+    ``gpu_addresses``: the GPUs this task holds (``_placement.gpus_owned``).
     ``all_gather(message)``: every task's message, in partition order (Spark's
     ``BarrierTaskContext.allGather``); the tf_collective engine exchanges its workers'
     endpoints with it.
     """
-    link = DriverLink(spec, partition)
+    hosts = _placement.rank_hosts(task_hosts, spec.ranks_per_task)
+    first = sum(spec.ranks_per_task[:partition]) if spec.ranks_per_task else partition
+    count = spec.ranks_per_task[partition] if spec.ranks_per_task else 1
+    # One connection per rank: the driver knows a rank by its index in ``hosts``.
+    links = [DriverLink(spec, index) for index in range(first, first + count)]
     try:
         if partition == 0:
-            link.request_plan(task_hosts)
+            links[0].request_plan(hosts)
         barrier()  # no rank starts before the rendezvous server knows the plan
-        slot = _placement.plan_ranks(task_hosts)[partition]
+        plan = _placement.plan_ranks(hosts)
         hostname = socket.gethostname()
-        who = _placement.describe_rank(slot.rank, hostname, slot.hostname)
-        problem = _placement.hostname_problem(
-            task_hosts, hostname, _resolve(hostname), slot.hostname
-        )
-        if problem is not None:
-            message = f"{who} cannot start: {problem}"
-            _report_failure(link, slot.rank, message, [], time.time(), _wire.CAUSE_HOST)
-            raise rank_failed(message, _wire.CAUSE_HOST)
-        env = _placement.rank_env(
-            slot,
-            rendezvous_addr=spec.rendezvous_addr,
-            rendezvous_port=spec.rendezvous_port,
-            gloo_iface=_placement.gloo_iface_for(slot.hostname),
-            options_env=spec.options_env,
-            run_id=spec.run_id,
-            gpu=_placement.gpu_for_rank(slot.local_rank, gpu_addresses),
-        )
-        env[HVDFLOW_ENGINE] = spec.engine
-        if spec.engine == _wire.TF_COLLECTIVE:
-            if all_gather is None:
-                raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
-            endpoint = f"{slot.hostname}:{_free_port(slot.hostname)}"
-            gathered = all_gather(json.dumps({"rank": slot.rank, "endpoint": endpoint}))
-            env[TF_CONFIG] = _placement.tf_config(
-                [json.loads(message) for message in gathered], slot.rank
+        ranks = []
+        for i, link in enumerate(links):
+            slot = plan[first + i]
+            who = _placement.describe_rank(slot.rank, hostname, slot.hostname)
+            problem = _placement.hostname_problem(
+                hosts, hostname, _resolve(hostname), slot.hostname
+            ) or _gpu_problem(spec, partition, gpu_addresses)
+            if problem is not None:
+                message = f"{who} cannot start: {problem}"
+                _report_failure(link, slot.rank, message, [], time.time(), _wire.CAUSE_HOST)
+                raise rank_failed(message, _wire.CAUSE_HOST)
+            env = _placement.rank_env(
+                slot,
+                rendezvous_addr=spec.rendezvous_addr,
+                rendezvous_port=spec.rendezvous_port,
+                gloo_iface=_placement.gloo_iface_for(slot.hostname),
+                options_env=spec.options_env,
+                run_id=spec.run_id,
+                gpu=_rank_gpus(spec, partition, i, gpu_addresses),
             )
-        return _supervise(slot.rank, who, env, spec, link)
+            env[HVDFLOW_ENGINE] = spec.engine
+            ranks.append((slot, who, env, link))
+        if spec.engine == _wire.TF_COLLECTIVE:
+            _set_tf_configs(ranks, all_gather)
+        if len(ranks) == 1:
+            slot, who, env, link = ranks[0]
+            return _supervise(slot.rank, who, env, spec, link)
+        return _supervise_together(ranks, spec)
     finally:
-        link.close()
+        for link in links:
+            link.close()
+
+
+def _gpu_problem(spec: TaskSpec, partition: int, gpu_addresses: Sequence[str]) -> str | None:
+    """Why this task's worker cannot have the GPUs it was planned with, or None."""
+    if spec.gpus_per_task is None:
+        return None
+    try:
+        _placement.worker_gpus(spec.gpus_per_task[partition], gpu_addresses, spec.gpu_resource_name)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _rank_gpus(
+    spec: TaskSpec, partition: int, index_in_task: int, gpu_addresses: Sequence[str]
+) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a rank; None leaves the task's environment as it is."""
+    if spec.gpus_per_task is not None:
+        return _placement.worker_gpus(spec.gpus_per_task[partition], gpu_addresses)
+    return _placement.gpu_for_rank(index_in_task, gpu_addresses)
+
+
+def _set_tf_configs(ranks: list, all_gather: Callable[[str], list[str]] | None) -> None:
+    """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange)."""
+    if all_gather is None:
+        raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
+    mine = [
+        {"rank": slot.rank, "endpoint": f"{slot.hostname}:{_free_port(slot.hostname)}"}
+        for slot, *_ in ranks
+    ]
+    workers = [worker for message in all_gather(json.dumps(mine)) for worker in json.loads(message)]
+    for slot, _who, env, _link in ranks:
+        env[TF_CONFIG] = _placement.tf_config(workers, slot.rank)
+
+
+def _supervise_together(ranks: list, spec: TaskSpec) -> bytes | None:
+    """Supervise a task's ranks at once, one thread each (a task holding several GPUs).
+
+    Each rank asks to die with the thread that started it (``_rank``), and that thread
+    supervises it to its end. The first failure is raised; the driver, told by every rank,
+    names the one that caused the others and stops the rest.
+    """
+    results: dict[int, bytes | None] = {}
+    errors: dict[int, BaseException] = {}
+
+    def supervise(slot, who, env, link) -> None:
+        try:
+            results[slot.rank] = _supervise(slot.rank, who, env, spec, link)
+        except BaseException as e:
+            errors[slot.rank] = e
+
+    threads = [
+        threading.Thread(target=supervise, args=rank, name=f"hvdflow-rank{rank[0].rank}")
+        for rank in ranks
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[min(errors)]
+    return next((r for r in results.values() if r is not None), None)
 
 
 def barrier_task(spec: TaskSpec, _rows):
-    """One Spark barrier task: runs its rank; rank 0's task yields the pickled result.
+    """One Spark barrier task: runs its ranks; rank 0's task yields the pickled result.
 
     Lives here, not with the driver code, so executors import neither pydantic nor the
     driver's servers.
@@ -265,15 +343,11 @@ def barrier_task(spec: TaskSpec, _rows):
 
     ctx = BarrierTaskContext.get()
     hosts = [_placement.host_of(info.address) for info in ctx.getTaskInfos()]
-    gpu = ctx.resources().get("gpu")
-    result = run_task(
-        spec,
-        ctx.partitionId(),
-        hosts,
-        ctx.barrier,
-        gpu.addresses if gpu else (),
-        all_gather=ctx.allGather,
+    resource = ctx.resources().get(spec.gpu_resource_name)
+    gpus = _placement.gpus_owned(
+        os.environ.get(CUDA_VISIBLE_DEVICES), resource.addresses if resource else ()
     )
+    result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpus, all_gather=ctx.allGather)
     if result is not None:
         yield result
 

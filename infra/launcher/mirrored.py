@@ -12,44 +12,70 @@ changing one import::
 
     MirroredStrategyRunner(num_slots=2, use_gpu=False).run(train)
 
-Each slot is one barrier task running one TensorFlow worker of a
-``tf.distribute.MultiWorkerMirroredStrategy``, with TF_CONFIG from the tasks' addresses
-(``HorovodRunner(engine="tf_collective")``): worker 0, the chief, returns the result. On top of
-what the original does, the workers' output streams to the driver with rank prefixes, a worker
-that dies or hangs fails the run naming it, and no process is left behind.
-
-Differences: ``local_mode=True`` runs ``num_slots`` worker processes on the driver (the original
-runs one process with a single-machine MirroredStrategy and refuses more than one CPU slot).
-GPUs follow the task's Spark ``gpu`` resource, one per worker, whatever ``gpu_resource_name``
-says; ``use_gpu=False`` hides them (CUDA_VISIBLE_DEVICES="").
+As in the original: ``num_slots`` counts GPUs when ``use_gpu`` (``ceil(num_slots /
+spark.task.resource.<gpu_resource_name>.amount)`` barrier tasks, each one worker of a
+``tf.distribute.MultiWorkerMirroredStrategy`` over the GPUs its task holds) and CPU tasks when
+not; ``local_mode`` runs one worker on the driver over ``num_slots`` of the driver's GPUs; a
+cluster with ``spark.ssl.enabled`` is refused unless ``tensorflow.spark.distributor.ignoreSsl``
+is true. On top of it, from hvdflow's launcher: the workers' output streams to the driver with
+rank prefixes, a worker that dies or hangs fails the run naming it, and no process is left
+behind. What differs, and why, is in the README's table.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 from functools import partial
 from typing import Any
 
+from hvdflow.infra.constants import CUDA_VISIBLE_DEVICES
 from hvdflow.infra.launcher import _wire
-from hvdflow.infra.launcher.options import HorovodOptions
+from hvdflow.infra.launcher._encryption import refuse_unencrypted
+from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
+from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.runner import HorovodRunner
 
 logger = logging.getLogger(__name__)
 
+# The original's override for clusters with spark.ssl.enabled.
+IGNORE_SSL_CONF = "tensorflow.spark.distributor.ignoreSsl"
+
+
+class GpuSchedulingNotEnabled(RuntimeError):
+    """``use_gpu=True`` on a cluster without ``spark.task.resource.<name>.amount`` (the
+    original raises a plain ``Exception`` here: this is one, and says more)."""
+
+
+class _WorkersRunner(HorovodRunner):
+    """The launcher as MirroredStrategyRunner uses it: its name and SSL override in errors."""
+
+    ignore_ssl_conf = IGNORE_SSL_CONF
+    size_argument = "num_slots"
+
 
 class MirroredStrategyRunner:
-    """Runs a TensorFlow training function on ``num_slots`` workers of a
-    MultiWorkerMirroredStrategy, one Spark barrier task each.
+    """Runs a TensorFlow training function as the workers of a MultiWorkerMirroredStrategy,
+    one Spark barrier task each.
 
     Args:
-        num_slots: workers (Spark tasks) that train together; at least 1.
-        local_mode: run the workers as processes on the driver instead of Spark tasks.
-        use_gpu: let each worker see its task's GPU; False trains on CPU only.
-        gpu_resource_name: kept for compatibility (the task's ``gpu`` resource is used).
+        num_slots: GPUs (``use_gpu=True``) or CPU-only Spark tasks that train together; at
+            least 1. With GPUs, tasks holding k GPUs each run ``ceil(num_slots / k)`` workers,
+            the GPUs spread evenly (5 over tasks of 2: 2, 2, 1).
+        local_mode: train in one process on the driver, over ``num_slots`` of the driver's
+            GPUs (``spark.driver.resource.<gpu_resource_name>``, or CUDA_VISIBLE_DEVICES where
+            set); on CPU, ``num_slots`` must be 1.
+        use_gpu: train on the tasks' GPUs (Spark's GPU-aware scheduling must be on); False
+            hides every GPU (CUDA_VISIBLE_DEVICES="").
+        gpu_resource_name: the Spark resource name the GPUs are scheduled under.
         use_custom_strategy: ``train_fn`` creates its own strategy; otherwise the runner creates
             a MultiWorkerMirroredStrategy and calls ``train_fn`` inside its scope.
         **launcher_options: HorovodRunner's own (``spark``, ``start_timeout_s``,
             ``stall_timeout_s``, ``log_dir``, ``on_log_line``, ...).
+
+    Attributes:
+        sc: the SparkContext the runner trains on (the active session's, as the original).
     """
 
     def __init__(
@@ -64,37 +90,121 @@ class MirroredStrategyRunner:
     ):
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(
-                f"num_slots={num_slots!r}: expected a positive number of workers (Spark tasks)"
+                f"num_slots={num_slots!r}: expected a positive number of GPUs (use_gpu=True) "
+                "or Spark tasks (use_gpu=False); it cannot be less than or equal to 0"
             )
         self.num_slots = num_slots
         self.local_mode = local_mode
         self.use_gpu = use_gpu
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = use_custom_strategy
-        if not use_gpu:
-            options = launcher_options.pop("horovod", None) or HorovodOptions()
-            hidden = {**options.extra_env, "CUDA_VISIBLE_DEVICES": ""}
-            launcher_options["horovod"] = options.model_copy(update={"extra_env": hidden})
-        self._runner = HorovodRunner(
-            np=-num_slots if local_mode else num_slots,
-            engine=_wire.TF_COLLECTIVE,
-            **launcher_options,
-        )
+        self._launcher_options = launcher_options
+        spark = launcher_options.get("spark")
+        if spark is None:
+            from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+
+            spark = get_spark()
+        self._spark = spark
+        self.sc = spark.sparkContext
+        self._launcher(1)  # its options are checked now, as a HorovodRunner's are
+        logger.info("MirroredStrategyRunner: %s training", "GPU" if use_gpu else "CPU")
+        if local_mode:
+            logger.warning(
+                "MirroredStrategyRunner runs in local mode on the driver: it competes for the "
+                "driver's resources with whatever else runs there"
+            )
+            self._num_tasks = None
+        else:
+            self._num_tasks = self.get_num_tasks()
+            logger.info("MirroredStrategyRunner: will run with %d Spark tasks", self._num_tasks)
+
+    def get_num_tasks(self) -> int:
+        """The number of Spark tasks that train: ``num_slots`` on CPU; with GPUs,
+        ``ceil(num_slots / spark.task.resource.<gpu_resource_name>.amount)``."""
+        if not self.use_gpu:
+            return self.num_slots
+        key = f"spark.task.resource.{self.gpu_resource_name}.amount"
+        amount = task_gpu_amount(self.sc.getConf(), self.gpu_resource_name)
+        if amount is None:
+            raise GpuSchedulingNotEnabled(
+                f"use_gpu=True but the Spark conf {key} is not set: this cluster may not have "
+                "Spark's GPU-aware scheduling enabled. Set it (and the executors' and workers' "
+                f"{self.gpu_resource_name} resources) or pass use_gpu=False to train on CPU"
+            )
+        if amount < 1:
+            raise ValueError(
+                f"the Spark conf {key} is {amount:g}: a worker needs at least one whole GPU"
+            )
+        return math.ceil(self.num_slots / int(amount))
 
     @property
     def log_path(self) -> str | None:
-        return self._runner.log_path
+        return self._runner.log_path if hasattr(self, "_runner") else None
 
     def run(self, train_fn, **kwargs: Any) -> Any:
-        """``train_fn(**kwargs)`` on every worker; the chief's (worker 0's) return value."""
+        """``train_fn(**kwargs)`` on every worker; the chief's (worker 0's) return value, or in
+        local mode the one worker's."""
         main = partial(_in_strategy, train_fn, self.use_custom_strategy)
-        logger.info(
-            "MirroredStrategyRunner: %d worker(s) %s, %s",
-            self.num_slots,
-            "on the driver" if self.local_mode else "as Spark barrier tasks",
-            "GPU" if self.use_gpu else "CPU only",
-        )
+        if self.local_mode:
+            self._runner = self._local_runner()
+        else:
+            self._runner = self._cluster_runner()
         return self._runner.run(main, **kwargs)
+
+    def _cluster_runner(self) -> HorovodRunner:
+        refuse_unencrypted(self.sc.getConf(), type(self).__name__, IGNORE_SSL_CONF)
+        tasks = self._num_tasks
+        per_task = split_evenly(self.num_slots, tasks) if self.use_gpu else [0] * tasks
+        runner = self._launcher(tasks)
+        runner.gpu_plan = GpuPlan(per_task=tuple(per_task), resource_name=self.gpu_resource_name)
+        runner.asked = f"num_slots={self.num_slots} ({tasks} Spark tasks)"
+        logger.info(
+            "MirroredStrategyRunner: %d worker(s) as Spark barrier tasks, %s",
+            tasks,
+            f"GPUs {'/'.join(map(str, per_task))}" if self.use_gpu else "CPU only",
+        )
+        return runner
+
+    def _local_runner(self) -> HorovodRunner:
+        """One worker on the driver: a single-machine strategy over num_slots of its GPUs."""
+        if self.use_gpu:
+            owned = self._driver_gpus()
+            if self.num_slots > len(owned):
+                raise ValueError(
+                    f"num_slots={self.num_slots} GPUs were requested for local training but "
+                    f"the driver has {len(owned)} ({', '.join(owned) or 'none'})"
+                )
+            per_task = self.num_slots
+        else:
+            if self.num_slots > 1:
+                raise ValueError(
+                    f"num_slots={self.num_slots} with local_mode=True and use_gpu=False: a CPU "
+                    "machine is one slot, set num_slots=1 (HorovodRunner(np=-n, "
+                    "engine='tf_collective') runs n CPU workers on the driver)"
+                )
+            owned, per_task = [], 0
+        runner = self._launcher(-1)
+        runner.gpu_plan = GpuPlan(
+            per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
+        )
+        return runner
+
+    def _driver_gpus(self) -> list[str]:
+        """The driver's GPUs: CUDA_VISIBLE_DEVICES where set, else its Spark GPU resource."""
+        resource = self.sc.resources.get(self.gpu_resource_name)
+        visible = os.environ.get(CUDA_VISIBLE_DEVICES)
+        if resource is None and visible is None:
+            name = self.gpu_resource_name
+            raise ValueError(
+                f"use_gpu=True in local mode but the driver holds no {name!r} resource: set "
+                f"spark.driver.resource.{name}.amount and .discoveryScript (or "
+                "CUDA_VISIBLE_DEVICES), or pass use_gpu=False"
+            )
+        return gpus_owned(visible, resource.addresses if resource else ())
+
+    def _launcher(self, np: int) -> HorovodRunner:
+        options = {**self._launcher_options, "spark": self._spark}
+        return _WorkersRunner(np=np, engine=_wire.TF_COLLECTIVE, **options)
 
 
 def _in_strategy(train_fn, use_custom_strategy: bool, **kwargs: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -90,10 +91,13 @@ class HorovodOptions(BaseModel):
         )
         return env
 
-    def warn_about_costs(self) -> None:
-        if self.timeline_path:
+    def warn_about_costs(self, forwarded: Mapping[str, str] | None = None) -> None:
+        """Warn about what slows training; ``forwarded``: the driver's variables for the ranks."""
+        timeline = self.timeline_path or (forwarded or {}).get(c.HOROVOD_TIMELINE)
+        if timeline:
             logger.warning(
                 "Horovod timeline enabled (%s): it slows training noticeably (Databricks measured "
-                "about 40%% on Inception3); leave timeline_path unset for timing runs.",
-                self.timeline_path,
+                "about 40%% on Inception3); leave timeline_path and HOROVOD_TIMELINE unset for "
+                "timing runs.",
+                timeline,
             )

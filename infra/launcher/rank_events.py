@@ -52,10 +52,21 @@ def emit_event(event: str, **fields) -> bool:
             return False
 
 
+# Databricks' log_to_driver: "If message length is greater than 4000, it will be truncated."
+LOG_TO_DRIVER_CHARS = 4000
+TRUNCATED_SUFFIX = "...(truncated)"
+
+
 def log_to_driver(message: str) -> None:
-    """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity."""
-    # Capped here as the task caps output lines: the task drops an event line it cannot hold.
-    if not emit_event(_wire.EVENT_LOG, text=_wire.capped_text(str(message))):
+    """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity.
+
+    As Databricks' ``sparkdl.horovod.log_to_driver``: a message over 4,000 characters is cut
+    there and ends with ``...(truncated)``.
+    """
+    text = str(message)
+    if len(text) > LOG_TO_DRIVER_CHARS:
+        text = text[:LOG_TO_DRIVER_CHARS] + TRUNCATED_SUFFIX
+    if not emit_event(_wire.EVENT_LOG, text=text):
         logger.info("%s", message)
 
 

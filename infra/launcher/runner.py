@@ -20,12 +20,14 @@ rendezvous server on the driver: no MPI, no ssh.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
@@ -35,10 +37,11 @@ from hvdflow.infra.constants import FORWARDED_TO_RANKS
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._encryption import refuse_unencrypted
 from hvdflow.infra.launcher._payload import pickle_payload
-from hvdflow.infra.launcher._placement import driver_gpu_addresses
+from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, split_evenly
 from hvdflow.infra.launcher._runlog import RunLog
-from hvdflow.infra.launcher._slots import wait_for_slots
+from hvdflow.infra.launcher._slots import task_gpu_amount, wait_for_slots
 from hvdflow.infra.launcher._spark_errors import first_line
 from hvdflow.infra.launcher._task import (
     RankFailed,
@@ -69,8 +72,11 @@ class HorovodRunner:
     """Runs ``main`` as ``np`` Horovod ranks and returns rank 0's return value.
 
     Args:
-        np: number of ranks. ``np > 0``: one Spark barrier task each, on the active (or default)
-            Spark session. ``np < 0``: ``-np`` processes on the driver, without Spark.
+        np: number of ranks. ``np > 0``: Spark barrier tasks on the active (or default) Spark
+            session, one rank per task slot, which maps to a GPU on a GPU cluster: where each
+            task holds k GPUs (``spark.task.resource.gpu.amount``), ``ceil(np / k)`` tasks run
+            up to k ranks each, every rank seeing one GPU. ``np < 0``: ``-np`` processes on
+            the driver, without Spark, one GPU of the driver each where it has some.
         driver_log_verbosity: ``"log_callback_only"`` shows only ``log_to_driver`` messages in
             the driver's log; ``"all"`` shows every line the ranks write. Every line always
             goes to the run's log file (``log_path`` after ``run``) and to ``on_log_line``.
@@ -99,6 +105,11 @@ class HorovodRunner:
             (default: the standard AWS and MLflow variables and hvdflow's own).
     """
 
+    # The Spark conf that lets the ranks run on a cluster with spark.ssl.enabled (Databricks').
+    ignore_ssl_conf = "databricks.horovod.ignoreSsl"
+    # The argument that sets the number of ranks, named where there are too few slots.
+    size_argument = "np"
+
     def __init__(
         self,
         *,
@@ -119,7 +130,8 @@ class HorovodRunner:
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
-                "Spark cluster, np < 0 for that many processes on the driver)"
+                "Spark cluster, np < 0 for that many processes on the driver; np=0, every task "
+                "slot, was deprecated by Databricks: set the number explicitly)"
             )
         if driver_log_verbosity not in _VERBOSITIES:
             raise ValueError(
@@ -149,13 +161,17 @@ class HorovodRunner:
         self.on_log_line = on_log_line
         self.forward_env = tuple(forward_env)
         self._spark = spark
+        # How GPUs are handed to ranks; MirroredStrategyRunner sets its own.
+        self.gpu_plan = GpuPlan()
+        # What errors say was asked for, when a wrapper (MirroredStrategyRunner) knows better.
+        self.asked: str | None = None
         self.log_path: str | None = None
         self.run_id: str | None = None
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
         payload = pickle_payload(main, kwargs)
-        self.horovod.warn_about_costs()
+        self.horovod.warn_about_costs(self._forwarded())
         self.run_id = uuid.uuid4().hex[:12]
         # The log outlives the run where a user looks for it (not in /tmp, which nothing cleans
         # and a reboot empties): HVDFLOW_HOME/logs/runs/<date>-<run id>/driver.log.
@@ -178,7 +194,9 @@ class HorovodRunner:
             )
         return cloudpickle.loads(result) if result is not None else None
 
-    def _spec(self, payload: bytes, channel: DriverChannel) -> TaskSpec:
+    def _spec(
+        self, payload: bytes, channel: DriverChannel, ranks_per_task: tuple[int, ...] | None
+    ) -> TaskSpec:
         return TaskSpec(
             payload=payload,
             driver_host=channel.bind_host,
@@ -187,25 +205,58 @@ class HorovodRunner:
             rendezvous_addr=channel.bind_host,
             rendezvous_port=channel.rendezvous_port,
             # Forwarded values may be secrets: they travel in the task closure, never in logs.
-            options_env={
-                **{k: os.environ[k] for k in self.forward_env if k in os.environ},
-                **self.horovod.to_env(),
-            },
+            options_env={**self._forwarded(), **self.horovod.to_env()},
             run_id=self.run_id,
             start_timeout_s=self.start_timeout_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             engine=self.engine,
+            ranks_per_task=ranks_per_task,
+            gpus_per_task=self.gpu_plan.per_task,
+            gpu_resource_name=self.gpu_plan.resource_name,
         )
+
+    def _forwarded(self) -> dict[str, str]:
+        """The driver's variables the ranks get (``forward_env``)."""
+        return {k: os.environ[k] for k in self.forward_env if k in os.environ}
+
+    def _task_layout(self, conf) -> tuple[int, tuple[int, ...] | None]:
+        """How many barrier tasks run the np ranks, and how many ranks each (None: one).
+
+        One rank per GPU, as Databricks' HorovodRunner: tasks holding k GPUs run k ranks each.
+        """
+        gpus = task_gpu_amount(conf, self.gpu_plan.resource_name)
+        if self.gpu_plan.per_task is not None or gpus is None or gpus <= 1:
+            return self.np, None
+        per_task = int(gpus)
+        tasks = math.ceil(self.np / per_task)
+        layout = tuple(split_evenly(self.np, tasks))
+        if self.np % per_task:
+            logger.warning(
+                "np=%d is not a multiple of the %d GPUs each task holds "
+                "(spark.task.resource.%s.amount): %d tasks run %s ranks, leaving GPUs idle",
+                self.np,
+                per_task,
+                self.gpu_plan.resource_name,
+                tasks,
+                "/".join(map(str, layout)),
+            )
+        return tasks, layout
 
     def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
         spark = self._spark or get_spark()
         sc = spark.sparkContext
-        wait_for_slots(sc, self.np, self.slot_wait_s)
-        bind_host = socket.gethostbyname(sc.getConf().get("spark.driver.host"))
+        conf = sc.getConf()
+        refuse_unencrypted(conf, type(self).__name__, self.ignore_ssl_conf)
+        tasks, ranks_per_task = self._task_layout(conf)
+        asked = self.asked or (
+            f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
+        )
+        wait_for_slots(sc, tasks, self.slot_wait_s, asked, self.size_argument)
+        bind_host = socket.gethostbyname(conf.get("spark.driver.host"))
         with DriverChannel(bind_host, sink) as channel:
-            spec = self._spec(payload, channel)
+            spec = self._spec(payload, channel, ranks_per_task)
             job_group = f"hvdflow-{self.run_id}"
             outcome: dict[str, Any] = {}
             done = threading.Event()
@@ -213,7 +264,7 @@ class HorovodRunner:
             def job() -> None:
                 try:
                     sc.setJobGroup(job_group, f"HorovodRunner np={self.np}", interruptOnCancel=True)
-                    rdd = sc.parallelize(range(self.np), self.np)
+                    rdd = sc.parallelize(range(tasks), tasks)
                     outcome["rows"] = (
                         rdd.barrier().mapPartitions(partial(barrier_task, spec)).collect()
                     )
@@ -223,7 +274,12 @@ class HorovodRunner:
                     done.set()
 
             threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
-            logger.info("HorovodRunner: %d ranks in Spark job group %s", self.np, job_group)
+            logger.info(
+                "HorovodRunner: %d ranks in %d barrier task(s), Spark job group %s",
+                self.np,
+                tasks,
+                job_group,
+            )
             self._wait(
                 done,
                 channel,
@@ -240,49 +296,44 @@ class HorovodRunner:
             return rows[0] if rows else None
 
     def _run_on_driver(self, payload: bytes, sink: RunLog) -> bytes | None:
+        """The ranks as one task on the driver: processes of this machine, no Spark."""
         n = -self.np
-        hosts = ["127.0.0.1"] * n
-        gpus = driver_gpu_addresses()
+        plan = self.gpu_plan
+        gpus = list(plan.driver_gpus) if plan.driver_gpus is not None else driver_gpu_addresses()
+        if plan.per_task is None and 0 < len(gpus) < n:
+            logger.warning(
+                "np=%d on a driver with %d GPU(s): ranks share them (one per rank is best)",
+                self.np,
+                len(gpus),
+            )
         with DriverChannel("127.0.0.1", sink) as channel:
-            spec = self._spec(payload, channel)
-            barrier = threading.Barrier(n)
-            results: dict[int, bytes | None] = {}
-            errors: dict[int, BaseException] = {}
-            all_gather = _ThreadAllGather(barrier)
+            # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
+            spec = self._spec(payload, channel, None if plan.per_task is not None else (n,))
+            if plan.per_task is not None:
+                spec = replace(spec, gpus_per_task=plan.per_task[:1])
+            outcome: dict[str, Any] = {}
+            done = threading.Event()
 
-            def rank_thread(partition: int) -> None:
+            def task() -> None:
                 try:
-                    results[partition] = run_task(
-                        spec,
-                        partition,
-                        hosts,
-                        barrier.wait,
-                        gpus,
-                        all_gather=partial(all_gather, partition),
+                    outcome["result"] = run_task(
+                        spec, 0, ["127.0.0.1"], lambda: None, gpus, all_gather=lambda m: [m]
                     )
                 except BaseException as e:
-                    errors[partition] = e
-                    barrier.abort()
+                    outcome["error"] = e
+                finally:
+                    done.set()
 
-            threads = [
-                threading.Thread(
-                    target=rank_thread, args=(i,), daemon=True, name=f"hvdflow-rank{i}"
-                )
-                for i in range(n)
-            ]
-            for t in threads:
-                t.start()
-            done = threading.Event()
-            threading.Thread(
-                target=lambda: ([t.join() for t in threads], done.set()), daemon=True
-            ).start()
-            self._wait(done, channel, sink, cancel=lambda: None, ended_badly=lambda: bool(errors))
-            if errors:
-                error = next(iter(errors.values()))
-                if isinstance(error, RankFailed):
-                    raise rank_failed(f"HorovodRunner np={self.np}: {error}", error.cause)
+            threading.Thread(target=task, daemon=True, name="hvdflow-driver-task").start()
+            self._wait(
+                done, channel, sink, cancel=lambda: None, ended_badly=lambda: "error" in outcome
+            )
+            error = outcome.get("error")
+            if isinstance(error, RankFailed):
+                raise rank_failed(f"HorovodRunner np={self.np}: {error}", error.cause)
+            if error is not None:
                 raise RuntimeError(f"HorovodRunner np={self.np}: {error}") from None
-            return next((r for r in results.values() if r is not None), None)
+            return outcome.get("result")
 
     def _wait(
         self,
@@ -373,18 +424,3 @@ class HorovodRunner:
                 "each task kills its rank when it sees the run cancelled",
                 _STOP_GRACE_S,
             )
-
-
-class _ThreadAllGather:
-    """``BarrierTaskContext.allGather`` for the driver's rank threads (np < 0)."""
-
-    def __init__(self, barrier: threading.Barrier):
-        self._barrier = barrier
-        self._messages: dict[int, str] = {}
-
-    def __call__(self, partition: int, message: str) -> list[str]:
-        self._messages[partition] = message
-        self._barrier.wait()  # every thread has put its message
-        gathered = [self._messages[p] for p in sorted(self._messages)]
-        self._barrier.wait()  # every thread has read them all
-        return gathered

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import cloudpickle
@@ -16,7 +15,6 @@ import pytest
 
 from hvdflow import HorovodRunner, MirroredStrategyRunner, RankFailed
 from hvdflow.infra.launcher import _placement, _wire
-from hvdflow.infra.launcher.runner import _ThreadAllGather
 from hvdflow.training.smoke import train_digits_tf
 from tests.helpers import wait_for_no_ranks
 
@@ -101,22 +99,6 @@ def test_tf_config_lists_the_endpoints_by_rank_and_names_this_worker():
 
 
 @pytest.mark.unit
-def test_the_driver_threads_all_gather_returns_every_message_in_partition_order():
-    gather = _ThreadAllGather(threading.Barrier(3))
-    results = {}
-
-    def worker(partition):
-        results[partition] = gather(partition, f"from {partition}")
-
-    threads = [threading.Thread(target=worker, args=(p,)) for p in (2, 0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(5)
-    assert results == {p: ["from 0", "from 1", "from 2"] for p in range(3)}
-
-
-@pytest.mark.unit
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -127,13 +109,6 @@ def test_the_driver_threads_all_gather_returns_every_message_in_partition_order(
 def test_bad_engine_arguments_are_refused_with_the_value(make, message):
     with pytest.raises(ValueError, match=message):
         make()
-
-
-@pytest.mark.unit
-def test_cpu_only_hides_the_gpus_and_local_mode_runs_on_the_driver():
-    runner = MirroredStrategyRunner(num_slots=3, local_mode=True, use_gpu=False)
-    assert runner._runner.np == -3 and runner._runner.engine == "tf_collective"
-    assert runner._runner.horovod.to_env()["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def one_averaged_gradient(fp16_compression: bool) -> float:
