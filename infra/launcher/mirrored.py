@@ -32,7 +32,6 @@ from typing import Any
 
 from hvdflow.infra.constants import CUDA_VISIBLE_DEVICES
 from hvdflow.infra.launcher import _wire
-from hvdflow.infra.launcher._encryption import refuse_unencrypted
 from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.runner import HorovodRunner
@@ -49,9 +48,11 @@ class GpuSchedulingNotEnabled(RuntimeError):
 
 
 class _WorkersRunner(HorovodRunner):
-    """The launcher as MirroredStrategyRunner uses it: its name and SSL override in errors."""
+    """The launcher as MirroredStrategyRunner uses it: its name, its size argument and its SSL
+    override in errors (the launcher refuses an encrypted cluster before any task starts)."""
 
     ignore_ssl_conf = IGNORE_SSL_CONF
+    display_name = "MirroredStrategyRunner"
     size_argument = "num_slots"
 
 
@@ -152,7 +153,6 @@ class MirroredStrategyRunner:
         return self._runner.run(main, **kwargs)
 
     def _cluster_runner(self) -> HorovodRunner:
-        refuse_unencrypted(self.sc.getConf(), type(self).__name__, IGNORE_SSL_CONF)
         tasks = self._num_tasks
         per_task = split_evenly(self.num_slots, tasks) if self.use_gpu else [0] * tasks
         runner = self._launcher(tasks)

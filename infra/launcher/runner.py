@@ -107,6 +107,8 @@ class HorovodRunner:
 
     # The Spark conf that lets the ranks run on a cluster with spark.ssl.enabled (Databricks').
     ignore_ssl_conf = "databricks.horovod.ignoreSsl"
+    # How errors and warnings name the runner the user created.
+    display_name = "HorovodRunner"
     # The argument that sets the number of ranks, named where there are too few slots.
     size_argument = "np"
 
@@ -248,7 +250,7 @@ class HorovodRunner:
         spark = self._spark or get_spark()
         sc = spark.sparkContext
         conf = sc.getConf()
-        refuse_unencrypted(conf, type(self).__name__, self.ignore_ssl_conf)
+        refuse_unencrypted(conf, self.display_name, self.ignore_ssl_conf)
         tasks, ranks_per_task = self._task_layout(conf)
         asked = self.asked or (
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
