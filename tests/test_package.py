@@ -21,6 +21,8 @@ PUBLIC_API = [
     "MirroredStrategyRunner",
     "RankFailed",
     "SparkJobFailed",
+    "EncryptionRequired",
+    "GpuSchedulingNotEnabled",
     "LogLine",
     "log_to_driver",
     "report_progress",

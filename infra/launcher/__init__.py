@@ -10,9 +10,10 @@ Split where the processes split:
 - ``_rendezvous``: who may use the Gloo rendezvous store on the driver (the guard and its server)
 - ``_decisions``: why a rank is stopped, how its exit reads, which failure came first (pure)
 - ``_liveness``, ``_stall``: which side went silent, which rank stopped progressing (pure)
-- ``_slots``, ``_payload``, ``_spark_errors``, ``_runlog``: the driver's checks before and
-  records during a run (task slots, the pickled function, Spark's error text, the run's log)
-- ``_task``: one Spark barrier task, supervising one rank process
+- ``_slots``, ``_payload``, ``_spark_errors``, ``_runlog``, ``_encryption``: the driver's checks
+  before and records during a run (task slots, the pickled function, Spark's error text, the
+  run's log, a cluster that requires encryption)
+- ``_task``: one Spark barrier task, supervising its rank processes (one per GPU it holds)
 - ``_rank``: the rank process's entry point
 - ``_wire``: the messages between tasks and the driver, and between a rank and its task
 - ``_placement``: which rank runs where and what it is told (pure functions)
@@ -30,6 +31,9 @@ EXPORTS = {
     "MirroredStrategyRunner": "hvdflow.infra.launcher.mirrored",
     "RankFailed": "hvdflow.infra.launcher._task",
     "SparkJobFailed": "hvdflow.infra.launcher._task",
+    # What the originals raise as a plain Exception, as classes a user can catch.
+    "EncryptionRequired": "hvdflow.infra.launcher._encryption",
+    "GpuSchedulingNotEnabled": "hvdflow.infra.launcher.mirrored",
     "LogLine": "hvdflow.infra.launcher._wire",
     "log_to_driver": "hvdflow.infra.launcher.rank_events",
     "report_progress": "hvdflow.infra.launcher.rank_events",

@@ -117,8 +117,8 @@ def rank_env(
             c.HVDFLOW_RUN_ID: run_id,
         }
     )
-    # A choice made in the options wins over the task's GPU: MirroredStrategyRunner(use_gpu=False)
-    # hides the GPUs with an empty CUDA_VISIBLE_DEVICES, on tasks that hold some.
+    # A choice made in the options wins over the task's GPU: extra_env={"CUDA_VISIBLE_DEVICES":
+    # ""} hides the GPUs, on tasks that hold some.
     if gpu is not None and c.CUDA_VISIBLE_DEVICES not in options_env:
         env[c.CUDA_VISIBLE_DEVICES] = gpu
     return env
@@ -176,10 +176,11 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 def rank_hosts(task_hosts: Sequence[str], ranks_per_task: Sequence[int] | None) -> list[str]:
-    """One host per rank: each task's host repeated for the ranks it runs (one each if None).
+    """One host per rank slot: each task's host repeated for the ranks it runs (one each if None).
 
-    Ranks are numbered in this order, so the ranks of a task are consecutive and a task's
-    first rank is the number of ranks of the tasks before it.
+    A task's slots are consecutive: its first is the number of ranks of the tasks before it.
+    ``plan_ranks`` of this list gives each slot its rank, and the driver knows a rank's
+    connection by its slot.
     """
     if ranks_per_task is None:
         return list(task_hosts)

@@ -6,10 +6,14 @@ from hvdflow.infra.launcher._placement import (
     describe_rank,
     gloo_iface_for,
     gpu_for_rank,
+    gpus_owned,
     host_of,
     hostname_problem,
     plan_ranks,
     rank_env,
+    rank_hosts,
+    split_evenly,
+    worker_gpus,
 )
 
 pytestmark = pytest.mark.unit
@@ -77,9 +81,27 @@ def test_rank_env_holds_the_full_horovod_environment():
 
 
 def test_gpus_hidden_in_the_options_stay_hidden_on_a_task_that_holds_one():
-    # MirroredStrategyRunner(use_gpu=False) on a cluster whose tasks hold GPUs.
+    # HorovodOptions(extra_env={'CUDA_VISIBLE_DEVICES': ''}) on a cluster whose tasks hold GPUs.
     env = env_of(RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1"), {c.CUDA_VISIBLE_DEVICES: ""}, gpu="0")
     assert env[c.CUDA_VISIBLE_DEVICES] == ""
+
+
+def test_tasks_of_several_gpus_run_consecutive_rank_slots_on_their_host():
+    hosts = rank_hosts(["10.0.0.1", "10.0.0.2"], split_evenly(3, 2))
+    assert hosts == ["10.0.0.1", "10.0.0.1", "10.0.0.2"]
+    assert [s.rank for s in plan_ranks(hosts)] == [0, 1, 2]
+    assert [s.local_rank for s in plan_ranks(hosts)] == [0, 1, 0]
+    assert rank_hosts(["a", "b"], None) == ["a", "b"]
+    assert split_evenly(7, 3) == [3, 2, 2] and split_evenly(4, 2) == [2, 2]
+
+
+def test_a_task_uses_its_executors_visible_devices_where_the_cluster_set_them():
+    assert gpus_owned(None, ["0", "1"]) == ["0", "1"]
+    assert gpus_owned("10,11", ["0", "1"]) == ["10", "11"]
+    assert gpus_owned("", ["0"]) == []  # an executor with its GPUs hidden has none
+    assert worker_gpus(2, ["4", "5"]) == "4,5" and worker_gpus(0, ["4"]) == ""
+    with pytest.raises(ValueError, match=r"needs 3 GPU\(s\) but its task holds 2 \(4, 5\)"):
+        worker_gpus(3, ["4", "5"])
 
 
 def test_each_rank_sees_only_its_local_ranks_gpu():
