@@ -36,10 +36,11 @@ HEAVY_FIXTURES = {
 
 # `make test` runs the suite on two pytest-xdist workers. Tests that share a machine-wide thing
 # run on one worker, one after another: the multi-host harness (network namespaces, a standalone
-# Spark cluster); the session's Prefect server with its deployed run (made once, looked at by
-# several tests); and `hvdflow up`, which takes the conventional ports (5000, 8333, 4200) when
-# they are free, a check two workers could pass at the same moment. The scheduler sees only node
-# ids, so the groups are by path.
+# Spark cluster); the fake-GPU cluster (a module fixture that two workers would each start); the
+# session's Prefect server with its deployed run (made once, looked at by several tests); and
+# `hvdflow up`, which takes the conventional ports (5000, 8333, 4200) when they are free, a check
+# two workers could pass at the same moment. The scheduler sees only node ids, so the groups are
+# by path.
 SERIAL_GROUPS = {
     "cluster": ("tests/cluster/",),
     "deployed": (
@@ -49,6 +50,8 @@ SERIAL_GROUPS = {
         "tests/test_prefect_yaml.py",
         "tests/infra/services/test_prefect_server.py",
     ),
+    # One standalone cluster with fake GPUs, started once for the module's tests.
+    "fake-gpus": ("tests/infra/launcher/test_gpu_fidelity.py",),
     "local-services": (
         "tests/flows/test_cli.py::test_up_",
         "tests/flows/test_cli.py::test_two_runs_",
