@@ -107,7 +107,7 @@ class DriverLink:
     (``lost()``), since a cut network closes nothing.
     """
 
-    def __init__(self, spec: TaskSpec, partition: int):
+    def __init__(self, spec: TaskSpec, slot: int):
         # The rank's progress (rank, begun, finished, watch), sent with every heartbeat once
         # the rank has reached hvd.init(); None before.
         self.progress: dict | None = None
@@ -118,7 +118,7 @@ class DriverLink:
             sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
         except OSError as e:
             raise RankFailed(
-                f"task {partition} could not reach the driver at {address[0]}:{address[1]} "
+                f"rank slot {slot} could not reach the driver at {address[0]}:{address[1]} "
                 f"within {CONNECT_TIMEOUT_S:g} s "
                 f"(hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
                 "Executors must reach spark.driver.host: set it to an address they can route to"
@@ -142,7 +142,9 @@ class DriverLink:
             {
                 "type": _wire.HELLO,
                 "token": spec.token,
-                "partition": partition,
+                # The rank slot's index in the plan: the task's partition where each task runs
+                # one rank, which is how the driver's reports name a rank before it has one.
+                "partition": slot,
                 "hostname": socket.gethostname()[: _wire.MAX_HOSTNAME_CHARS],
             }
         )
