@@ -185,7 +185,7 @@ def test_a_task_sends_heartbeats_and_gives_up_a_silent_driver(monkeypatch):
     monkeypatch.setattr(_wire, "HEARTBEAT_INTERVAL_S", 0.1)
     driver = SilentDriver()
     try:
-        link = DriverLink(spec_for(driver, b"", heartbeat_timeout_s=0.6), partition=3)
+        link = DriverLink(spec_for(driver, b"", heartbeat_timeout_s=0.6), slot=3)
         try:
             assert not link.lost()
             time.sleep(0.9)
