@@ -1,4 +1,5 @@
-"""Task side of HorovodRunner: start one rank process, stream its output, stop it when told.
+"""Task side of HorovodRunner: start the task's rank process (one per GPU where the task holds
+several), stream its output, stop it when told.
 
 Runs inside a Spark barrier task (or a driver thread for ``np < 0``). The rank is a separate
 Python process so that Horovod, TensorFlow and the user's imports get a clean interpreter, and

@@ -27,7 +27,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any, Literal
 
@@ -311,8 +310,6 @@ class HorovodRunner:
         with DriverChannel("127.0.0.1", sink) as channel:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
             spec = self._spec(payload, channel, None if plan.per_task is not None else (n,))
-            if plan.per_task is not None:
-                spec = replace(spec, gpus_per_task=plan.per_task[:1])
             outcome: dict[str, Any] = {}
             done = threading.Event()
 
