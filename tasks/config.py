@@ -236,7 +236,29 @@ class LauncherParams(BaseModel):
         description="times a training that failed transiently (a rank killed, a host lost, a "
         "stall) runs again, resuming from its last checkpoint in the same MLflow run",
     )
+    min_np: int | None = Field(
+        default=None,
+        ge=1,
+        description="elastic: when an attempt fails and fewer than np task slots are left, "
+        "the next attempt runs on those left, from the last checkpoint in the same MLflow run, "
+        "if they are at least min_np (default: np, not elastic); it grows back to np when the "
+        "slots come back",
+    )
     horovod: HorovodOptions = HorovodOptions()
+
+    @model_validator(mode="after")
+    def _min_np_fits(self) -> LauncherParams:
+        if self.min_np is not None and (self.np < 0 or self.min_np > self.np):
+            raise ValueError(
+                f"launcher.min_np={self.min_np} with np={self.np}: expected 1 <= min_np <= np, "
+                "on the Spark cluster (np > 0)"
+            )
+        return self
+
+    @property
+    def fewest_ranks(self) -> int:
+        """The fewest ranks an attempt may run on: min_np, else np (not elastic)."""
+        return self.min_np if self.min_np is not None else self.np
 
     @field_validator("horovod")
     @classmethod

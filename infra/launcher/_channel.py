@@ -115,11 +115,17 @@ class DriverChannel:
             self._reading += 1
         self.liveness.join(conn, hello.get("partition"), hello.get("hostname"))
         hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
+        said_bye = False
         try:
             while (message := conn.receive()) is not None:
+                said_bye = message.get("type") == _wire.BYE
                 self._dispatch(conn, message, hostname)
         finally:
-            self.liveness.leave(conn)
+            # A task that ends on its own says bye; one that does not died (its executor,
+            # worker or host), unless the driver closed it (abort).
+            report = self.liveness.leave(conn, vanished=not said_bye and not self._closed)
+            if report is not None:
+                self.report(report)
             with self._drained:
                 self._reading -= 1
                 self._drained.notify_all()

@@ -57,13 +57,7 @@ def lost_task_report(
     (wall-clock seconds). Before the plan is known the task has no rank yet: it is named by its
     partition.
     """
-    if plan_hosts and partition is not None and 0 <= partition < len(plan_hosts):
-        slot = plan_ranks(plan_hosts)[partition]
-        rank, who = slot.rank, describe_rank(slot.rank, hostname, slot.hostname)
-    else:
-        host = hostname or "an unknown host"
-        rank = partition if partition is not None else -1
-        who = f"the task of partition {partition} on {host}" if rank >= 0 else f"a task on {host}"
+    rank, who = _who(partition, hostname, plan_hosts)
     return {
         "type": _wire.FAILED,
         "rank": rank,
@@ -76,6 +70,40 @@ def lost_task_report(
         "exited_at": last_heard_at,
         "cause": _wire.CAUSE_LOST,
     }
+
+
+def vanished_task_report(
+    *, partition: int | None, hostname: str, plan_hosts: Sequence[str] | None, at: float
+) -> dict[str, Any]:
+    """The failure report for a task whose connection ended without its ``bye``: the task
+    process died (its executor, Spark worker or host with it), so nobody reports its rank.
+
+    Without it, the error would name a peer that broke off in its next collective instead.
+    """
+    rank, who = _who(partition, hostname, plan_hosts)
+    return {
+        "type": _wire.FAILED,
+        "rank": rank,
+        "reason": (
+            f"{who} was lost: its task ended without a word (its Spark executor, worker or "
+            "host died with it)"
+        ),
+        "tail": [],
+        "exited_at": at,
+        "cause": _wire.CAUSE_LOST,
+    }
+
+
+def _who(partition: int | None, hostname: str, plan_hosts: Sequence[str] | None):
+    """A task's rank and how errors name it; before the plan, by its partition."""
+    if plan_hosts and partition is not None and 0 <= partition < len(plan_hosts):
+        slot = plan_ranks(plan_hosts)[partition]
+        return slot.rank, describe_rank(slot.rank, hostname, slot.hostname)
+    host = hostname or "an unknown host"
+    rank = partition if partition is not None else -1
+    return rank, (
+        f"the task of partition {partition} on {host}" if rank >= 0 else f"a task on {host}"
+    )
 
 
 @dataclass
@@ -117,9 +145,16 @@ class Tracker:
             if peer is not None:
                 peer.last_heard, peer.last_heard_at = self._monotonic(), self._wall()
 
-    def leave(self, key: Hashable) -> None:
+    def leave(self, key: Hashable, vanished: bool = False) -> dict[str, Any] | None:
+        """A task's connection ended; ``vanished``: without its bye. Then its failure report."""
         with self._lock:
-            self._peers.pop(key, None)
+            peer = self._peers.pop(key, None)
+            if not vanished or peer is None:
+                return None
+            plan_hosts = self._plan_hosts
+        return vanished_task_report(
+            partition=peer.partition, hostname=peer.hostname, plan_hosts=plan_hosts, at=self._wall()
+        )
 
     def plan(self, hosts: Sequence[str]) -> None:
         """The task hosts the run was planned with: they turn partitions into ranks."""

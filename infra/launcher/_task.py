@@ -211,7 +211,9 @@ class DriverLink:
                 self._reply_ready.wait(left)
 
     def close(self) -> None:
+        """Say bye (this task ends on its own, it did not die), then close."""
         self._closed.set()
+        self.send({"type": _wire.BYE})
         self.conn.close()
 
 

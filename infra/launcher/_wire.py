@@ -45,6 +45,8 @@ PLAN = "plan"
 PLAN_OK = "plan_ok"
 LINE = "line"
 FAILED = "failed"
+# task -> driver, last: the task ends on its own; a connection that ends without it lost its task.
+BYE = "bye"
 # Sent by each task every HEARTBEAT_INTERVAL_S, and answered by the driver: proof of life both ways.
 # A task's heartbeat also carries its rank's training progress (``progress``, see EVENT_PROGRESS),
 # from which the driver tells a stalled rank (HorovodRunner stall_timeout_s).

@@ -376,7 +376,9 @@ class HorovodRunner:
                     break
             self._stop(done, channel, cancel)
             failure, others = channel.root_failure()
-            tail = "\n".join(failure.get("tail") or []) or "(it wrote no output)"
+            # A task that died reported nothing: its rank's last lines are the driver's own.
+            lines = failure.get("tail") or sink.tail(failure["rank"])
+            tail = "\n".join(lines) or "(it wrote no output)"
             also = f" (then rank(s) {', '.join(map(str, others))} failed too)" if others else ""
             heading = (
                 "Python stacks of every rank"

@@ -1,5 +1,11 @@
 """A training's attempts: the training function on HorovodRunner, run again from the last
-checkpoint after a transient failure (a rank killed, a host lost, a stall, an executor lost)."""
+checkpoint after a transient failure (a rank killed, a host lost, a stall, an executor lost).
+
+Elastic (``launcher.min_np``): a host lost for good leaves fewer task slots than np; the next
+attempt then runs on the slots that are left, when there are at least min_np, and on np again
+once they are back. The trainer takes the number of ranks from the engine, so the shards, the
+learning-rate scaling and its warm-up follow it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import time
 
 from hvdflow.infra import HorovodRunner
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
+from hvdflow.infra.launcher._slots import task_slots
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
@@ -16,6 +23,16 @@ from hvdflow.training.spec import TrainSpec
 from hvdflow.training.trainer import train_classifier
 
 logger = logging.getLogger(__name__)
+
+# How long an elastic training waits, after a failed attempt, for np task slots (an executor
+# Spark relaunches) before it goes on with the slots that are left.
+SLOTS_SETTLE_S = 20.0
+# How long Spark takes to drop a lost host's executor from the slots it counts.
+SLOTS_NOTICE_S = 3.0
+
+
+class TooFewSlots(RuntimeError):
+    """An elastic training lost more task slots than ``launcher.min_np`` allows."""
 
 
 class Attempts:
@@ -40,13 +57,16 @@ class Attempts:
         import mlflow
 
         launcher = self.launcher
+        np = launcher.np
         while True:
             self.count += 1
             mlflow.set_tag(ATTEMPTS_TAG, str(self.number))
+            if launcher.min_np is not None:  # elastic: what each attempt really ran on
+                mlflow.log_param(f"attempt_{self.number}_np", np)
             lines: list = []
             self._lines.append(lines)
             runner = HorovodRunner(
-                np=launcher.np,
+                np=np,
                 spark=self.spark,
                 horovod=launcher.horovod,
                 start_timeout_s=launcher.start_timeout_s,
@@ -73,9 +93,29 @@ class Attempts:
                     str(e).splitlines()[0],
                     launcher.retries,
                 )
+                if launcher.min_np is not None:
+                    np = self._ranks_for_next_attempt(str(e).splitlines()[0])
             finally:
                 self.last_wall_s = time.perf_counter() - started
                 log_artifacts(runner, self.number)
+
+    def _ranks_for_next_attempt(self, failure: str) -> int:
+        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+
+        sc = (self.spark or get_spark()).sparkContext
+        time.sleep(SLOTS_NOTICE_S)
+        np = ranks_for_next_attempt(self.launcher, lambda: task_slots(sc), failure)
+        if np != self.launcher.np:
+            logger.warning(
+                "elastic training: %d of np=%d task slots are left after the failure; attempt "
+                "%d runs on %d rank(s) from the last checkpoint (launcher.min_np=%d)",
+                np,
+                self.launcher.np,
+                self.number + 1,
+                np,
+                self.launcher.min_np,
+            )
+        return np
 
     def epoch_times_log(self) -> dict[int, float]:
         """The paper's epoch times by epoch number, from every attempt; a later one wins."""
@@ -83,6 +123,30 @@ class Attempts:
         for lines in self._lines:
             times.update(epoch_times_by_number(lines))
         return times
+
+
+def ranks_for_next_attempt(
+    launcher: LauncherParams,
+    count_slots,
+    failure: str,
+    settle_s: float = SLOTS_SETTLE_S,
+    sleep=time.sleep,
+) -> int:
+    """The ranks of the attempt after ``failure`` (its first line): np when the cluster has np
+    task slots (back) within ``settle_s``; else the slots left when there are at least
+    ``launcher.min_np``; else TooFewSlots, naming the failure and the slots left."""
+    deadline = time.monotonic() + settle_s
+    while (slots := count_slots()) < launcher.np and time.monotonic() < deadline:
+        sleep(0.5)
+    if slots >= launcher.np:
+        return launcher.np
+    if slots >= launcher.fewest_ranks:
+        return slots
+    raise TooFewSlots(
+        f"{failure}; {slots} task slot(s) are left after waiting {settle_s:g} s, fewer than "
+        f"launcher.min_np={launcher.fewest_ranks} (np={launcher.np}): add executors, or lower "
+        "launcher.min_np to go on with fewer ranks"
+    )
 
 
 def may_retry(error: BaseException, attempt: int, retries: int) -> bool:

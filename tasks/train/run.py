@@ -157,7 +157,8 @@ def train_and_track(
             tracking.registered_model_name,
             result["model_version"],
             dataset_fingerprint=dataset.fingerprint,
-            np=launcher.np,
+            # What really trained: fewer ranks than np after an elastic resume.
+            np=result["size"] if launcher.np > 0 else launcher.np,
             engine=getattr(launcher, "engine", model_card.DEFAULT_ENGINE),
             flow_run_url=model_card.flow_run_url(flow_run_id),
             flow_run_id=flow_run_id,

@@ -122,6 +122,25 @@ def test_the_tracker_reports_each_silent_task_once_with_when_it_was_last_heard()
 
 
 @pytest.mark.unit
+def test_a_task_that_ends_without_its_bye_is_reported_lost_with_its_rank_and_host():
+    tracker = Tracker(wall=lambda: 2000.0)
+    tracker.join("conn0", 0, "hvd-host1")
+    tracker.join("conn1", 1, "hvd-host2")
+    tracker.plan(["10.77.0.11", "10.77.0.12"])
+    assert tracker.leave("conn0") is None  # it said bye: it ended on its own
+    assert tracker.leave("conn1", vanished=True) == {
+        "type": "failed",
+        "rank": 1,
+        "reason": "rank 1 on hvd-host2 (10.77.0.12) was lost: its task ended without a word "
+        "(its Spark executor, worker or host died with it)",
+        "tail": [],
+        "exited_at": 2000.0,
+        "cause": "lost",  # transient: a retry may run elsewhere
+    }
+    assert tracker.lost(timeout_s=0.0) == []  # and never reported again as silent
+
+
+@pytest.mark.unit
 def test_the_tracker_keeps_only_sane_hello_values():
     clock = {"t": 0.0}
     tracker = Tracker(monotonic=lambda: clock["t"], wall=lambda: 5.0)
