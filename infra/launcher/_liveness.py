@@ -58,18 +58,12 @@ def lost_task_report(
     partition.
     """
     rank, who = _who(partition, hostname, plan_hosts)
-    return {
-        "type": _wire.FAILED,
-        "rank": rank,
-        "reason": (
-            f"{who} stopped answering: the driver heard nothing from it for {timeout_s:g} s "
-            "(HorovodRunner heartbeat_timeout_s). Its host may be unreachable or frozen; if it "
-            "was only busy, raise heartbeat_timeout_s"
-        ),
-        "tail": [],
-        "exited_at": last_heard_at,
-        "cause": _wire.CAUSE_LOST,
-    }
+    reason = (
+        f"{who} stopped answering: the driver heard nothing from it for {timeout_s:g} s "
+        "(HorovodRunner heartbeat_timeout_s). Its host may be unreachable or frozen; if it "
+        "was only busy, raise heartbeat_timeout_s"
+    )
+    return _lost_report(rank, reason, last_heard_at)
 
 
 def vanished_task_report(
@@ -81,13 +75,19 @@ def vanished_task_report(
     Without it, the error would name a peer that broke off in its next collective instead.
     """
     rank, who = _who(partition, hostname, plan_hosts)
+    reason = (
+        f"{who} was lost: its task ended without a word (its Spark executor, worker or host "
+        "died with it)"
+    )
+    return _lost_report(rank, reason, at)
+
+
+def _lost_report(rank: int, reason: str, at: float) -> dict[str, Any]:
+    """A ``failed`` report the driver makes for a task that cannot make its own (transient)."""
     return {
         "type": _wire.FAILED,
         "rank": rank,
-        "reason": (
-            f"{who} was lost: its task ended without a word (its Spark executor, worker or "
-            "host died with it)"
-        ),
+        "reason": reason,
         "tail": [],
         "exited_at": at,
         "cause": _wire.CAUSE_LOST,
