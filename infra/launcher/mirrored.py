@@ -62,8 +62,8 @@ class MirroredStrategyRunner:
 
     Args:
         num_slots: GPUs (``use_gpu=True``) or CPU-only Spark tasks that train together; at
-            least 1. With GPUs, tasks holding k GPUs each run ``ceil(num_slots / k)`` workers,
-            the GPUs spread evenly (5 over tasks of 2: 2, 2, 1).
+            least 1. With GPUs held k per task, ``ceil(num_slots / k)`` tasks train, one worker
+            each, the GPUs spread evenly over them (5 over tasks of 2: 2, 2, 1).
         local_mode: train in one process on the driver, over ``num_slots`` of the driver's
             GPUs (``spark.driver.resource.<gpu_resource_name>``, or CUDA_VISIBLE_DEVICES where
             set); on CPU, ``num_slots`` must be 1.

@@ -15,7 +15,7 @@ import time
 
 from hvdflow.infra import HorovodRunner
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
-from hvdflow.infra.launcher._slots import task_slots
+from hvdflow.infra.launcher._slots import task_gpu_amount, task_slots
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
@@ -103,8 +103,11 @@ class Attempts:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
         sc = (self.spark or get_spark()).sparkContext
+        # HorovodRunner runs one rank per GPU: a task slot of k GPUs holds k ranks.
+        gpus = task_gpu_amount(sc.getConf(), "gpu")
+        ranks_per_slot = int(gpus) if gpus is not None and gpus > 1 else 1
         time.sleep(SLOTS_NOTICE_S)
-        np = ranks_for_next_attempt(self.launcher, lambda: task_slots(sc), failure)
+        np = ranks_for_next_attempt(self.launcher, lambda: task_slots(sc) * ranks_per_slot, failure)
         if np != self.launcher.np:
             logger.warning(
                 "elastic training: %d of np=%d task slots are left after the failure; attempt "
