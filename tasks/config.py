@@ -244,6 +244,12 @@ class LauncherParams(BaseModel):
         "if they are at least min_np (default: np, not elastic); it grows back to np when the "
         "slots come back",
     )
+    elastic_wait_s: float = Field(
+        default=20.0,
+        ge=0.0,
+        description="elastic: how long a failed attempt waits for np task slots (an executor "
+        "Spark relaunches, a host that comes back) before it goes on with the slots left",
+    )
     horovod: HorovodOptions = HorovodOptions()
 
     @model_validator(mode="after")

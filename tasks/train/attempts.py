@@ -24,9 +24,6 @@ from hvdflow.training.trainer import train_classifier
 
 logger = logging.getLogger(__name__)
 
-# How long an elastic training waits, after a failed attempt, for np task slots (an executor
-# Spark relaunches) before it goes on with the slots that are left.
-SLOTS_SETTLE_S = 20.0
 # How long Spark takes to drop a lost host's executor from the slots it counts.
 SLOTS_NOTICE_S = 3.0
 
@@ -107,7 +104,12 @@ class Attempts:
         gpus = task_gpu_amount(sc.getConf(), "gpu")
         ranks_per_slot = int(gpus) if gpus is not None and gpus > 1 else 1
         time.sleep(SLOTS_NOTICE_S)
-        np = ranks_for_next_attempt(self.launcher, lambda: task_slots(sc) * ranks_per_slot, failure)
+        np = ranks_for_next_attempt(
+            self.launcher,
+            lambda: task_slots(sc) * ranks_per_slot,
+            failure,
+            settle_s=self.launcher.elastic_wait_s,
+        )
         if np != self.launcher.np:
             logger.warning(
                 "elastic training: %d of np=%d task slots are left after the failure; attempt "
@@ -132,12 +134,13 @@ def ranks_for_next_attempt(
     launcher: LauncherParams,
     count_slots,
     failure: str,
-    settle_s: float = SLOTS_SETTLE_S,
+    settle_s: float,
     sleep=time.sleep,
 ) -> int:
     """The ranks of the attempt after ``failure`` (its first line): np when the cluster has np
-    task slots (back) within ``settle_s``; else the slots left when there are at least
-    ``launcher.min_np``; else TooFewSlots, naming the failure and the slots left."""
+    task slots (back) within ``settle_s`` (``launcher.elastic_wait_s``); else the slots left
+    when there are at least ``launcher.min_np``; else TooFewSlots, naming the failure and the
+    slots left."""
     deadline = time.monotonic() + settle_s
     while (slots := count_slots()) < launcher.np and time.monotonic() < deadline:
         sleep(0.5)
@@ -146,9 +149,9 @@ def ranks_for_next_attempt(
     if slots >= launcher.fewest_ranks:
         return slots
     raise TooFewSlots(
-        f"{failure}; {slots} task slot(s) are left after waiting {settle_s:g} s, fewer than "
-        f"launcher.min_np={launcher.fewest_ranks} (np={launcher.np}): add executors, or lower "
-        "launcher.min_np to go on with fewer ranks"
+        f"{failure}; {slots} task slot(s) are left after waiting {settle_s:g} s "
+        f"(launcher.elastic_wait_s), fewer than launcher.min_np={launcher.fewest_ranks} "
+        f"(np={launcher.np}): add executors, or lower launcher.min_np to go on with fewer ranks"
     )
 
 

@@ -37,7 +37,8 @@ def driver_conf(cluster: NetnsSparkCluster) -> dict[str, str]:
         "spark.driver.host": cluster.driver_ip,
         "spark.driver.bindAddress": cluster.driver_ip,
         "spark.executor.cores": "1",
-        "spark.cores.max": str(len(cluster.hosts)),
+        # Every host's core, the spare's included: a test may start its worker.
+        "spark.cores.max": str(len(cluster.hosts + cluster.spare_hosts)),
         "spark.executor.memory": "1g",
         "spark.ui.enabled": "false",
     }

@@ -38,7 +38,8 @@ def require_harness() -> None:
 
 @pytest.fixture(scope="session")
 def netns_cluster(tmp_path_factory):
-    """A Spark master beside the driver and two one-core workers, each on its own host."""
+    """A Spark master beside the driver and two one-core workers, each on its own host; and a
+    third host with no worker, for the test of a host that joins (``start_worker``)."""
     require_harness()
     # Leftovers of earlier runs that died; live runs (a person's `up` included) are left alone.
     for line in cleanup.down(stop_live=()):
@@ -46,7 +47,11 @@ def netns_cluster(tmp_path_factory):
             print(f"tests.cluster: {line}")
     with _sigterm_as_interrupt():
         with netns_spark_cluster(
-            tmp_path_factory.mktemp("netns-cluster"), workers=2, cores=1, timeout_s=START_TIMEOUT_S
+            tmp_path_factory.mktemp("netns-cluster"),
+            workers=2,
+            cores=1,
+            spare=1,
+            timeout_s=START_TIMEOUT_S,
         ) as cluster:
             yield cluster
 

@@ -44,19 +44,47 @@ class NetnsSparkCluster:
     master_url: str
     webui_url: str
     driver_ip: str
-    hosts: tuple[Host, ...]
+    hosts: tuple[Host, ...]  # the hosts started with a worker
     workdir: Path
     tag: str
+    cores: int = 1  # each worker's
+    memory: str = "2g"
+    spare_hosts: tuple[Host, ...] = ()  # up, on the network, with no worker until started
     anchors: dict[str, int] = field(default_factory=dict)  # host name -> anchor pid
     netns_inodes: dict[str, int] = field(default_factory=dict)  # netns -> inode
     _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     def host(self, which: Host | str) -> Host:
         name = which.name if isinstance(which, Host) else which
-        for host in self.hosts:
+        every = self.hosts + self.spare_hosts
+        for host in every:
             if name in (host.name, host.ip, host.netns):
                 return host
-        raise ValueError(f"host {which!r}: expected one of {[h.name for h in self.hosts]}")
+        raise ValueError(f"host {which!r}: expected one of {[h.name for h in every]}")
+
+    def start_worker(self, host: Host | str, timeout_s: float = 120.0) -> None:
+        """Start a worker on ``host`` (a spare one, or one whose worker was stopped) and wait
+        until the master counts it."""
+        host = self.host(host)
+        # A stopped worker's process has exited; it is not a failed start.
+        self._procs[:] = [p for p in self._procs if p.poll() is None]
+        self._procs.append(_start_worker(self, host, self.cores, self.memory))
+        _wait_for_workers(self, (host,), timeout_s)
+
+    def stop_host_for_good(self, host: Host | str) -> list[int]:
+        """SIGKILL every process of ``host`` (its worker, executor, ranks) but its anchor, as a
+        machine that dies does; returns their pids. Nothing restarts them."""
+        host = self.host(host)
+        inode, anchor = self.netns_inodes[host.netns], self.anchors[host.name]
+        killed = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != anchor and _net_inode(proc.pid) == inode:
+                    proc.kill()
+                    killed.append(proc.pid)
+            except psutil.Error:
+                continue
+        return killed
 
     def run_on_host(
         self, host: Host | str, command: str | Sequence[str], *, timeout_s: float = 30.0
@@ -129,26 +157,35 @@ def netns_spark_cluster(
     memory: str = "2g",
     timeout_s: float = 90.0,
     kind: str = "pytest",
+    spare: int = 0,
 ) -> Iterator[NetnsSparkCluster]:
     """Start a master and ``workers`` one-host workers; remove every trace on the way out.
 
     ``timeout_s`` bounds the start (namespaces, JVMs, registration). ``kind`` tells ``down``
-    whether it may stop this run while its owner lives ("up") or not ("pytest").
+    whether it may stop this run while its owner lives ("up") or not ("pytest"). ``spare``
+    hosts more are on the network with no worker, for a test to start one on (a host that
+    joins), at no cost until then.
     """
-    if workers < 1 or cores < 1:
-        raise ValueError(f"workers={workers}, cores={cores}: expected at least 1 of each")
+    if workers < 1 or cores < 1 or spare < 0:
+        raise ValueError(
+            f"workers={workers}, cores={cores}, spare={spare}: expected at least 1 worker and "
+            "core, and no negative spare"
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     record = registry.claim(kind)
-    net = netns.layout(record.tag, record.subnet, workers)
+    net = netns.layout(record.tag, record.subnet, workers + spare)
     watchdog = None
     cluster = NetnsSparkCluster(
         master_url="",
         webui_url="",
         driver_ip=net.driver_ip,
-        hosts=net.hosts,
+        hosts=net.hosts[:workers],
         workdir=workdir,
         tag=net.tag,
+        cores=cores,
+        memory=memory,
+        spare_hosts=net.hosts[workers:],
     )
     try:
         watchdog = cleanup.start_watchdog(record, workdir / "watchdog.log")
@@ -159,9 +196,9 @@ def netns_spark_cluster(
             cluster.anchors[host.name] = anchor.pid
             cluster.netns_inodes[host.netns] = netns.netns_inode(host.netns)
         _start_master(cluster, record)
-        for host in net.hosts:
+        for host in cluster.hosts:
             cluster._procs.append(_start_worker(cluster, host, cores, memory))
-        _wait_for_workers(cluster, workers, timeout_s)
+        _wait_for_workers(cluster, cluster.hosts, timeout_s)
         logger.info("netns Spark cluster %s up: %s", cluster.tag, cluster.master_url)
         yield cluster
     finally:
@@ -212,21 +249,25 @@ def _start_worker(cluster: NetnsSparkCluster, host: Host, cores: int, memory: st
     )
 
 
-def _wait_for_workers(cluster: NetnsSparkCluster, count: int, timeout_s: float) -> None:
+def _wait_for_workers(cluster: NetnsSparkCluster, hosts: Sequence[Host], timeout_s: float) -> None:
+    """Wait until the master counts a live worker on each of ``hosts``."""
     deadline = time.monotonic() + timeout_s
-    while len(alive := cluster.alive_workers()) < count:
+    wanted = {h.ip for h in hosts}
+    while not wanted <= (alive := {w["host"] for w in cluster.alive_workers()}):
         dead = [p.args for p in cluster._procs if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             why = f"a process exited ({dead[0]})" if dead else f"not within {timeout_s:g} s"
             raise RuntimeError(
-                f"netns Spark cluster: {len(alive)} of {count} workers registered with "
-                f"{cluster.master_url}, {why} (netns_spark_cluster timeout_s):\n"
-                + cluster.diagnostics()
+                f"netns Spark cluster: {len(wanted & alive)} of {len(wanted)} workers "
+                f"registered with {cluster.master_url}, {why} (netns_spark_cluster "
+                "timeout_s):\n" + cluster.diagnostics()
             )
         time.sleep(0.5)
-    hosts = sorted(w["host"] for w in alive)
-    if hosts != sorted(h.ip for h in cluster.hosts):
-        raise RuntimeError(f"workers registered from {hosts}, expected the hosts' addresses")
+    known = {h.ip for h in cluster.hosts + cluster.spare_hosts}
+    if not alive <= known:
+        raise RuntimeError(
+            f"workers registered from {sorted(alive)}, expected the hosts' addresses"
+        )
 
 
 def _teardown(cluster: NetnsSparkCluster, record: registry.RunRecord, watchdog) -> None:
