@@ -58,8 +58,7 @@ class DriverChannel:
 
         self._rendezvous = RendezvousServer((bind_host, 0), GuardedHandler, 0)
         self.rendezvous_port = self._rendezvous.server_address[1]
-        self._server = socketserver.ThreadingTCPServer((bind_host, 0), self._handler_class())
-        self._server.daemon_threads = True
+        self._server = _ChannelServer((bind_host, 0), self._handler_class())
         self.port = self._server.server_address[1]
         self._threads = [
             # A short poll interval: shutdown() waits up to one interval, at the end of every run.
@@ -220,3 +219,10 @@ class DriverChannel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _ChannelServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    # np tasks connect at once; socketserver's default backlog of 5 drops the sixth and later
+    # SYNs, which TCP sends again only after 1 s (as for the rendezvous server).
+    request_queue_size = socket.SOMAXCONN

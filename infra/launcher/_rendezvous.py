@@ -41,6 +41,14 @@ logger = logging.getLogger(__name__)
 RENDEZVOUS_METHODS = ("GET", "PUT", "DELETE")
 # Largest value one PUT may store: a rank's Gloo addresses take tens of bytes per peer.
 RENDEZVOUS_MAX_VALUE_BYTES = 1024 * 1024
+# How long a GET for a key not written yet waits for its PUT before it is answered 404. Gloo's
+# HTTP store asks again 10 ms after each 404 (HTTPStore::wait in horovod/common/gloo/
+# http_store.cc), so without the wait every rank that reaches hvd.init() before the last one
+# polls at 100 Hz: at np=8 about 1,800 requests queued on this one Python server, whose answers
+# then come late for everyone (5.6 s of rendezvous after the last rank was ready; BENCHMARKS.md,
+# "Eight hosts"). Held, a missing key costs one request per second and is answered the moment
+# it is written. Gloo's client sets no timeout of its own on a request.
+LONG_POLL_S = 1.0
 
 
 # What the driver's warning adds when it refuses a client that is not in the plan.
@@ -150,6 +158,10 @@ class RendezvousServer(RendezvousHTTPServer):
     # Horovod's own RendezvousServer binds every interface on a random port; this one binds the
     # executor-facing address only, on a port the OS picks, and answers only the plan's hosts.
     daemon_threads = True
+    # Every Gloo request is a connection of its own, and np ranks open theirs at once: with
+    # socketserver's default backlog of 5, the sixth and later SYNs are dropped and sent again
+    # after TCP's 1 s timeout, once per rendezvous scope (6 s of hvd.init() at np=8 here).
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(self, address, handler, verbose):
         super().__init__(address, handler, verbose)
@@ -157,6 +169,8 @@ class RendezvousServer(RendezvousHTTPServer):
         self.counted: set[tuple[str, str]] = set()
         self.counted_lock = threading.Lock()
         self._warned: set[tuple[str, int]] = set()
+        # Signalled (under the store's own lock) whenever a key is written: held GETs wake.
+        self.key_written = threading.Condition(self.cache_lock)
 
     def start_run(self, plan, allowed: frozenset[str]) -> None:
         """Horovod's ``init`` with the run's plan, and the addresses it may answer."""
@@ -209,6 +223,11 @@ class GuardedHandler(RendezvousHandler):
         decision = self._decide("GET")
         if not decision.applied:
             return self._refuse("GET", decision)
+        _, scope, key = self.path.split("/")
+        with self.server.key_written:  # a key not written yet: wait for it (LONG_POLL_S)
+            self.server.key_written.wait_for(
+                lambda: key in self.server.cache.get(scope, {}), timeout=LONG_POLL_S
+            )
         super().do_GET()
 
     def do_PUT(self):
@@ -234,6 +253,7 @@ class GuardedHandler(RendezvousHandler):
             decision = self._decide("PUT", stored=stored, body=value)
             if decision.applied:
                 self.server.cache.setdefault(scope, {})[key] = value
+                self.server.key_written.notify_all()
         if not decision.applied:
             return self._refuse("PUT", decision)
         self.send_status_code(200)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import logging
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -15,6 +17,7 @@ from hvdflow.infra.launcher import runner as runner_module
 from hvdflow.infra.launcher._channel import DriverChannel
 from hvdflow.infra.launcher._rendezvous import (
     ACCEPT,
+    LONG_POLL_S,
     NOT_PLANNED_HINT,
     Decision,
     allowed_clients,
@@ -207,6 +210,45 @@ def test_a_put_over_the_size_cap_is_refused_without_reading_it():
             conn.endheaders()
             assert conn.getresponse().status == 413
             conn.close()
+
+
+@pytest.mark.integration
+def test_a_get_for_a_key_not_written_yet_is_answered_by_its_put_not_by_polling():
+    """Gloo's store polls a missing key every 10 ms; held instead, a waiting rank costs one
+    request and hears of the key the moment it is written."""
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        port = channel.rendezvous_port
+        with send_plan(channel, ["127.0.0.1", "127.0.0.1"]):
+            answered: list = []
+            waiting = threading.Thread(
+                target=lambda: answered.append((request(port, "GET", "/global/1"), time.time()))
+            )
+            waiting.start()
+            time.sleep(LONG_POLL_S / 4)
+            assert request(port, "PUT", "/global/1", b"rank1") == (200, b"")
+            written = time.time()
+            waiting.join(5)
+            (((status, body), at),) = answered
+            assert (status, body) == (200, b"rank1")
+            assert at - written < LONG_POLL_S / 2  # woken by the PUT, not by the hold's end
+
+            started = time.monotonic()
+            assert request(port, "GET", "/global/0") == (404, b"")  # never written: 404 after
+            assert time.monotonic() - started >= LONG_POLL_S * 0.9  # the hold, once
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2)")
+def test_the_driver_queues_as_many_connections_as_the_kernel_allows():
+    """np ranks connect at once, and each Gloo request is a connection of its own: a backlog of
+    5 (socketserver's default) drops the later SYNs, which TCP resends only after 1 s."""
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        for port in (channel.port, channel.rendezvous_port):
+            listening = subprocess.run(
+                ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+            ).stdout.split()
+            # A listening socket's Send-Q is its backlog.
+            assert int(listening[2]) >= 128, listening
 
 
 # --- a real run with a stranger writing the rendezvous keys all along ---
