@@ -27,7 +27,6 @@ import json
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -199,25 +198,15 @@ class PipelineRun:
     """``hvdflow run`` as the cluster's driver, its output read line by line."""
 
     def __init__(self, cluster, home: Path, work: Path, np: int, epochs: int, kill_host=None):
-        from tests.cluster.driver import PROJECT_ROOT, driver_env  # noqa: PLC0415 (the test harness: only in a checkout)
+        from tests.cluster.driver import start_cli  # noqa: PLC0415 (the test harness: only in a checkout)
 
         self.cluster, self.kill_host, self.epochs = cluster, kill_host, epochs
-        command = [sys.executable, "-m", "hvdflow.flows.cli", "run", "--np", str(np)]
-        command += ["--epochs", str(epochs), "--input-format", "folders"]
-        command += ["--input", "s3://hvdflow/bench/digits/", "--output", "s3://hvdflow/bench/ds"]
-        command += ["--params", json.dumps({"training": {"batch_size": 16}})]
+        argv = ["run", "--np", str(np), "--epochs", str(epochs), "--input-format", "folders"]
+        argv += ["--input", "s3://hvdflow/bench/digits/", "--output", "s3://hvdflow/bench/ds"]
+        argv += ["--params", json.dumps({"training": {"batch_size": 16}})]
         self.started = time.time()
-        self.proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            # The services `up` started for the cluster, in that home: not new ones on loopback.
-            env={**driver_env(cluster, work / "conf"), "HVDFLOW_HOME": str(home)},
-            cwd=str(PROJECT_ROOT),
-            start_new_session=True,
-        )
+        # The services `up` started for the cluster, in that home: not new ones on loopback.
+        self.proc = start_cli(cluster, argv, workdir=work, home=home)
         self.lines: list[str] = []
         self.killed_at: float | None = None
         self.peak_rss = 0

@@ -108,3 +108,20 @@ def run_driver(
         # Also on success or Ctrl-C: nothing of the driver's group (its JVM) outlives it.
         processes.stop_groups([proc], grace_s=5)
     return DriverRun(proc.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def start_cli(
+    cluster: NetnsSparkCluster, argv: list[str], *, workdir: Path, home: Path
+) -> subprocess.Popen:
+    """``hvdflow <argv>`` as the cluster's driver, in its own process group, with the services
+    of ``home`` (HVDFLOW_HOME); stdout and stderr together, for reading line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "hvdflow.flows.cli", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**driver_env(cluster, workdir / "conf"), "HVDFLOW_HOME": str(home)},
+        cwd=str(PROJECT_ROOT),
+        start_new_session=True,  # its own group: stopping it stops its JVM too
+    )

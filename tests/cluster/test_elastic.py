@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 from datetime import datetime
@@ -22,7 +20,7 @@ from datetime import datetime
 import pytest
 
 from tests.cluster import processes
-from tests.cluster.driver import PROJECT_ROOT, driver_env
+from tests.cluster.driver import start_cli
 from tests.helpers import wait_for_no_ranks
 
 pytestmark = pytest.mark.slow
@@ -37,20 +35,10 @@ def run_losing_a_host(cluster, services, workdir, lost, min_np: int) -> tuple[in
     Returns the exit code, the output, and when the host was stopped (epoch seconds)."""
     home, _env, _good = services
     launcher = {"min_np": min_np, "elastic_wait_s": ELASTIC_WAIT_S}
-    command = [sys.executable, "-m", "hvdflow.flows.cli", "run", "--np", "3"]
-    command += ["--epochs", str(EPOCHS), "--input-format", "folders"]
-    command += ["--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"]
-    command += ["--params", json.dumps({"launcher": launcher, "training": {"batch_size": 8}})]
-    driver = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**driver_env(cluster, workdir / "conf"), "HVDFLOW_HOME": str(home)},
-        cwd=str(PROJECT_ROOT),
-        start_new_session=True,
-    )
+    argv = ["run", "--np", "3", "--epochs", str(EPOCHS), "--input-format", "folders"]
+    argv += ["--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"]
+    argv += ["--params", json.dumps({"launcher": launcher, "training": {"batch_size": 8}})]
+    driver = start_cli(cluster, argv, workdir=workdir, home=home)
     output: list[str] = []
     killed: list[int] = []
     stopped_at: list[float] = []
