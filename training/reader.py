@@ -21,6 +21,11 @@ import numpy as np
 
 from hvdflow.infra.storage.access import s3_endpoint
 
+# Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: every rank's reader printed
+# the same dozen FutureWarnings per attempt (most of the ranks' log at np=8, BENCHMARKS.md,
+# "Eight hosts"), none of which a user can act on.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+
 
 def filesystem_for(url: str):
     """A pyarrow filesystem for ``s3://`` URLs on the configured endpoint (None for local)."""
