@@ -259,11 +259,17 @@ class PipelineRun:
     def figures(self) -> dict:
         out = "".join(self.lines)
         rank_lines = [ln for ln in self.lines if re.search(r"\[\d+,\d+\]<", ln)]
+        # A steady epoch: from the last attempt's next-to-last epoch to its last one.
+        last = self.epochs
+        begun = [i for i, ln in enumerate(rank_lines) if f"<log>:Epoch {last - 1}/{last}" in ln]
+        ended = [i for i, ln in enumerate(rank_lines) if f"<log>:Epoch {last}/{last}" in ln]
+        steady = rank_lines[begun[-1] : ended[-1]] if begun and ended else []
         figures = {
             "wall (s)": time.time() - self.started,
             "driver peak RSS (MB)": self.peak_rss / 2**20,
-            "rank log lines per epoch": len(rank_lines) / self.epochs,
-            "rank log KB per epoch": sum(len(ln) for ln in rank_lines) / 1024 / self.epochs,
+            "rank log lines, whole run": len(rank_lines),
+            "rank log KB, whole run": sum(len(ln) for ln in rank_lines) / 1024,
+            "rank log lines, steady epoch": len(steady),
         }
         if self.killed_at is not None:
             after = [
