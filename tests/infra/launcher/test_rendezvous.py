@@ -26,7 +26,7 @@ from hvdflow.infra.launcher._rendezvous import (
 )
 from hvdflow.infra.launcher.runner import HorovodRunner
 from hvdflow.training.smoke import train_digits
-from tests.helpers import wait_for_no_ranks
+from tests.helpers import skip_here_fail_in_ci, wait_for_no_ranks
 
 PLANNED = frozenset({"10.0.0.1", "10.0.0.2"})
 SIZES = {"global": 2, "local_10.0.0.1": 1, "local_10.0.0.2": 1, "cross_0": 2}
@@ -238,10 +238,11 @@ def test_a_get_for_a_key_not_written_yet_is_answered_by_its_put_not_by_polling()
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2)")
 def test_the_driver_queues_as_many_connections_as_the_kernel_allows():
     """np ranks connect at once, and each Gloo request is a connection of its own: a backlog of
     5 (socketserver's default) drops the later SYNs, which TCP resends only after 1 s."""
+    if shutil.which("ss") is None:
+        skip_here_fail_in_ci("needs `ss` (iproute2, which scripts/setup.sh installs)", "this test")
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         for port in (channel.port, channel.rendezvous_port):
             listening = subprocess.run(
