@@ -43,11 +43,10 @@ RENDEZVOUS_METHODS = ("GET", "PUT", "DELETE")
 RENDEZVOUS_MAX_VALUE_BYTES = 1024 * 1024
 # How long a GET for a key not written yet waits for its PUT before it is answered 404. Gloo's
 # HTTP store asks again 10 ms after each 404 (HTTPStore::wait in horovod/common/gloo/
-# http_store.cc), so without the wait every rank that reaches hvd.init() before the last one
-# polls at 100 Hz: at np=8 about 1,800 requests queued on this one Python server, whose answers
-# then come late for everyone (5.6 s of rendezvous after the last rank was ready; BENCHMARKS.md,
-# "Eight hosts"). Held, a missing key costs one request per second and is answered the moment
-# it is written. Gloo's client sets no timeout of its own on a request.
+# http_store.cc): every rank that reaches hvd.init() before the slowest polls this one Python
+# server at 100 Hz for as long as that rank is late (1,700-1,900 requests for one np=8
+# rendezvous on one host; BENCHMARKS.md, "Eight hosts"). Held, a missing key costs a request a
+# second and is answered the moment it is written. Gloo's client sets no timeout on a request.
 LONG_POLL_S = 1.0
 
 
