@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from tests.cluster import processes
@@ -125,3 +126,12 @@ def start_cli(
         cwd=str(PROJECT_ROOT),
         start_new_session=True,  # its own group: stopping it stops its JVM too
     )
+
+
+def logged_at(line: str) -> float | None:
+    """When the driver logged ``line`` (its logging timestamp, local time) in epoch seconds, or
+    None for a line without one (a traceback's, Spark's own)."""
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None

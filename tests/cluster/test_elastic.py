@@ -15,12 +15,11 @@ import json
 import re
 import threading
 import time
-from datetime import datetime
 
 import pytest
 
 from tests.cluster import processes
-from tests.cluster.driver import start_cli
+from tests.cluster.driver import logged_at, start_cli
 from tests.helpers import wait_for_no_ranks
 
 pytestmark = pytest.mark.slow
@@ -63,14 +62,9 @@ def run_losing_a_host(cluster, services, workdir, lost, min_np: int) -> tuple[in
     return driver.returncode, out, stopped_at[0]
 
 
-def logged_at(line: str) -> float:
-    """When the driver logged ``line`` (its logging timestamp, local time), epoch seconds."""
-    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
 def elastic_timeline(out: str, stopped_at: float) -> dict[str, float]:
     """Seconds from the host's stop to: the lost rank named, the next attempt decided, its
-    first epoch begun; and the mean epoch before the loss (BENCHMARKS.md, "Elasticity")."""
+    first epoch begun; and the run's mean epoch (BENCHMARKS.md, "Elasticity")."""
     lines = out.splitlines()
 
     def first(text: str, after: int = 0) -> int:
