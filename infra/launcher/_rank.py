@@ -33,6 +33,9 @@ _PR_SET_PDEATHSIG = 1
 _ORPHANED_EXIT = 128 + signal.SIGKILL
 # The signal on which the rank writes its Python stacks (the task sends it when the run stalls).
 STACKS_SIGNAL = signal.SIGUSR1
+# How long a tf_collective worker that finished waits for the others to finish (the driver's own
+# timeouts stop a run that hangs long before this).
+_EXIT_BARRIER_MS = 24 * 3600 * 1000
 
 
 def _die_with_parent() -> None:
@@ -109,6 +112,25 @@ def _report_strategy_created() -> None:
     cls.__init__ = init
 
 
+def _wait_for_the_other_tf_workers() -> None:
+    """Hold this tf_collective worker until every worker has returned from main.
+
+    TensorFlow's collectives pull each tensor from the worker that holds it: a worker that has
+    its own result may still be serving a peer's last read. Exiting then fails that peer with
+    "Socket closed" (seen in CI at the final gather). The coordination service's barrier
+    releases the workers together; without a strategy (main made none) there is nothing to wait
+    for. A barrier that fails means a worker failed, and that worker's own exit reports it.
+    """
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is None:
+        return
+    try:
+        context.context().wait_at_barrier("hvdflow_main_returned", _EXIT_BARRIER_MS)
+    except Exception as e:  # noqa: BLE001 (this worker's own work is done)
+        print(f"hvdflow: not every worker reached the end of main: {e}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
@@ -139,6 +161,8 @@ def main(argv: list[str]) -> int:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, result_path)
+    if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
+        _wait_for_the_other_tf_workers()
     return 0
 
 

@@ -69,6 +69,33 @@ def test_a_worker_crash_in_the_tf_engine_is_named_and_leaves_no_process(spark):
     assert wait_for_no_ranks() == []
 
 
+def rank_0_returns_last(marks: str) -> None:
+    import atexit
+    import time
+
+    from hvdflow.training.engines import TF_COLLECTIVE, start_engine
+
+    engine = start_engine(TF_COLLECTIVE)
+    # A worker's process ends after its atexit handlers: this one marks that moment.
+    atexit.register(lambda: Path(marks, f"exited-{engine.rank}").write_text(repr(time.time())))
+    if engine.rank == 0:
+        time.sleep(3)  # rank 0 is still working (as if reading a peer's last tensor)
+        Path(marks, "returned-0").write_text(repr(time.time()))
+
+
+@pytest.mark.slow
+def test_no_tf_worker_exits_while_another_is_still_in_main(spark, tmp_path):
+    # A worker that exits as soon as it has its own result can take away a tensor a peer is
+    # still reading ("Socket closed" at the final gather): the workers leave together.
+    HorovodRunner(np=2, spark=spark, engine="tf_collective").run(
+        rank_0_returns_last, marks=str(tmp_path)
+    )
+    returned = float((tmp_path / "returned-0").read_text())
+    assert float((tmp_path / "exited-1").read_text()) >= returned
+    assert float((tmp_path / "exited-0").read_text()) >= returned
+    assert wait_for_no_ranks() == []
+
+
 @pytest.mark.slow
 def test_a_script_written_for_spark_tensorflow_distributor_runs_with_one_import_changed(
     tmp_path,
