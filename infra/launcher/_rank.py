@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
+import importlib.abc
+import importlib.util
 import os
 import signal
 import sys
@@ -33,6 +35,8 @@ _PR_SET_PDEATHSIG = 1
 _ORPHANED_EXIT = 128 + signal.SIGKILL
 # The signal on which the rank writes its Python stacks (the task sends it when the run stalls).
 STACKS_SIGNAL = signal.SIGUSR1
+# Where TensorFlow defines MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy).
+_STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
 # How long a tf_collective worker that finished waits for the others to finish (the driver's own
 # timeouts stop a run that hangs long before this).
 _EXIT_BARRIER_MS = 24 * 3600 * 1000
@@ -91,25 +95,59 @@ def _report_init_reached() -> None:
     basics.HorovodBasics.init = init
 
 
+class _ThenPatch(importlib.abc.Loader):
+    """A module's own loader, followed by ``patch(module)`` once the module has run."""
+
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name):  # get_source and the rest: tracebacks still show the lines
+        return getattr(self._loader, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patch a module when something first imports it, instead of importing it to patch it."""
+
+    def __init__(self, name: str, patch):
+        self._name, self._patch = name, patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self._name:
+            return None
+        sys.meta_path.remove(self)  # once; and the other finders find the real module
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenPatch(spec.loader, self._patch)
+        return spec
+
+
 def _report_strategy_created() -> None:
     """The tf_collective engine's start: the rank created its MultiWorkerMirroredStrategy.
 
     Patched on the base class of ``tf.distribute.MultiWorkerMirroredStrategy`` (and of its
-    deprecated ``experimental`` alias) before main runs, so that any code creating one counts.
+    deprecated ``experimental`` alias) when TensorFlow loads it, so that any code creating one
+    counts. Not imported here: TensorFlow takes seconds of CPU to import, and a function that
+    never uses it (a launcher check, a GPU-placement probe) should not pay for it.
     """
-    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
 
-    cls = cars.CollectiveAllReduceStrategy
-    original = cls.__init__
-    if getattr(original, "_hvdflow_wrapped", False):
-        return
+    def patch(cars) -> None:
+        cls = cars.CollectiveAllReduceStrategy
+        original = cls.__init__
 
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        emit_event(_wire.EVENT_INIT)
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            emit_event(_wire.EVENT_INIT)
 
-    init._hvdflow_wrapped = True
-    cls.__init__ = init
+        cls.__init__ = init
+
+    sys.meta_path.insert(0, _PatchOnImport(_STRATEGY_MODULE, patch))
 
 
 def _wait_for_the_other_tf_workers() -> None:
@@ -121,6 +159,8 @@ def _wait_for_the_other_tf_workers() -> None:
     releases the workers together; without a strategy (main made none) there is nothing to wait
     for. A barrier that fails means a worker failed, and that worker's own exit reports it.
     """
+    if "tensorflow" not in sys.modules:
+        return  # main never loaded TensorFlow, so it made no strategy
     from tensorflow.python.eager import context
 
     if context.context().coordination_service is None:

@@ -14,6 +14,7 @@ import cloudpickle
 import pytest
 
 from hvdflow import HorovodRunner, MirroredStrategyRunner, RankFailed
+from hvdflow.infra.constants import HVDFLOW_EVENT_FD
 from hvdflow.infra.launcher import _placement, _wire
 from hvdflow.training.smoke import train_digits_tf
 from tests.helpers import wait_for_no_ranks
@@ -94,6 +95,30 @@ def test_no_tf_worker_exits_while_another_is_still_in_main(spark, tmp_path):
     assert float((tmp_path / "exited-1").read_text()) >= returned
     assert float((tmp_path / "exited-0").read_text()) >= returned
     assert wait_for_no_ranks() == []
+
+
+@pytest.mark.integration
+def test_a_tf_worker_reports_its_start_when_it_creates_the_strategy_and_not_before():
+    # The start timeout ends when the strategy exists; TensorFlow loads when main asks for it.
+    code = (
+        "import sys\n"
+        "from hvdflow.infra.launcher import _rank\n"
+        "_rank._report_strategy_created()\n"
+        "print('tensorflow loaded:', 'tensorflow' in sys.modules, flush=True)\n"
+        "import tensorflow as tf\n"
+        "tf.distribute.MultiWorkerMirroredStrategy()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, HVDFLOW_EVENT_FD: "1"},  # the events, on stdout
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, *_, last = done.stdout.splitlines()
+    assert first == "tensorflow loaded: False"
+    assert json.loads(last)["event"] == _wire.EVENT_INIT
 
 
 @pytest.mark.slow
