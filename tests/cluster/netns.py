@@ -239,8 +239,10 @@ def host_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         "HOME": HOST_HOME,
         "TMPDIR": "/tmp",
     }
-    if "JAVA_HOME" in os.environ:
-        env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    # The machine's Java, and its JVM options (the suite's JIT setting, tests/conftest.py).
+    for name in ("JAVA_HOME", "JDK_JAVA_OPTIONS"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     env.update(extra or {})
     return env
 
