@@ -83,7 +83,7 @@ def register_model(
     from mlflow import MlflowClient
     from mlflow.models import infer_signature
 
-    from hvdflow.serving.package import log_classifier
+    from hvdflow.serving.package import log_classifier, requirements
     from hvdflow.training.models import build_model
 
     keras_model = build_model(model, input_shape, num_classes, seed=0)
@@ -99,6 +99,8 @@ def register_model(
                 name="model",
                 signature=infer_signature(example, keras_model.predict(example, verbose=0)),
                 registered_model_name=name,
+                # Named, not inferred: inferring loads the model in a subprocess (seconds of CPU).
+                pip_requirements=requirements(),
             )
         else:
             info = log_classifier(keras_model, labels, example, registered_model_name=name)
