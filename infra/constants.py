@@ -47,7 +47,7 @@ TF_CONFIG = "TF_CONFIG"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 # --- hvdflow: set by the launcher in every rank process ---
-# File descriptor of the pipe on which a rank reports events (init reached, log_to_driver).
+# File descriptor of the pipe on which a rank reports events (init reached, progress).
 HVDFLOW_EVENT_FD = "HVDFLOW_EVENT_FD"
 # Marks rank processes, so that tests and clean-up can find any that outlive their run.
 HVDFLOW_RUN_ID = "HVDFLOW_RUN_ID"

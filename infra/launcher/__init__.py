@@ -14,6 +14,7 @@ Split where the processes split:
   before and records during a run (task slots, the pickled function, Spark's error text, the
   run's log, a cluster that requires encryption)
 - ``_task``: one Spark barrier task, supervising its rank processes (one per GPU it holds)
+- ``_rank_output``: a rank's stdout, stderr and events as its task reads them
 - ``_rank``: the rank process's entry point
 - ``_wire``: the messages between tasks and the driver, and between a rank and its task
 - ``_placement``: which rank runs where and what it is told (pure functions)

@@ -35,7 +35,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_STACKS_FILE,
     TF_CONFIG,
 )
-from hvdflow.infra.launcher import _liveness, _placement, _wire
+from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 from hvdflow.infra.ports import unclaimed_port
@@ -402,21 +402,7 @@ def _supervise(
         )
         os.close(events_write)
         started = time.monotonic()
-        readers = [
-            threading.Thread(
-                target=_pump_lines, args=(proc.stdout, _wire.STDOUT, ship), daemon=True
-            ),
-            threading.Thread(
-                target=_pump_lines, args=(proc.stderr, _wire.STDERR, ship), daemon=True
-            ),
-            threading.Thread(
-                target=_pump_events,
-                args=(events_read, ship, init_reached, note_progress),
-                daemon=True,
-            ),
-        ]
-        for t in readers:
-            t.start()
+        readers = _rank_output.start_readers(proc, events_read, ship, init_reached, note_progress)
 
         reason = cause = None
         try:
@@ -525,38 +511,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _pump_lines(pipe, stream: str, ship) -> None:
-    """Ship each line of ``pipe``; a line over MAX_LINE_BYTES goes cut, with a marker."""
-    while (line := _wire.read_line(pipe, _wire.MAX_LINE_BYTES)) is not None:
-        ship(stream, _wire.line_text(*line))
-    pipe.close()
-
-
-def _pump_events(fd: int, ship, init_reached: threading.Event, note_progress) -> None:
-    with os.fdopen(fd, "rb") as events:
-        while (line := _wire.read_line(events, _wire.MAX_MESSAGE_BYTES)) is not None:
-            raw, total = line
-            if total > len(raw):
-                continue  # log_to_driver caps its text, so only a stray writer gets here
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            if event.get("event") == _wire.EVENT_INIT:
-                init_reached.set()
-                note_progress(0, 0, True)  # the stall watch starts at hvd.init()
-            elif event.get("event") == _wire.EVENT_PROGRESS:
-                note_progress(
-                    int(event.get("begun", 0)),
-                    int(event.get("finished", 0)),
-                    bool(event.get("watch", True)),
-                )
-            elif event.get("event") == _wire.EVENT_LOG:
-                ship(_wire.CALLBACK, event.get("text", ""), event.get("time"))
 
 
 def _format_tail(tail: Sequence[str]) -> str:

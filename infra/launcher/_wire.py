@@ -12,8 +12,9 @@ message as a sign of life, and gives the other up after ``heartbeat_timeout_s`` 
 argument) without one. The driver then fails the run naming the rank and host; the task kills its
 rank, so a cut-off host is left with no rank either.
 
-Rank -> task, over an inherited pipe: ``init`` (the rank returned from ``hvd.init()``),
-``log`` (a ``log_to_driver()`` message) and ``progress`` (batches begun and finished).
+Rank -> task, over an inherited pipe: ``init`` (the rank returned from ``hvd.init()``) and
+``progress`` (batches begun and finished). A ``log_to_driver()`` message goes on the rank's
+stdout instead (``LOG_LINE_MARKER``), in order with what it printed.
 
 A rank that stops making progress closes nothing and keeps its heartbeats going: the driver sees
 it in the progress the heartbeats carry, asks every task for its rank's Python stacks
@@ -74,8 +75,6 @@ HOROVOD, TF_COLLECTIVE, ENGINES = c.HOROVOD, c.TF_COLLECTIVE, c.ENGINES
 # The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start
 # timeout (start_timeout_s) no longer applies.
 EVENT_INIT = "init"
-# A log_to_driver() message, shown on the driver whatever its log verbosity.
-EVENT_LOG = "log"
 # Training progress: batches ``begun`` and ``finished`` so far, and whether the stall watch
 # applies (``watch`` is false outside the batch loop, e.g. while rank 0 uploads the model).
 EVENT_PROGRESS = "progress"
@@ -97,6 +96,12 @@ MAX_STACKS_CHARS = 16 * 1024
 STDOUT = "stdout"
 STDERR = "stderr"
 CALLBACK = "log"
+# A log_to_driver() message travels on the rank's stdout, as one line that starts with this
+# marker and holds JSON (``{"text": ..., "time": ...}``): on the same pipe as the rank's prints,
+# it reaches the driver in the order they were written. Pure ASCII (JSON's escapes), so the
+# longest message (``rank_events.LOG_TO_DRIVER_CHARS``, 12 bytes a character at worst) fits
+# MAX_LINE_BYTES.
+LOG_LINE_MARKER = "\x00hvdflow-log\x00"
 
 # Longest line of rank output shipped whole, in bytes without the newline. The rest of a longer
 # line is read and dropped, never held: TRUNCATED (with the line's full length) marks the cut.
@@ -110,6 +115,30 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Lines of output, and characters of each, a failure report carries for the error message.
 TAIL_LINES = 40
 TAIL_LINE_CHARS = 4000
+
+
+def log_line(text: str, at: float) -> str:
+    """A log_to_driver() message as the line the rank writes to its stdout (no newline)."""
+    return LOG_LINE_MARKER + json.dumps({"text": text, "time": at})
+
+
+def split_log_line(raw: bytes) -> tuple[bytes, tuple[str, float] | None]:
+    """A line of a rank's stdout as (what the rank printed, the ``log_line`` message or None).
+
+    The message may follow output the rank left without a newline (a progress bar's ``\\r``).
+    A cut or stray line with the marker is output, shown as it is.
+    """
+    at = raw.find(_LOG_LINE_MARKER_BYTES)
+    if at < 0:
+        return raw, None
+    try:
+        message = json.loads(raw[at + len(_LOG_LINE_MARKER_BYTES) :])
+        return raw[:at], (str(message["text"]), float(message["time"]))
+    except (ValueError, TypeError, KeyError):
+        return raw, None
+
+
+_LOG_LINE_MARKER_BYTES = LOG_LINE_MARKER.encode()
 
 
 class MessageTooLarge(ValueError):

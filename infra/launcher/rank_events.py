@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -61,13 +62,27 @@ def log_to_driver(message: str) -> None:
     """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity.
 
     As Databricks' ``sparkdl.horovod.log_to_driver``: a message over 4,000 characters is cut
-    there and ends with ``...(truncated)``.
+    there and ends with ``...(truncated)``. It reaches the driver after what the rank printed
+    before it (it travels on stdout, ``_wire.LOG_LINE_MARKER``).
     """
     text = str(message)
     if len(text) > LOG_TO_DRIVER_CHARS:
         text = text[:LOG_TO_DRIVER_CHARS] + TRUNCATED_SUFFIX
-    if not emit_event(_wire.EVENT_LOG, text=text):
+    if os.environ.get(HVDFLOW_EVENT_FD) is None or not _write_to_stdout(text):
         logger.info("%s", message)
+
+
+def _write_to_stdout(text: str) -> bool:
+    line = _wire.log_line(text, time.time()) + "\n"
+    with _lock:
+        try:
+            if sys.stdout is not sys.__stdout__ and sys.stdout is not None:
+                sys.stdout.flush()  # user code replaced stdout: what it holds goes first
+            sys.__stdout__.write(line)
+            sys.__stdout__.flush()
+            return True
+        except (AttributeError, OSError, ValueError):
+            return False  # stdout closed by user code: the message goes to the logger
 
 
 def report_progress(begun: int, finished: int, watch: bool = True) -> None:

@@ -148,3 +148,11 @@ def test_the_largest_hello_and_a_heartbeat_fit_what_the_driver_reads_unauthentic
     }
     assert len(_wire.encode(hello)) <= _channel.HELLO_MAX_BYTES
     assert _wire.encode({"type": _wire.HEARTBEAT}) == b'{"type":"heartbeat"}\n'
+
+
+def test_a_log_line_splits_from_output_before_it_and_a_broken_one_stays_output():
+    line = _wire.log_line("hello", 12.5).encode()
+    assert _wire.split_log_line(line) == (b"", ("hello", 12.5))
+    assert _wire.split_log_line(b"50%\r" + line) == (b"50%\r", ("hello", 12.5))
+    assert _wire.split_log_line(line[:-3]) == (line[:-3], None)  # cut at the line limit
+    assert _wire.split_log_line(b"plain") == (b"plain", None)
