@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.services._database_template import seed_prefect_database
 from hvdflow.infra.services._process import LOOPBACK, is_loopback
 from hvdflow.infra.services._secrets import load_or_create_json, new_secret
 from hvdflow.infra.services._service import Service
@@ -66,6 +67,10 @@ class PrefectServer(Service):
         if self.auth:
             env[c.PREFECT_API_AUTH_STRING] = self._secrets["auth_string"]
         return env
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        seed_prefect_database(self.home, self._env())
 
     def _command(self) -> list[str]:
         prefect = str(Path(sys.executable).parent / "prefect")
