@@ -189,9 +189,26 @@ def digits_dataset(spark, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """Prefect's test harness: a temporary API database for the whole session."""
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_server(tmp_path_factory):
+    """A real ``prefect server start`` (API and UI, sqlite) for this worker's session: flows run
+    in this process report to it (``prefect_harness``), and the deployed runs use it."""
+    from hvdflow.infra.services.prefect_server import PrefectServer
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(prefect_server):
+    """Flows run in this process report to the session's Prefect server, as under Prefect's
+    own ``prefect_test_harness`` (which would start a second server, on a new database)."""
+    from prefect.context import SettingsContext, _temporary_global_settings_context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url}):
+        # Also for code in a contextvars context copied before this one (as the harness does).
+        with _temporary_global_settings_context(SettingsContext.get()):
+            yield

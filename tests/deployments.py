@@ -1,9 +1,9 @@
-"""Session fixtures around a real Prefect server with its UI: ``prefect_server``, and
-``deployed_pipeline_run``, the flows run the way a team runs Prefect in production: ``hvdflow
-deploy`` to a process work pool, a worker started in an empty folder (hvdflow installed, no
-checkout), a pipeline run asked for through the API with non-default parameters, the scoring run
-its new champion triggers, and a small benchmark. The deployment tests and the browser tests
-share these runs.
+"""``deployed_pipeline_run``, a session fixture on the session's real Prefect server with its
+UI (``prefect_server``, in ``tests/conftest.py``): the flows run the way a team runs Prefect in
+production: ``hvdflow deploy`` to a process work pool, a worker started in an empty folder
+(hvdflow installed, no checkout), a pipeline run asked for through the API with non-default
+parameters, the scoring run its new champion triggers, and a small benchmark. The deployment
+tests and the browser tests share these runs.
 """
 
 from __future__ import annotations
@@ -88,18 +88,6 @@ def images_to_score(folder: Path, count: int = 6) -> Path:
         pixels = (digits.images[i] * 255 / 16).astype("uint8")
         Image.fromarray(pixels).resize((32, 32)).save(folder / f"digit-{i}.png")
     return folder
-
-
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """A real ``prefect server start`` (API and UI, sqlite) for the session."""
-    from hvdflow.infra.services.prefect_server import PrefectServer
-
-    server = PrefectServer(tmp_path_factory.mktemp("prefect-server")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
