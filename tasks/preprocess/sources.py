@@ -268,13 +268,14 @@ def _read_whole(path: str, access: S3Access | None) -> bytes:
 
 def write_digits_tree(root: str) -> str:
     """scikit-learn's bundled 1,797 real 8x8 digits as a class-folder tree of PNGs (once)."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
     base = Path(root)
     done = base / ".complete"
     if done.exists():
         return str(base)
+    # Imported only to write the tree: scikit-learn's datasets take over a second to import.
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
     for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
         folder = base / str(label)
