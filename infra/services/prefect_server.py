@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from hvdflow.infra import constants as c
-from hvdflow.infra.services._database_template import seed_prefect_database
+from hvdflow.infra.services._database_template import DATABASE_NAME, seed_prefect_database
 from hvdflow.infra.services._process import LOOPBACK, is_loopback
 from hvdflow.infra.services._secrets import load_or_create_json, new_secret
 from hvdflow.infra.services._service import Service
@@ -60,6 +60,11 @@ class PrefectServer(Service):
     def api_url(self) -> str:
         """What clients set as ``PREFECT_API_URL``; the UI is at ``url``."""
         return f"{self.url}/api"
+
+    @property
+    def database_path(self) -> Path:
+        """Its SQLite database (unless ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` names another)."""
+        return self.home / DATABASE_NAME
 
     def env(self) -> dict[str, str]:
         """PREFECT_API_URL, and the auth string when the server requires one."""

@@ -178,11 +178,19 @@ def bucket_records(since: float) -> Iterator[tuple[str, bytes | str]]:
 
 @pytest.mark.slow
 def test_no_planted_secret_reaches_any_record(
-    prefect_harness, spark, seaweed, mlflow_server, tmp_path, monkeypatch, capfd, caplog
+    prefect_harness,
+    prefect_server,
+    spark,
+    seaweed,
+    mlflow_server,
+    tmp_path,
+    monkeypatch,
+    capfd,
+    caplog,
 ):
     from prefect.blocks.system import Secret
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, PREFECT_SERVER_DATABASE_CONNECTION_URL
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
 
     from hvdflow.training.models import build_model
 
@@ -305,7 +313,7 @@ def test_no_planted_secret_reaches_any_record(
 
     flow_run_ids = [s.state_details.flow_run_id for s in (first, bench, failed)]
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-security-"))
-    database = Path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split("///", 1)[1])
+    database = prefect_server.database_path
     output = capfd.readouterr()
     records = [
         ("pipeline summary", json.dumps(summary)),
