@@ -1,8 +1,9 @@
-"""What a rank tells its task besides its output: ``log_to_driver`` and ``report_progress``.
+"""What a rank tells its task beyond plain output: ``log_to_driver`` and ``report_progress``.
 
 ``log_to_driver``: a message shown even when rank output is not. Databricks' HorovodRunner shows
-only these in ``driver_log_verbosity="log_callback_only"`` mode. Outside a HorovodRunner rank the
-message goes to this module's logger instead.
+only these in ``driver_log_verbosity="log_callback_only"`` mode. It travels as a marked line on the
+rank's stdout, in order with what the rank printed. Outside a HorovodRunner rank the message goes
+to this module's logger instead. The other events go over the pipe named by HVDFLOW_EVENT_FD.
 
 ``report_progress``: batches begun and finished, which HorovodRunner's stall watch
 (``stall_timeout_s``) reads. ``hvdflow.training.callbacks.ProgressCallback`` calls it from Keras.
