@@ -65,6 +65,17 @@ SERIAL_GROUPS = {
         "tests/infra/services/test_service.py",
     ),
 }
+# Modules whose tests share a module-scoped fixture (a champion trained by the pipeline, a model
+# registered, a server started): one unit each, so that the fixture is made once, not once on
+# every worker that gets one of the module's tests (the score flow's champion was trained twice,
+# 40 CPU-s). `_check_module_fixtures` keeps this list complete.
+MODULE_UNITS = (
+    "tests/flows/test_score.py",
+    "tests/tasks/score/test_job.py",
+    "tests/tasks/weights/test_stage.py",
+    "tests/training/test_scaling.py",
+    "tests/infra/services/test_mlflow_server.py",
+)
 # The order tests are handed out in: the slow ones first, so that the last minutes are not one
 # long test on one worker while the other waits (the groups go first anyway: xdist hands out the
 # units with the most tests first).
@@ -78,20 +89,28 @@ def serial_group(nodeid: str) -> str | None:
     return None
 
 
+def work_unit(nodeid: str) -> str:
+    """What one worker runs together: a serial group, a module of MODULE_UNITS, else the test."""
+    module = nodeid.split("::", 1)[0]
+    return serial_group(nodeid) or (module if module in MODULE_UNITS else nodeid)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """Every test is a unit of its own, except the serial groups, each one unit on one worker.
-    (xdist's own --dist loadgroup marks node ids in a way pytest 9.2 no longer keeps.)"""
+    """Every test is a unit of its own, except the serial groups and MODULE_UNITS, each one unit
+    on one worker. (xdist's own --dist loadgroup marks node ids in a way pytest 9.2 no longer
+    keeps.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class SerialGroups(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return serial_group(nodeid) or nodeid
+            return work_unit(nodeid)
 
     return SerialGroups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     _check_cost_tiers(items)
+    _check_module_fixtures(items)
     items.sort(key=lambda item: TIER_ORDER[_tier(item)])  # stable: file order within a tier
 
 
@@ -114,6 +133,24 @@ def _check_cost_tiers(items):
         raise pytest.UsageError(
             "each test needs exactly one of @pytest.mark.unit / integration / slow:\n  "
             + "\n  ".join(problems)
+        )
+
+
+def _check_module_fixtures(items):
+    """A test that uses a module-scoped fixture runs in a unit that holds its whole module:
+    otherwise each worker would make the fixture again."""
+    loose = set()
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if serial_group(item.nodeid) or module in MODULE_UNITS:
+            continue
+        for name, defs in item._fixtureinfo.name2fixturedefs.items():
+            if defs and defs[-1].scope == "module":
+                loose.add(f"{module} (fixture {name})")
+    if loose:
+        raise pytest.UsageError(
+            "modules with a module-scoped fixture must be in MODULE_UNITS or a serial group "
+            "(tests/conftest.py):\n  " + "\n  ".join(sorted(loose))
         )
 
 
