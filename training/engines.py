@@ -27,7 +27,6 @@ from typing import Any
 from hvdflow.infra.constants import (
     ENGINES,
     HOROVOD,
-    HOROVOD_CYCLE_TIME,
     HOROVOD_LOCAL_SIZE,
     TF_COLLECTIVE,
     TF_CONFIG,
@@ -35,11 +34,6 @@ from hvdflow.infra.constants import (
 from hvdflow.training.threads import share_cores, use_threads
 
 NONE = "none"  # one process, no engine (np=1 outside the launcher)
-# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by default) to negotiate the
-# next allreduce. On a CPU rank it wakes on the cores that compute the step: a 10 ms cycle gave
-# two one-thread ranks 11% more images/s here (BENCHMARKS.md, "Where np=2's time goes"). Ranks
-# with a GPU keep Horovod's default; launcher.horovod.cycle_time_ms, when set, always wins.
-CPU_CYCLE_TIME_MS = 10
 
 
 @dataclass
@@ -90,8 +84,8 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
     if name == HOROVOD:
         import horovod.tensorflow.keras as hvd
 
-        with _cycle_time_for_cpu_ranks():
-            hvd.init()  # reads the cycle time, once
+        # The launcher gave a rank without a GPU a 10 ms cycle (HOROVOD_CYCLE_TIME).
+        hvd.init()
         use_threads(threads or share_cores(hvd.local_size()))
         return Engine(
             name,
@@ -122,19 +116,3 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
         use_threads(threads or share_cores(1))
         return Engine(name)
     raise ValueError(f"engine {name!r} is unknown: expected one of {', '.join(ENGINES)}")
-
-
-@contextlib.contextmanager
-def _cycle_time_for_cpu_ranks():
-    """HOROVOD_CYCLE_TIME=CPU_CYCLE_TIME_MS while Horovod starts, on a rank without a GPU whose
-    cycle time nobody set; this process's environment as it was afterwards."""
-    import tensorflow as tf
-
-    if HOROVOD_CYCLE_TIME in os.environ or tf.config.list_physical_devices("GPU"):
-        yield
-        return
-    os.environ[HOROVOD_CYCLE_TIME] = str(CPU_CYCLE_TIME_MS)
-    try:
-        yield
-    finally:
-        os.environ.pop(HOROVOD_CYCLE_TIME, None)

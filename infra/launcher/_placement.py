@@ -88,6 +88,16 @@ def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
     return slots
 
 
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by default) to negotiate the
+# next allreduce. On a CPU rank it wakes on the cores that compute the step: a 10 ms cycle gave
+# two one-thread ranks 11% more images/s here (BENCHMARKS.md, "Where np=2's time goes"), and an
+# idle rank waiting for its peers burns a twelfth of a core at 1 ms. Ranks with a GPU keep
+# Horovod's default; launcher.horovod.cycle_time_ms or the variable, when set, always wins.
+CPU_CYCLE_TIME_MS = 10
+# Present on a host with an NVIDIA driver (and in containers given its GPUs).
+NVIDIA_DEVICE = "/dev/nvidiactl"
+
+
 def rank_env(
     slot: RankSlot,
     *,
@@ -98,7 +108,8 @@ def rank_env(
     run_id: str,
     gpu: str | None = None,
 ) -> dict[str, str]:
-    """The variables one rank process gets on top of its parent's environment."""
+    """The variables one rank process gets on top of its parent's environment: Horovod's, the
+    rank's GPU, and a 10 ms Horovod cycle on a rank without a GPU (CPU_CYCLE_TIME_MS)."""
     env = dict(options_env)
     env.update(
         {
@@ -121,6 +132,9 @@ def rank_env(
     # ""} hides the GPUs, on tasks that hold some.
     if gpu is not None and c.CUDA_VISIBLE_DEVICES not in options_env:
         env[c.CUDA_VISIBLE_DEVICES] = gpu
+    chosen = c.HOROVOD_CYCLE_TIME in options_env or c.HOROVOD_CYCLE_TIME in os.environ
+    if gpu is None and not chosen and not os.path.exists(NVIDIA_DEVICE):
+        env[c.HOROVOD_CYCLE_TIME] = str(CPU_CYCLE_TIME_MS)
     return env
 
 

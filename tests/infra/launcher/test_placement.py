@@ -1,7 +1,9 @@
 import pytest
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.launcher import _placement
 from hvdflow.infra.launcher._placement import (
+    CPU_CYCLE_TIME_MS,
     RankSlot,
     describe_rank,
     gloo_iface_for,
@@ -46,7 +48,7 @@ def test_interleaved_hosts_get_ranks_host_by_host():
     assert {s.cross_size for s in slots} == {2}
 
 
-def env_of(slot: RankSlot, options_env: dict, gpu: str) -> dict:
+def env_of(slot: RankSlot, options_env: dict, gpu: str | None) -> dict:
     """rank_env on loopback with a fixed rendezvous and run id."""
     return rank_env(
         slot,
@@ -78,6 +80,23 @@ def test_rank_env_holds_the_full_horovod_environment():
         "HOROVOD_CYCLE_TIME": "5",
         "CUDA_VISIBLE_DEVICES": "1",
     }
+
+
+def test_a_rank_without_a_gpu_negotiates_every_10_ms_unless_someone_chose(monkeypatch, tmp_path):
+    slot = RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1")
+    monkeypatch.delenv(c.HOROVOD_CYCLE_TIME, raising=False)
+    device = tmp_path / "nvidiactl"
+    monkeypatch.setattr(_placement, "NVIDIA_DEVICE", str(device))
+    assert env_of(slot, {}, gpu=None)[c.HOROVOD_CYCLE_TIME] == str(CPU_CYCLE_TIME_MS) == "10"
+    # The options' choice, or the executor's own variable (inherited), wins; a GPU rank keeps
+    # Horovod's default, as does a rank on a host with GPUs that Spark does not hand out.
+    assert env_of(slot, {c.HOROVOD_CYCLE_TIME: "3"}, gpu=None)[c.HOROVOD_CYCLE_TIME] == "3"
+    assert c.HOROVOD_CYCLE_TIME not in env_of(slot, {}, gpu="0")
+    device.touch()
+    assert c.HOROVOD_CYCLE_TIME not in env_of(slot, {}, gpu=None)
+    device.unlink()
+    monkeypatch.setenv(c.HOROVOD_CYCLE_TIME, "2")
+    assert c.HOROVOD_CYCLE_TIME not in env_of(slot, {}, gpu=None)
 
 
 def test_gpus_hidden_in_the_options_stay_hidden_on_a_task_that_holds_one():

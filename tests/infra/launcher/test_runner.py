@@ -18,6 +18,7 @@ import pytest
 
 from hvdflow import HorovodRunner, RankFailed
 from hvdflow.infra.launcher import _channel
+from hvdflow.infra.launcher._placement import NVIDIA_DEVICE
 from hvdflow.training.smoke import train_digits
 from tests.helpers import rank_processes, wait_for_no_ranks
 
@@ -141,9 +142,16 @@ def test_rank_zero_return_value_comes_back_and_kwargs_arrive():
     def main(a, b):
         import os
 
-        return {"sum": a + b, "rank": os.environ["HOROVOD_RANK"]}
+        return {
+            "sum": a + b,
+            "rank": os.environ["HOROVOD_RANK"],
+            "cycle": os.environ.get("HOROVOD_CYCLE_TIME"),
+        }
 
-    assert HorovodRunner(np=-2).run(main, a=2, b=3) == {"sum": 5, "rank": "0"}
+    # A main that calls hvd.init() itself gets the launcher's cycle for a rank without a GPU.
+    cycle = None if os.path.exists(NVIDIA_DEVICE) else "10"
+    expected = {"sum": 5, "rank": "0", "cycle": cycle}
+    assert HorovodRunner(np=-2).run(main, a=2, b=3) == expected
 
 
 @pytest.mark.integration
