@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.services._database_template import seed_mlflow_database
 from hvdflow.infra.services._process import LOOPBACK, is_loopback, url_host
 from hvdflow.infra.services._secrets import load_or_create_json, new_secret, write_private
 from hvdflow.infra.services._service import Service
@@ -104,6 +105,7 @@ class MlflowServer(Service):
 
     def _prepare(self) -> None:
         super()._prepare()
+        seed_mlflow_database(self.database_path, self._env())  # a new home: no migration
         recover_interrupted_migration(self.database_path)
         if self.auth:
             write_private(self.auth_config_path, self._auth_config())

@@ -1,4 +1,4 @@
-"""A new Prefect home's database: a copy of one migrated once per Prefect version."""
+"""A new home's Prefect and MLflow databases: copies of ones migrated once per version."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import sqlite3
 
 import pytest
 
-from hvdflow.infra.services._database_template import DATABASE_NAME, seed_prefect_database
+from hvdflow.infra.services._database_template import (
+    DATABASE_NAME,
+    seed_mlflow_database,
+    seed_prefect_database,
+)
+from hvdflow.infra.storage.locks import cache_root
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +63,19 @@ def test_a_cache_that_cannot_hold_the_template_leaves_the_migration_to_prefect(
     assert not (tmp_path / DATABASE_NAME).exists()
     assert "Prefect will create its database itself" in caplog.text
     assert str(blocked) in caplog.text
+
+
+def test_a_new_mlflow_home_gets_the_machines_migrated_template_and_an_old_one_keeps_its_own(
+    tmp_path,
+):
+    # The machine's own cache, as the servers use it: made by the first server of the
+    # session if not before, so this test migrates nothing itself after that.
+    database = tmp_path / "mlflow.db"
+    assert seed_mlflow_database(database, dict(os.environ))
+    (template,) = (cache_root() / "mlflow").glob("empty-*.db")
+    assert database.read_bytes() == template.read_bytes()
+    assert {"experiments", "runs", "registered_models", "alembic_version"} <= tables(database)
+
+    database.write_bytes(b"the user's runs")
+    assert not seed_mlflow_database(database, dict(os.environ))
+    assert database.read_bytes() == b"the user's runs"
