@@ -64,7 +64,8 @@ def train_step(
         config.training.epochs,
     )
 
-    spark = get_spark(spark_master)
+    # Ranks on the driver (np < 0) need no Spark: a run whose dataset was cached starts no JVM.
+    spark = get_spark(spark_master) if config.launcher.np > 0 else None
     # The ranks' barrier tasks, in turn with other flows on this cluster (none on the driver).
     with spark_slots(spark, config.launcher.np, f"training with np={config.launcher.np}", logger):
         result = train_and_track(

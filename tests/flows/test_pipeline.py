@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
@@ -115,6 +116,18 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     assert manifest.exists()
 
 
+def jvms_of(home: str) -> list[str]:
+    """Java processes started for the hvdflow home ``home`` (their HVDFLOW_HOME says so)."""
+    found = []
+    for proc in psutil.process_iter(["name", "pid"]):
+        try:
+            if proc.info["name"] == "java" and proc.environ().get("HVDFLOW_HOME") == home:
+                found.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+        except psutil.Error:
+            continue
+    return found
+
+
 @pytest.mark.slow
 def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancelled(
     seaweed, tracking, tmp_path, prefect_harness
@@ -186,6 +199,8 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
             while len(rank_processes()) < 2:
                 assert time.monotonic() < deadline, "the long run never started its ranks"
                 time.sleep(0.5)
+            # The first run's dataset is cached and these ranks run on the driver: no JVM.
+            assert jvms_of(env["HVDFLOW_HOME"]) == []
             with get_client(sync_client=True) as client:
                 client.set_flow_run_state(long_run.id, Cancelling(), force=True)
             cancelled_at = time.monotonic()
