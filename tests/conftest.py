@@ -10,6 +10,7 @@ import prefect.main  # noqa: F401
 import pytest
 
 from tests.helpers import preprocessed_digits  # also marks this session's environment first
+from tests.jvm_options import jvm_options
 
 # Fixtures that live with their harness: the multi-host cluster and its services, a real
 # Prefect server with a deployed run.
@@ -17,11 +18,6 @@ pytest_plugins = ["tests.cluster.fixtures", "tests.deployments"]
 
 # The machine's hostname may resolve to an address that is not on any interface here.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Every JVM the suite starts (Spark drivers, executors, masters, workers) lives for seconds to
-# minutes: C2 compiles code that never runs long enough to repay it. C1 alone halves a local
-# session's JVM CPU (measured: 20.9 to 10.6 s for a session and three small jobs), and the suite
-# is CPU-bound on two cores. Only the JIT changes; what Spark does is the same.
-os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 COST_TIERS = ("unit", "integration", "slow")
 # Fixtures that start a JVM or a server: a test using one is not a unit test.
@@ -80,6 +76,16 @@ MODULE_UNITS = (
 # long test on one worker while the other waits (the groups go first anyway: xdist hands out the
 # units with the most tests first).
 TIER_ORDER = {"slow": 0, "integration": 1, "unit": 2}
+
+
+def pytest_configure(config):
+    """Every JVM the suite starts gets ``tests.jvm_options``: C1 alone and Spark's classes from
+    an archive; how Java starts, not what Spark does. Set here, in xdist's controller before it
+    starts its workers (they inherit it) or in a plain run; a JDK_JAVA_OPTIONS of the user's own
+    wins. The unit tier starts no JVM, so it makes no archive."""
+    if "JDK_JAVA_OPTIONS" not in os.environ:
+        make = config.option.markexpr != "unit" and not config.option.collectonly
+        os.environ["JDK_JAVA_OPTIONS"] = jvm_options(make_archive=make)
 
 
 def serial_group(nodeid: str) -> str | None:
