@@ -239,7 +239,7 @@ def host_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         "HOME": HOST_HOME,
         "TMPDIR": "/tmp",
     }
-    # The machine's Java, and its JVM options (the suite's JIT setting, tests/conftest.py).
+    # The machine's Java, and its JVM options (the suite's, tests/jvm_options.py).
     for name in ("JAVA_HOME", "JDK_JAVA_OPTIONS"):
         if name in os.environ:
             env[name] = os.environ[name]
