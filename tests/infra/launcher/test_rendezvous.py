@@ -291,8 +291,8 @@ def test_a_stranger_writing_rendezvous_keys_all_run_long_cannot_change_the_ranks
                     except OSError:  # the run ended and its server with it
                         return
                     answers.append(status)
-            # Every key twenty times a second: within any rendezvous, and a fifth of the CPU
-            # a 10 ms pause cost (the stranger and the server it hammers share two cores).
+            # Every key about twenty times a second, within any rendezvous: fewer requests than
+            # a 10 ms pause made, each one CPU for the stranger and the server it hammers.
             time.sleep(0.05)
 
     thread = threading.Thread(target=stranger, daemon=True)
