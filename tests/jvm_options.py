@@ -7,7 +7,8 @@ clusters' daemons) used about 570 of its 2,000 CPU-seconds, most of it starting 
 - C1 alone (``-XX:TieredStopAtLevel=1``): the JVMs live seconds to minutes and C2 never pays back;
   a local session's JVM CPU went from 20.9 to 10.6 s.
 - Spark's classes from a class-data-sharing archive (``-XX:SharedArchiveFile``): a local session
-  and a small job took 6.0 to 6.7 CPU-s of JVM without it and 3.4 to 4.2 with it (3 runs each).
+  and a small job took 7.2 to 7.4 CPU-s of JVM without it and 3.3 to 3.4 with it (3 runs each);
+  four Spark-heavy test files, 153 against 137 CPU-s of the whole machine.
   The archive is made once per machine and Spark installation, by a small local job that dumps
   the classes it loaded at exit (``-XX:ArchiveClassesAtExit``), into hvdflow's cache. A JVM whose
   class path differs from the drivers' (the executors and daemons of a standalone cluster, the
