@@ -31,6 +31,7 @@ from hvdflow.infra.constants import (
     TF_COLLECTIVE,
     TF_CONFIG,
 )
+from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.threads import share_cores, use_threads
 
 NONE = "none"  # one process, no engine (np=1 outside the launcher)
@@ -84,6 +85,7 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
     if name == HOROVOD:
         import horovod.tensorflow.keras as hvd
 
+        run_horovod_unconverted()
         # The launcher gave a rank without a GPU a 10 ms cycle (HOROVOD_CYCLE_TIME).
         hvd.init()
         use_threads(threads or share_cores(hvd.local_size()))

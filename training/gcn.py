@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
 
@@ -107,6 +108,7 @@ def train_gcn(
         import horovod.tensorflow as hvd
 
         hvd.init()
+        run_horovod_unconverted()
         rank, size = hvd.rank(), hvd.size()
     else:
         rank, size = 0, 1

@@ -14,6 +14,7 @@ import socket
 
 import numpy as np
 
+from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.engines import TF_COLLECTIVE, start_engine
 from hvdflow.training.optimizers import scaled_learning_rate
 from hvdflow.training.threads import share_cores, use_threads
@@ -38,6 +39,7 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
     from hvdflow.training.callbacks import LogCallback  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     hvd.init()
+    run_horovod_unconverted()
     use_threads(share_cores(hvd.local_size()))
 
     images, labels = load_digits(return_X_y=True)
