@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from hvdflow.infra import constants as c
@@ -9,11 +11,13 @@ from hvdflow.infra.launcher._placement import (
     gloo_iface_for,
     gpu_for_rank,
     gpus_owned,
+    has_installed_pyspark,
     host_of,
     hostname_problem,
     plan_ranks,
     rank_env,
     rank_hosts,
+    rank_python_path,
     split_evenly,
     worker_gpus,
 )
@@ -61,7 +65,8 @@ def env_of(slot: RankSlot, options_env: dict, gpu: str | None) -> dict:
     )
 
 
-def test_rank_env_holds_the_full_horovod_environment():
+def test_rank_env_holds_the_full_horovod_environment(monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     env = env_of(RankSlot(1, 2, 1, 2, 0, 1, "127.0.0.1"), {c.HOROVOD_CYCLE_TIME: "5"}, gpu="1")
     assert env == {
         "HOROVOD_RANK": "1",
@@ -97,6 +102,36 @@ def test_a_rank_without_a_gpu_negotiates_every_10_ms_unless_someone_chose(monkey
     device.unlink()
     monkeypatch.setenv(c.HOROVOD_CYCLE_TIME, "2")
     assert c.HOROVOD_CYCLE_TIME not in env_of(slot, {}, gpu=None)
+
+
+SPARK_LIB = "/opt/spark/python/lib"
+TASK_PATH = os.pathsep.join(
+    [f"{SPARK_LIB}/pyspark.zip", "/work/deps.zip", f"{SPARK_LIB}/py4j-0.10.9.9-src.zip", "/code"]
+)
+
+
+def test_a_ranks_python_path_drops_only_sparks_zips_and_only_where_pyspark_is_installed():
+    assert rank_python_path(TASK_PATH, has_pyspark=True) == os.pathsep.join(
+        ["/work/deps.zip", "/code"]
+    )
+    assert rank_python_path(TASK_PATH, has_pyspark=False) == TASK_PATH  # the zip is its pyspark
+    assert rank_python_path(f"{SPARK_LIB}/pyspark.zip", has_pyspark=True) == ""  # read as unset
+    assert rank_python_path("/code/mypyspark.zip", has_pyspark=True) == "/code/mypyspark.zip"
+    assert rank_python_path("", has_pyspark=True) == ""
+
+
+def test_a_rank_gets_its_tasks_python_path_without_sparks_zips_unless_the_options_set_one(
+    monkeypatch,
+):
+    assert has_installed_pyspark()  # hvdflow requires pyspark: its Python has it
+    slot = RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1")
+    monkeypatch.setenv("PYTHONPATH", TASK_PATH)
+    assert env_of(slot, {}, gpu=None)["PYTHONPATH"] == os.pathsep.join(["/work/deps.zip", "/code"])
+    assert env_of(slot, {"PYTHONPATH": "/mine"}, gpu=None)["PYTHONPATH"] == "/mine"
+    monkeypatch.setenv("PYTHONPATH", "/code")
+    assert "PYTHONPATH" not in env_of(slot, {}, gpu=None)  # nothing to change: the task's own
+    monkeypatch.delenv("PYTHONPATH")
+    assert "PYTHONPATH" not in env_of(slot, {}, gpu=None)
 
 
 def test_gpus_hidden_in_the_options_stay_hidden_on_a_task_that_holds_one():
