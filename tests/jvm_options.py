@@ -10,10 +10,11 @@ clusters' daemons) used about 570 of its 2,000 CPU-seconds, most of it starting 
   and a small job took 7.2 to 7.4 CPU-s of JVM without it and 3.3 to 3.4 with it (3 runs each);
   four Spark-heavy test files, 153 against 137 CPU-s of the whole machine.
   The archive is made once per machine and Spark installation, by a small local job that dumps
-  the classes it loaded at exit (``-XX:ArchiveClassesAtExit``), into hvdflow's cache. A JVM whose
-  class path differs from the drivers' (the executors and daemons of a standalone cluster, the
-  launcher ``spark-class`` runs first) cannot use it and starts as before; ``-Xlog:cds*=off``
-  keeps the JVM from saying so on stdout, which ``spark-class`` reads as its command.
+  the classes it loaded at exit (``-XX:ArchiveClassesAtExit``), into hvdflow's cache. The
+  executors of a standalone cluster accept it too: their class path is the drivers' without its
+  first entry (a ``hive-jackson/*`` that matches nothing), and ``-Xlog:class+path=info`` says ok
+  for it. ``-Xlog:cds*=off`` keeps the JVM from talking about the archive on stdout, which
+  ``spark-class`` reads as its command.
 """
 
 from __future__ import annotations
