@@ -46,6 +46,9 @@ TF_CONFIG = "TF_CONFIG"
 # --- GPUs: each rank sees only the GPU of its local rank ---
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
+# --- Python: a rank's module path, its task's less Spark's zips (_placement.rank_python_path) ---
+PYTHONPATH = "PYTHONPATH"
+
 # --- hvdflow: set by the launcher in every rank process ---
 # File descriptor of the pipe on which a rank reports events (init reached, progress).
 HVDFLOW_EVENT_FD = "HVDFLOW_EVENT_FD"

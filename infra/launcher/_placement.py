@@ -102,7 +102,6 @@ NVIDIA_DEVICE = "/dev/nvidiactl"
 
 # What Spark puts ahead of site-packages on its Python workers' PYTHONPATH: its own pyspark and
 # py4j, zipped, which every process importing from them compiles again (no bytecode in a zip).
-PYTHONPATH = "PYTHONPATH"
 _SPARK_ZIPS = re.compile(r"(^|/)(pyspark\.zip|py4j-[^/]*-src\.zip)$")
 
 
@@ -165,11 +164,11 @@ def rank_env(
     chosen = c.HOROVOD_CYCLE_TIME in options_env or c.HOROVOD_CYCLE_TIME in os.environ
     if gpu is None and not chosen and not os.path.exists(NVIDIA_DEVICE):
         env[c.HOROVOD_CYCLE_TIME] = str(CPU_CYCLE_TIME_MS)
-    task_path = os.environ.get(PYTHONPATH)
-    if PYTHONPATH not in options_env and task_path:
+    task_path = os.environ.get(c.PYTHONPATH)
+    if c.PYTHONPATH not in options_env and task_path:
         rank_path = rank_python_path(task_path, has_installed_pyspark())
         if rank_path != task_path:
-            env[PYTHONPATH] = rank_path
+            env[c.PYTHONPATH] = rank_path
     return env
 
 
