@@ -160,6 +160,26 @@ def _check_module_fixtures(items):
         )
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_tracking_uri_restored():
+    """The tracking URI this test found, back after it. `mlflow.set_tracking_uri` (called by
+    `train_and_track`) sets a module global that wins over $MLFLOW_TRACKING_URI, and sets that
+    variable too: left as is, a later test on this worker that sets only the variable talks to
+    this test's server, stopped by then (seen in CI as "Connection refused")."""
+    import sys
+
+    before_env = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    # Not imported, nothing set: the unit tier need not import MLflow for this.
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    if utils is not None and utils._tracking_uri is not None:
+        utils.set_tracking_uri(None)  # public as mlflow.set_tracking_uri; also unsets the variable
+    if before_env is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before_env
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """One local[2] Spark session for the whole run (its JVM takes 10-30 s to start)."""
