@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from hvdflow.infra.storage.access import s3_endpoint
+from hvdflow.training.autograph import run_petastorm_unconverted
 
 # Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: every rank's reader printed
 # the same dozen FutureWarnings per attempt (most of the ranks' log at np=8, BENCHMARKS.md,
@@ -120,6 +121,9 @@ def open_dataset(
     from petastorm import make_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
+    run_petastorm_unconverted()
+    # Our map functions are graph code as written (their one branch tests a static shape).
+    as_written = tf.autograph.experimental.do_not_convert
     if in_memory:
         arrays = load_shard(url, rank=rank, size=size, fields=fields)
         dataset = tf.data.Dataset.from_tensor_slices(arrays)
@@ -129,7 +133,9 @@ def open_dataset(
         if batch_size:  # batch first: one vectorised normalisation per batch, not per image
             dataset = dataset.batch(batch_size)
         if normalize:
-            dataset = dataset.map(_normalized_batch, num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.map(
+                as_written(_normalized_batch), num_parallel_calls=tf.data.AUTOTUNE
+            )
         yield dataset.prefetch(tf.data.AUTOTUNE)
         return
 
@@ -154,7 +160,7 @@ def open_dataset(
                     image = image[..., tf.newaxis]
                 return image, tf.cast(row.label, tf.int32)
 
-            dataset = dataset.map(to_example, num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.map(as_written(to_example), num_parallel_calls=tf.data.AUTOTUNE)
         if shuffle:
             dataset = dataset.shuffle(1024, seed=seed)
         if batch_size:
