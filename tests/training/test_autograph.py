@@ -1,18 +1,33 @@
 import pytest
 
-from hvdflow.training.autograph import run_horovod_unconverted, run_petastorm_unconverted
+from hvdflow.training.autograph import (
+    HOROVOD,
+    PETASTORM,
+    run_horovod_unconverted,
+    run_petastorm_unconverted,
+)
 
 
 @pytest.fixture
 def autograph_state(monkeypatch):
-    """AutoGraph's rules and Horovod's subgraph factory, restored after the test."""
+    """AutoGraph's rules and Horovod's subgraph factory as TensorFlow and Horovod ship them
+    (an earlier test on this worker may have trained or read a dataset), restored after."""
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.functions as hvd_functions
+    import horovod.tensorflow.util as hvd_util
     from tensorflow.python.autograph.core import config
 
-    monkeypatch.setattr(config, "CONVERSION_RULES", config.CONVERSION_RULES)
-    monkeypatch.setattr(hvd_tf, "_make_subgraph", hvd_tf._make_subgraph)
-    monkeypatch.setattr(hvd_functions, "_make_subgraph", hvd_functions._make_subgraph)
+    shipped = tuple(
+        rule
+        for rule in config.CONVERSION_RULES
+        if not (
+            isinstance(rule, config.DoNotConvert)
+            and (rule.matches(HOROVOD) or rule.matches(PETASTORM))
+        )
+    )
+    monkeypatch.setattr(config, "CONVERSION_RULES", shipped)
+    monkeypatch.setattr(hvd_tf, "_make_subgraph", hvd_util._make_subgraph)
+    monkeypatch.setattr(hvd_functions, "_make_subgraph", hvd_util._make_subgraph)
     return config
 
 
