@@ -12,8 +12,19 @@ from typing import Any
 
 from hvdflow.infra.launcher import _wire
 
-# What Horovod prints in the ranks that fail only because another rank died first.
+# What a rank prints when it fails only because another rank died first: Horovod's shutdown
+# message, or Gloo's transport finding its peer's socket gone in the middle of a collective
+# (a SIGKILLed peer; seen as "[.../gloo/transport/tcp/pair.cc:589] Read error [...]: Connection
+# reset by peer").
 HOROVOD_SHUTDOWN = "Horovod has been shut down"
+GLOO_TRANSPORT = "gloo/transport/"
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _peer_died_first(line: str) -> bool:
+    if HOROVOD_SHUTDOWN in line:
+        return True
+    return GLOO_TRANSPORT in line and any(gone in line for gone in PEER_GONE)
 
 
 def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None, list[int]]:
@@ -21,14 +32,15 @@ def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None,
 
     Each report has ``rank``, ``reason``, ``tail`` (its last output lines) and ``exited_at``.
     When one rank dies, its peers fail in their next collective with Horovod's "has been shut
-    down" message, sometimes before the first report arrives: prefer a failure that is not such
-    a consequence, then the earliest exit.
+    down" message or a Gloo transport error naming the peer's connection as gone, sometimes
+    before the first report arrives (each task notices its rank's exit on its own poll): prefer
+    a failure that is not such a consequence, then the earliest exit.
     """
     if not failures:
         return None, []
 
     def consequence(failure: Mapping[str, Any]) -> bool:
-        return any(HOROVOD_SHUTDOWN in line for line in failure.get("tail") or [])
+        return any(_peer_died_first(line) for line in failure.get("tail") or [])
 
     ordered = sorted(failures, key=lambda f: (consequence(f), f.get("exited_at", 0.0)))
     root = ordered[0]

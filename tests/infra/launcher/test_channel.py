@@ -13,6 +13,11 @@ from hvdflow.infra.launcher._channel import DriverChannel
 from hvdflow.infra.launcher._decisions import root_failure
 
 SHUTDOWN = "[1,0]<stderr>:... Horovod has been shut down. This was caused by an exception"
+# Rank 0's last line when rank 1 was SIGKILLed mid-allreduce (seen in CI, the path shortened).
+GLOO_RESET = (
+    "[1,0]<stderr>:[/tmp/pip-wheel/horovod/third_party/compatible17_gloo/gloo/transport/tcp/"
+    "pair.cc:589] Read error [127.0.0.1]:41872: Connection reset by peer"
+)
 
 
 def report(rank, exited_at, *tail):
@@ -34,6 +39,29 @@ def test_a_rank_that_saw_horovod_shut_down_loses_to_one_that_did_not_even_if_it_
     consequence = report(0, 10.0, "epoch 1", SHUTDOWN)
     cause = report(1, 10.2, "ValueError: boom")
     assert root_failure([consequence, cause]) == (cause, [0])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "peer_gone",
+    [
+        GLOO_RESET,
+        "[1,0]<stderr>:[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:5",
+        "[1,0]<stderr>:[gloo/transport/tcp/pair.cc:356] Write error [10.0.0.2]:7: Broken pipe",
+    ],
+)
+def test_a_rank_whose_gloo_peer_vanished_loses_to_the_rank_that_was_killed_even_if_it_exited_first(
+    peer_gone,
+):
+    consequence = report(0, 10.0, "epoch 2", peer_gone)
+    cause = report(1, 10.2, "")  # SIGKILLed: nothing printed
+    assert root_failure([consequence, cause]) == (cause, [0])
+
+
+@pytest.mark.unit
+def test_a_connection_reset_outside_gloo_is_a_cause_of_its_own():
+    own = report(0, 10.0, "ConnectionResetError: [Errno 104] Connection reset by peer")
+    assert root_failure([own, report(1, 10.2, "boom")]) == (own, [1])
 
 
 @pytest.mark.unit
