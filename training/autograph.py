@@ -64,7 +64,6 @@ def _trace_horovod_subgraphs_as_written() -> None:
     def subgraph_as_written(f):
         return tf.function(f, autograph=False)
 
-    subgraph_as_written.hvdflow = True
     for module in (hvd_tf, hvd_functions):
         if callable(getattr(module, "_make_subgraph", None)):
             module._make_subgraph = subgraph_as_written
