@@ -22,6 +22,7 @@ import cloudpickle
 
 from hvdflow.infra.constants import (
     HOROVOD_RANK,
+    HOROVOD_TIMELINE,
     HVDFLOW_ENGINE,
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
@@ -206,6 +207,32 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# Where each Horovod framework binding keeps its HorovodBasics (the ctypes handle on the library).
+_HOROVOD_BASICS_MODULES = ("horovod.tensorflow.mpi_ops", "horovod.torch.mpi_ops")
+
+
+def _close_horovod_timeline() -> None:
+    """Write out rank 0's timeline before Horovod shuts down.
+
+    Horovod's timeline writer is a thread that drains a queue of events; its shutdown (Horovod's
+    atexit handler) stops that thread at once and drops what is still queued. A main that
+    returns right after its last collective lost its whole timeline that way (an empty file, seen
+    in CI on a busy machine). ``stop_timeline`` instead waits until the writer has drained the
+    queue and closed the file. Only rank 0 writes a timeline; on other ranks this is a no-op.
+    """
+    if not os.environ.get(HOROVOD_TIMELINE):
+        return
+    for name in _HOROVOD_BASICS_MODULES:
+        mpi_ops = sys.modules.get(name)
+        basics = getattr(mpi_ops, "_basics", None)
+        if basics is not None and basics.is_initialized():
+            try:
+                basics.stop_timeline()
+            except Exception as e:  # noqa: BLE001 (the run's own result is already decided)
+                print(f"hvdflow: could not close the Horovod timeline: {e}", file=sys.stderr)
+            return
+
+
 def _exit_fast(code: int) -> None:
     """Exit as the interpreter would, minus tearing down every module.
 
@@ -216,6 +243,7 @@ def _exit_fast(code: int) -> None:
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
+    _close_horovod_timeline()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
