@@ -54,6 +54,13 @@ class Condition:
         return self.n if self.kind in (HOROVOD, TF) else 0
 
 
+def dataset_readers(conditions) -> int:
+    """How many shards the study's dataset needs: the most ranks of an engine condition. A Keras
+    or ceiling process reads the dataset whole, as one reader, so a study of Keras conditions
+    alone still needs one."""
+    return max([1, *(parse_condition(c).ranks for c in conditions)])
+
+
 def parse_condition(text: str) -> Condition:
     """``keras``, ``keras1``, ``ceiling2``, ``hvd2`` (or ``2``, ``np=2``), ``tf2``."""
     raw = str(text).strip().lower()

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from hvdflow.bench import stats
-from hvdflow.bench.conditions import measure, parse_condition
+from hvdflow.bench.conditions import dataset_readers, measure
 from hvdflow.bench.workloads import write_augmented_digits_idx
 from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
 from hvdflow.infra.home import hvdflow_home
@@ -113,7 +113,6 @@ def _graph_inputs(params: BenchParams) -> tuple[dict, dict]:
 
 def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     training = params.training
-    most_ranks = max(parse_condition(c).ranks for c in params.conditions)
     data_params = params.data
     if params.workload == AUGMENTED_DIGITS and not data_params.input:
         root = hvdflow_home() / "data" / f"digits-augmented-{params.images}"
@@ -121,7 +120,7 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
         data_params = data_params.model_copy(
             update={"input": str(root), "input_format": "mnist_idx"}
         )
-    data = data_params.preprocess_config(ranks=most_ranks)
+    data = data_params.preprocess_config(ranks=dataset_readers(params.conditions))
     storage = shared_result_storage()  # reruns on any worker reuse the dataset and weights
     dataset = preprocessed(data, params.launcher.spark_master, storage)
     staged = None

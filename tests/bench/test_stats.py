@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from hvdflow.bench.conditions import Condition, Measurement, concurrent_epoch_times, parse_condition
+from hvdflow.bench.conditions import (
+    Condition,
+    Measurement,
+    concurrent_epoch_times,
+    dataset_readers,
+    parse_condition,
+)
 from hvdflow.bench.stats import (
     anova,
     markdown,
@@ -63,6 +69,22 @@ MEASUREMENTS = [
 )
 def test_conditions_parse_like_the_cli_writes_them(text, expected):
     assert parse_condition(text) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("conditions", "readers"),
+    [
+        (["keras", "keras1", "ceiling2", "hvd1", "hvd2", "tf2"], 2),
+        (["hvd4", "tf2"], 4),
+        # A study of Keras processes alone: each reads the dataset whole (it failed with
+        # "np: Input should be greater than or equal to 1", input_value=0).
+        (["keras1"], 1),
+        (["keras", "ceiling2"], 1),
+    ],
+)
+def test_the_dataset_has_a_shard_for_each_rank_of_the_widest_condition(conditions, readers):
+    assert dataset_readers(conditions) == readers
 
 
 @pytest.mark.unit
