@@ -2,12 +2,13 @@
 
 Two ranks of one thread each (the benchmark's hvd2 and tf2) train the MNIST CNN on the
 benchmark's dataset, alternating in each round: Horovod's background thread waking every 1 ms
-(Horovod's default) and every 10 ms (HOROVOD_CYCLE_TIME; hvdflow's default on CPU ranks),
+(Horovod's default) and every 10 ms (HOROVOD_CYCLE_TIME; hvdflow's default on CPU ranks), or at
+the cycles ``--cycles`` names,
 Horovod sending fp16 gradients, and the tf_collective engine. Steady-state images/s (the first epoch
 left out) of each, best of the rounds.
 
     .venv/bin/python -m hvdflow.bench.horovod_knobs --dataset DATASET_FOLDER \
-        [--rounds 1] [--timeline P]
+        [--rounds 1] [--timeline P] [--cycles 1,10] [--cycles-only]
 
 DATASET_FOLDER holds a published dataset's ``manifest.json`` (for ``hvdflow bench``:
 ``$HVDFLOW_HOME/datasets/<fingerprint>``).
@@ -37,16 +38,26 @@ def main(argv: list[str] | None = None) -> int:
         help="then run hvd2 with Horovod's timeline written to PATH and print where its steady "
         "epochs went (waiting for the peer, allreduce, compute and input)",
     )
+    parser.add_argument(
+        "--cycles",
+        default="1,10",
+        help="Horovod cycle times to compare, in ms (default 1,10: Horovod's and hvdflow's)",
+    )
+    parser.add_argument(
+        "--cycles-only", action="store_true", help="leave out the fp16 and tf2 variants"
+    )
     args = parser.parse_args(argv)
 
     spec = study_spec(args.dataset, args.epochs)
+    # Every cycle time set explicitly: hvdflow's CPU ranks default to 10 ms (infra.launcher).
     variants = {
-        # Both cycle times set: hvdflow's CPU ranks default to 10 ms (hvdflow.training.engines).
-        "hvd2 cycle_time_ms=1 (Horovod's)": ("horovod", HorovodOptions(cycle_time_ms=1), {}),
-        "hvd2 cycle_time_ms=10 (hvdflow's)": ("horovod", HorovodOptions(cycle_time_ms=10), {}),
-        "hvd2 fp16_compression": ("horovod", HorovodOptions(), {"fp16_compression": True}),
-        "tf2": ("tf_collective", HorovodOptions(), {}),
+        f"hvd2 cycle_time_ms={ms:g}": ("horovod", HorovodOptions(cycle_time_ms=ms), {})
+        for ms in (float(v) for v in args.cycles.split(","))
     }
+    if not args.cycles_only:
+        fp16 = {"fp16_compression": True}
+        variants["hvd2 fp16_compression"] = ("horovod", HorovodOptions(), fp16)
+        variants["tf2"] = ("tf_collective", HorovodOptions(), {})
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.rounds):
         for name, (engine, options, extra) in variants.items():
