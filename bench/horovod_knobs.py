@@ -3,9 +3,8 @@
 Two ranks of one thread each (the benchmark's hvd2 and tf2) train the MNIST CNN on the
 benchmark's dataset, alternating in each round: Horovod's background thread waking every 1 ms
 (Horovod's default) and every 10 ms (HOROVOD_CYCLE_TIME; hvdflow's default on CPU ranks), or at
-the cycles ``--cycles`` names,
-Horovod sending fp16 gradients, and the tf_collective engine. Steady-state images/s (the first epoch
-left out) of each, best of the rounds.
+the cycles ``--cycles`` names; Horovod sending fp16 gradients; and the tf_collective engine.
+Steady-state images/s (the first epoch left out) of each, best of the rounds.
 
     .venv/bin/python -m hvdflow.bench.horovod_knobs --dataset DATASET_FOLDER \
         [--rounds 1] [--timeline P] [--cycles 1,10] [--cycles-only]
