@@ -28,12 +28,14 @@ def checkpoint_url_for(checkpoints: str, run_id: str) -> str | None:
     return f"{checkpoints.rstrip('/')}/{run_id}"
 
 
-def run_to_resume(experiment_id: str, resume: str, flow_run_id: str | None) -> str | None:
+def run_to_resume(
+    tracking_uri: str, experiment_id: str, resume: str, flow_run_id: str | None
+) -> str | None:
     """The MLflow run to continue: ``resume`` ('last' or a run id), else this flow run's failed
     one (a Prefect flow run retried), else None (a new run)."""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
+    client = MlflowClient(tracking_uri)
     if resume and resume != "last":
         run = client.get_run(resume)  # a wrong id fails here, naming it
         if run.info.experiment_id != experiment_id:
@@ -88,11 +90,11 @@ def run_to_resume(experiment_id: str, resume: str, flow_run_id: str | None) -> s
     return None
 
 
-def check_same_params(run_id: str, params: dict) -> None:
+def check_same_params(tracking_uri: str, run_id: str, params: dict) -> None:
     """A resumed run trains what it trained before: differing parameters are an error."""
     from mlflow import MlflowClient
 
-    logged = MlflowClient().get_run(run_id).data.params
+    logged = MlflowClient(tracking_uri).get_run(run_id).data.params
     differ = {
         k: (logged[k], str(v)) for k, v in params.items() if k in logged and logged[k] != str(v)
     }
@@ -104,13 +106,13 @@ def check_same_params(run_id: str, params: dict) -> None:
         )
 
 
-def backfill_epoch_metrics(run_id: str, history: dict[str, list[float]]) -> int:
+def backfill_epoch_metrics(tracking_uri: str, run_id: str, history: dict[str, list[float]]) -> int:
     """Log the epochs of ``history`` that the run lacks (rank 0 could not send them during a
     tracking-server outage); the number of metric points logged. Idempotent."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric
 
-    client = MlflowClient()
+    client = MlflowClient(tracking_uri)
     now = int(time.time() * 1000)
     missing = []
     for key, values in history.items():

@@ -96,14 +96,14 @@ def train_and_track(
     mlflow.set_tracking_uri(tracking_uri)
     experiment = mlflow.set_experiment(tracking.experiment)
     mlflow.set_system_metrics_sampling_interval(1)
-    resume_id = run_to_resume(experiment.experiment_id, tracking.resume, flow_run_id)
+    resume_id = run_to_resume(tracking_uri, experiment.experiment_id, tracking.resume, flow_run_id)
     tags = {FLOW_RUN_TAG: flow_run_id} if flow_run_id else None
     with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
         run_id = run.info.run_id
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
         params = {**_params(config, dataset, weights), "checkpoints": checkpoint_url or "off"}
         if resume_id:
-            check_same_params(resume_id, params)
+            check_same_params(tracking_uri, resume_id, params)
             logger.info("resuming MLflow run %s from its last checkpoint", run_id)
         else:
             mlflow.log_params(params)
@@ -132,7 +132,7 @@ def train_and_track(
             "training_attempts": attempt.number,
         }
         mlflow.log_metrics(metrics)
-        backfill_epoch_metrics(run_id, result["history"])
+        backfill_epoch_metrics(tracking_uri, run_id, result["history"])
         epoch_times_log = attempt.epoch_times_log()
         for epoch, seconds in sorted(epoch_times_log.items()):
             mlflow.log_metric("epoch_time_log_s", seconds, step=epoch - 1)
@@ -147,7 +147,10 @@ def train_and_track(
             mlflow.set_tag(REJECTED_TAG, rejected)
             # Raised inside the run: MLflow ends it as FAILED.
             raise ModelRejected(f"run {run_id}: {rejected}")
-        aliases = assign_aliases(tracking.registered_model_name, result["model_version"])
+        registry = mlflow.MlflowClient(tracking_uri)
+        aliases = assign_aliases(
+            tracking.registered_model_name, result["model_version"], client=registry
+        )
         # What the MLflow pages show beside the wall clock: steady-state throughput (the first
         # epoch's warm-up left out), and on the version's page what produced it.
         steady = model_card.steady_images_per_s(result["images_per_epoch"], result["epoch_times"])
@@ -168,6 +171,7 @@ def train_and_track(
             dataset=dataset.path,
             code_version=hvdflow.__version__,
             evaluation=result.get("evaluation"),
+            client=registry,
         )
 
     logger.info(

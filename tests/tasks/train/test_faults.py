@@ -183,12 +183,9 @@ def test_backfill_logs_only_the_epochs_the_run_lacks(mlflow_server):
     run_id = client.create_run(experiment).info.run_id
     client.log_metric(run_id, "loss", 0.9, step=0)
     client.log_metric(run_id, "loss", 0.7, step=2)
-    import mlflow
-
-    mlflow.set_tracking_uri(mlflow_server.tracking_uri)
     history = {"loss": [0.9, 0.8, 0.7, 0.6], "accuracy": [0.1, 0.2, 0.3, 0.4]}
-    assert backfill_epoch_metrics(run_id, history) == 2 + 4
-    assert backfill_epoch_metrics(run_id, history) == 0  # idempotent
+    assert backfill_epoch_metrics(mlflow_server.tracking_uri, run_id, history) == 2 + 4
+    assert backfill_epoch_metrics(mlflow_server.tracking_uri, run_id, history) == 0  # idempotent
     points = {(m.step, m.value) for m in client.get_metric_history(run_id, "loss")}
     assert points == {(0, 0.9), (1, 0.8), (2, 0.7), (3, 0.6)}
 
