@@ -167,9 +167,12 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def stop_process_group(leader: subprocess.Popen | int | None, timeout_s: float) -> None:
+def stop_process_group(
+    leader: subprocess.Popen | int | None, timeout_s: float, *, kill_expected: bool = False
+) -> None:
     """Stop a service's whole process group: SIGTERM, then SIGKILL what is left after
-    ``timeout_s``.
+    ``timeout_s``. ``kill_expected``: the service never exits on SIGTERM alone, so the SIGKILL
+    is its normal stop and is logged at debug level only.
 
     ``leader`` is the process ``start_process`` started (its pid is the group's id): the Popen
     this process holds, or a pid read back from a state file. Its group is stopped even when the
@@ -181,7 +184,12 @@ def stop_process_group(leader: subprocess.Popen | int | None, timeout_s: float) 
     pgid = leader if isinstance(leader, int) else leader.pid
     if not _signal_group(pgid, signal.SIGTERM) or _wait_group_gone(leader, timeout_s):
         return
-    logger.info("process group %d outlived SIGTERM by %g s: sending SIGKILL", pgid, timeout_s)
+    logger.log(
+        logging.DEBUG if kill_expected else logging.INFO,
+        "process group %d outlived SIGTERM by %g s: sending SIGKILL",
+        pgid,
+        timeout_s,
+    )
     if not _signal_group(pgid, signal.SIGKILL) or _wait_group_gone(leader, KILL_WAIT_S):
         return
     logger.warning(

@@ -42,6 +42,8 @@ class Service(abc.ABC):
     START_TIMEOUT_S: ClassVar[float] = 60.0
     # How long stop() waits after SIGTERM before it sends SIGKILL.
     STOP_TIMEOUT_S: ClassVar[float] = 10.0
+    # Whether SIGKILL after STOP_TIMEOUT_S is this service's normal stop (logged at debug level).
+    KILL_EXPECTED: ClassVar[bool] = False
     # How often start() asks _ready().
     POLL_INTERVAL_S: ClassVar[float] = 0.3
     # Whether it refuses requests without credentials (a subclass may decide per instance).
@@ -150,7 +152,7 @@ class Service(abc.ABC):
 
     def stop(self) -> None:
         """Stop the process group: SIGTERM, SIGKILL after STOP_TIMEOUT_S. Safe to call twice."""
-        stop_process_group(self.process, self.STOP_TIMEOUT_S)
+        stop_process_group(self.process, self.STOP_TIMEOUT_S, kill_expected=self.KILL_EXPECTED)
 
     def __enter__(self) -> Self:
         return self.start()

@@ -233,7 +233,10 @@ class LocalServices:
         state = self.state()
         stopped = [name for name in SERVICES if name in state]
         for name in stopped:
-            stop_process_group(state[name]["pid"], SERVICES[name].STOP_TIMEOUT_S)
+            service = SERVICES[name]
+            stop_process_group(
+                state[name]["pid"], service.STOP_TIMEOUT_S, kill_expected=service.KILL_EXPECTED
+            )
         if self.state_path.exists():
             self.state_path.unlink()
         return stopped

@@ -191,6 +191,7 @@ class SeaweedServer(Service):
     # just before the stop survives: tests/infra/storage). So SIGKILL follows after a short grace
     # instead of 5 s that bought nothing at every stop.
     STOP_TIMEOUT_S = 1.5
+    KILL_EXPECTED = True  # so `hvdflow down` does not report the SIGKILL as news at every stop
     # It always checks access keys, on loopback too.
     auth = True
 

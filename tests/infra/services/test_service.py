@@ -107,6 +107,22 @@ def test_what_ignores_sigterm_is_killed_with_its_whole_group(tmp_path, caplog):
     server.stop()  # a second stop is harmless
 
 
+class Unheeding(Stubborn):
+    """A service that is known never to exit on SIGTERM (like `weed server`)."""
+
+    KILL_EXPECTED = True
+
+
+def test_a_sigkill_that_is_the_services_normal_stop_is_not_reported_as_news(tmp_path, caplog):
+    with Unheeding(tmp_path) as server:
+        with caplog.at_level(logging.DEBUG, logger="hvdflow.infra.services._process"):
+            server.stop()
+    assert server.process.returncode == -9  # still killed, with its group
+    assert running_in_group(server.pid) == []
+    [record] = [r for r in caplog.records if "outlived SIGTERM" in r.getMessage()]
+    assert record.levelno == logging.DEBUG
+
+
 def test_a_group_whose_leader_is_not_our_child_is_stopped_by_its_pid():
     # `hvdflow down` stops services that an earlier `hvdflow up` started: not its children.
     out = subprocess.run(
