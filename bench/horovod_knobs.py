@@ -4,10 +4,12 @@ Two ranks of one thread each (the benchmark's hvd2 and tf2) train the MNIST CNN 
 benchmark's dataset, alternating in each round: Horovod's background thread waking every 1 ms
 (Horovod's default) and every 10 ms (HOROVOD_CYCLE_TIME; hvdflow's default on CPU ranks), or at
 the cycles ``--cycles`` names; Horovod sending fp16 gradients; and the tf_collective engine.
+``--binding`` compares instead each engine's ranks bound to a core each (hvdflow's default on
+CPU ranks, ``infra/launcher/_cores.py``) and left to the scheduler (HVDFLOW_BIND_TO_CORES=0).
 Steady-state images/s (the first epoch left out) of each, best of the rounds.
 
     .venv/bin/python -m hvdflow.bench.horovod_knobs --dataset DATASET_FOLDER \
-        [--rounds 1] [--timeline P] [--cycles 1,10] [--cycles-only]
+        [--rounds 1] [--timeline P] [--cycles 1,10] [--cycles-only] [--binding]
 
 DATASET_FOLDER holds a published dataset's ``manifest.json`` (for ``hvdflow bench``:
 ``$HVDFLOW_HOME/datasets/<fingerprint>``).
@@ -23,6 +25,7 @@ from hvdflow.bench.reader_in_rank import steady_images_per_s
 from hvdflow.bench.study import study_spec
 from hvdflow.bench.timeline import breakdown, load_events
 from hvdflow.infra import HorovodOptions, HorovodRunner
+from hvdflow.infra.constants import HVDFLOW_BIND_TO_CORES
 from hvdflow.training.trainer import train_classifier
 
 
@@ -45,9 +48,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cycles-only", action="store_true", help="leave out the fp16 and tf2 variants"
     )
+    parser.add_argument(
+        "--binding",
+        action="store_true",
+        help="compare ranks bound to cores and left unbound, for both engines (only that)",
+    )
     args = parser.parse_args(argv)
 
     spec = study_spec(args.dataset, args.epochs)
+    variants = binding_variants() if args.binding else cycle_variants(args)
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(args.rounds):
+        for name, (engine, options, extra) in variants.items():
+            runner = HorovodRunner(np=2, engine=engine, horovod=options)
+            result = runner.run(train_classifier, spec=spec.replace(**extra, engine=engine))
+            rates[name].append(steady_images_per_s(result))
+            accuracy = result["history"]["val_accuracy"][-1]
+            print(
+                f"round {round_ + 1}: {name:<28} {rates[name][-1]:7.1f} images/s, "
+                f"final val_accuracy {accuracy:.4f}",
+                flush=True,
+            )
+    print(json.dumps({name: max(values) for name, values in rates.items()}))
+    if args.timeline:
+        print(json.dumps(where_time_goes(spec, args.timeline)), flush=True)
+    return 0
+
+
+def cycle_variants(args) -> dict[str, tuple[str, HorovodOptions, dict]]:
     # Every cycle time set explicitly: hvdflow's CPU ranks default to 10 ms (infra.launcher).
     variants = {
         f"hvd2 cycle_time_ms={ms:g}": ("horovod", HorovodOptions(cycle_time_ms=ms), {})
@@ -57,17 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         fp16 = {"fp16_compression": True}
         variants["hvd2 fp16_compression"] = ("horovod", HorovodOptions(), fp16)
         variants["tf2"] = ("tf_collective", HorovodOptions(), {})
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    for round_ in range(args.rounds):
-        for name, (engine, options, extra) in variants.items():
-            runner = HorovodRunner(np=2, engine=engine, horovod=options)
-            result = runner.run(train_classifier, spec=spec.replace(**extra, engine=engine))
-            rates[name].append(steady_images_per_s(result))
-            print(f"round {round_ + 1}: {name:<28} {rates[name][-1]:7.1f} images/s", flush=True)
-    print(json.dumps({name: max(values) for name, values in rates.items()}))
-    if args.timeline:
-        print(json.dumps(where_time_goes(spec, args.timeline)), flush=True)
-    return 0
+    return variants
+
+
+def binding_variants() -> dict[str, tuple[str, HorovodOptions, dict]]:
+    unbound = HorovodOptions(extra_env={HVDFLOW_BIND_TO_CORES: "0"})
+    return {
+        f"{name} {label}": (engine, options, {})
+        for name, engine in (("hvd2", "horovod"), ("tf2", "tf_collective"))
+        for label, options in (("bound to cores", HorovodOptions()), ("unbound", unbound))
+    }
 
 
 def where_time_goes(spec, path: str) -> dict[str, dict[str, float]]:

@@ -137,8 +137,9 @@ def rank_env(
     gpu: str | None = None,
 ) -> dict[str, str]:
     """The variables one rank process gets on top of its parent's environment: Horovod's, the
-    rank's GPU, a 10 ms Horovod cycle on a rank without a GPU (CPU_CYCLE_TIME_MS), and the
-    task's PYTHONPATH without Spark's zips (``rank_python_path``)."""
+    rank's GPU; on a rank without a GPU a 10 ms Horovod cycle (CPU_CYCLE_TIME_MS) and a share of
+    the host's cores of its own (``_cores``); and the task's PYTHONPATH without Spark's zips
+    (``rank_python_path``)."""
     env = dict(options_env)
     env.update(
         {
@@ -161,9 +162,14 @@ def rank_env(
     # ""} hides the GPUs, on tasks that hold some.
     if gpu is not None and c.CUDA_VISIBLE_DEVICES not in options_env:
         env[c.CUDA_VISIBLE_DEVICES] = gpu
-    chosen = c.HOROVOD_CYCLE_TIME in options_env or c.HOROVOD_CYCLE_TIME in os.environ
-    if gpu is None and not chosen and not os.path.exists(NVIDIA_DEVICE):
-        env[c.HOROVOD_CYCLE_TIME] = str(CPU_CYCLE_TIME_MS)
+    if gpu is None and not os.path.exists(NVIDIA_DEVICE):
+        # CPU defaults, each unless the options or the task's environment chose otherwise.
+        for name, value in (
+            (c.HOROVOD_CYCLE_TIME, str(CPU_CYCLE_TIME_MS)),
+            (c.HVDFLOW_BIND_TO_CORES, "1"),
+        ):
+            if name not in options_env and name not in os.environ:
+                env[name] = value
     task_path = os.environ.get(c.PYTHONPATH)
     if c.PYTHONPATH not in options_env and task_path:
         rank_path = rank_python_path(task_path, has_installed_pyspark())

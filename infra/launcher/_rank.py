@@ -28,6 +28,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_STACKS_FILE,
 )
 from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher._cores import bind_this_rank
 from hvdflow.infra.launcher.rank_events import emit_event
 
 # linux/prctl.h: the signal this process gets when the thread that started it exits.
@@ -175,6 +176,7 @@ def _wait_for_the_other_tf_workers() -> None:
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
+    bind_this_rank()  # before TensorFlow or Horovod start a thread: they all inherit it
     _dump_stacks_on_signal()
     if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
         _report_strategy_created()

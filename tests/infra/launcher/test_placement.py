@@ -4,6 +4,7 @@ import pytest
 
 from hvdflow.infra import constants as c
 from hvdflow.infra.launcher import _placement
+from hvdflow.infra.launcher._cores import cores_for
 from hvdflow.infra.launcher._placement import (
     CPU_CYCLE_TIME_MS,
     RankSlot,
@@ -102,6 +103,38 @@ def test_a_rank_without_a_gpu_negotiates_every_10_ms_unless_someone_chose(monkey
     device.unlink()
     monkeypatch.setenv(c.HOROVOD_CYCLE_TIME, "2")
     assert c.HOROVOD_CYCLE_TIME not in env_of(slot, {}, gpu=None)
+
+
+def test_a_rank_without_a_gpu_is_bound_to_its_share_of_cores_unless_someone_chose(
+    monkeypatch, tmp_path
+):
+    slot = RankSlot(1, 2, 1, 2, 0, 1, "127.0.0.1")
+    monkeypatch.delenv(c.HVDFLOW_BIND_TO_CORES, raising=False)
+    device = tmp_path / "nvidiactl"
+    monkeypatch.setattr(_placement, "NVIDIA_DEVICE", str(device))
+    assert env_of(slot, {}, gpu=None)[c.HVDFLOW_BIND_TO_CORES] == "1"
+    assert env_of(slot, {c.HVDFLOW_BIND_TO_CORES: "0"}, gpu=None)[c.HVDFLOW_BIND_TO_CORES] == "0"
+    assert c.HVDFLOW_BIND_TO_CORES not in env_of(slot, {}, gpu="0")
+    device.touch()
+    assert c.HVDFLOW_BIND_TO_CORES not in env_of(slot, {}, gpu=None)
+    device.unlink()
+    monkeypatch.setenv(c.HVDFLOW_BIND_TO_CORES, "0")  # the executor's own: inherited
+    assert c.HVDFLOW_BIND_TO_CORES not in env_of(slot, {}, gpu=None)
+
+
+@pytest.mark.parametrize(
+    ("local_size", "allowed", "expected"),
+    [
+        (2, [0, 1], [[0], [1]]),
+        (2, [0, 1, 2], [[0], [1, 2]]),  # the remainder to the later rank
+        (3, [4, 5, 6, 7, 8, 9, 10, 11], [[4, 5], [6, 7, 8], [9, 10, 11]]),
+        (2, [3, 1, 2, 0], [[0, 1], [2, 3]]),  # in core order, whatever order the set came in
+        (1, [0, 1], [None]),  # one rank keeps every core
+        (4, [0, 1], [None] * 4),  # more ranks than cores: left to the scheduler
+    ],
+)
+def test_the_ranks_of_a_host_split_its_cores_into_disjoint_blocks(local_size, allowed, expected):
+    assert [cores_for(r, local_size, allowed) for r in range(local_size)] == expected
 
 
 SPARK_LIB = "/opt/spark/python/lib"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -16,8 +17,9 @@ import cloudpickle
 import psutil
 import pytest
 
-from hvdflow import HorovodRunner, RankFailed
+from hvdflow import HorovodOptions, HorovodRunner, RankFailed
 from hvdflow.infra.launcher import _channel
+from hvdflow.infra.launcher._cores import cores_for
 from hvdflow.infra.launcher._placement import NVIDIA_DEVICE
 from hvdflow.training.smoke import train_digits
 from tests.helpers import rank_processes, wait_for_no_ranks
@@ -152,6 +154,39 @@ def test_rank_zero_return_value_comes_back_and_kwargs_arrive():
     cycle = None if os.path.exists(NVIDIA_DEVICE) else "10"
     expected = {"sum": 5, "rank": "0", "cycle": cycle}
     assert HorovodRunner(np=-2).run(main, a=2, b=3) == expected
+
+
+def report_cores(folder):
+    import json
+    import os
+    import threading
+
+    seen = {}
+    # A thread started later (as TensorFlow's and Horovod's are) inherits the binding.
+    later = threading.Thread(target=lambda: seen.update(thread=sorted(os.sched_getaffinity(0))))
+    later.start()
+    later.join()
+    seen["main"] = sorted(os.sched_getaffinity(0))
+    with open(os.path.join(folder, os.environ["HOROVOD_RANK"]), "w") as f:
+        json.dump(seen, f)
+
+
+@pytest.mark.integration
+def test_cpu_ranks_of_a_host_each_run_on_cores_of_their_own_unless_told_not_to(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    bound = not os.path.exists(NVIDIA_DEVICE)  # ranks with a GPU are left alone
+    for choice, folder in (("default", tmp_path / "a"), ("0", tmp_path / "b")):
+        folder.mkdir()
+        extra = {} if choice == "default" else {"HVDFLOW_BIND_TO_CORES": choice}
+        HorovodRunner(np=-2, horovod=HorovodOptions(extra_env=extra)).run(
+            report_cores, folder=str(folder)
+        )
+        seen = [json.loads((folder / str(rank)).read_text()) for rank in range(2)]
+        if choice == "default" and bound:
+            expected = [cores_for(rank, 2, allowed) or allowed for rank in range(2)]
+        else:
+            expected = [allowed, allowed]
+        assert seen == [{"thread": cores, "main": cores} for cores in expected]
 
 
 @pytest.mark.integration
