@@ -28,6 +28,9 @@ from hvdflow.infra import HorovodOptions, HorovodRunner
 from hvdflow.infra.constants import HVDFLOW_BIND_TO_CORES
 from hvdflow.training.trainer import train_classifier
 
+# How the study's tables name two ranks of each engine.
+ENGINE_NAMES = {"horovod": "hvd2", "tf_collective": "tf2"}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,15 +54,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--binding",
         action="store_true",
-        help="compare ranks bound to cores and left unbound, for both engines (only that)",
+        help="compare ranks bound to cores and left unbound (only that)",
+    )
+    parser.add_argument(
+        "--engines",
+        default="horovod,tf_collective",
+        help="with --binding: the engines to compare it on (default both)",
     )
     args = parser.parse_args(argv)
+    unknown = set(args.engines.split(",")) - set(ENGINE_NAMES)
+    if unknown:
+        parser.error(f"--engines {args.engines}: expected horovod and/or tf_collective")
 
     spec = study_spec(args.dataset, args.epochs)
-    variants = binding_variants() if args.binding else cycle_variants(args)
+    variants = binding_variants(args.engines.split(",")) if args.binding else cycle_variants(args)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.rounds):
-        for name, (engine, options, extra) in variants.items():
+        # Every other round in reverse order, so that a machine growing slower or faster over
+        # the run favours no variant.
+        order = list(variants.items())
+        for name, (engine, options, extra) in order[:: -1 if round_ % 2 else 1]:
             runner = HorovodRunner(np=2, engine=engine, horovod=options)
             result = runner.run(train_classifier, spec=spec.replace(**extra, engine=engine))
             rates[name].append(steady_images_per_s(result))
@@ -88,11 +102,11 @@ def cycle_variants(args) -> dict[str, tuple[str, HorovodOptions, dict]]:
     return variants
 
 
-def binding_variants() -> dict[str, tuple[str, HorovodOptions, dict]]:
+def binding_variants(engines: list[str]) -> dict[str, tuple[str, HorovodOptions, dict]]:
     unbound = HorovodOptions(extra_env={HVDFLOW_BIND_TO_CORES: "0"})
     return {
-        f"{name} {label}": (engine, options, {})
-        for name, engine in (("hvd2", "horovod"), ("tf2", "tf_collective"))
+        f"{ENGINE_NAMES[engine]} {label}": (engine, options, {})
+        for engine in engines
         for label, options in (("bound to cores", HorovodOptions()), ("unbound", unbound))
     }
 
