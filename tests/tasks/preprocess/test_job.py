@@ -154,7 +154,15 @@ def test_class_folders_with_bad_files_are_quarantined_not_fatal(spark, tmp_path)
     # The Petastorm schema is stored with the dataset, and the images decode to the shape.
     with open_dataset(manifest.train_url, batch_size=None, num_epochs=1, shuffle=False) as ds:
         image, label = next(iter(ds))
+        streamed_autotuning = ds.options().autotune.enabled
     assert image.shape == (12, 10, 3) and 0.0 <= float(image.numpy().min()) <= 1.0
+    with open_dataset(manifest.train_url, batch_size=4, in_memory=True) as ds:
+        in_memory_image = next(iter(ds))[0][0]
+        in_memory_autotuning = ds.options().autotune.enabled
+    assert in_memory_image.shape == (12, 10, 3)
+    # Read either way without tf.data's autotuning thread, whose wake-up the deletion of the
+    # iterator awaited for up to a minute at the end of model.fit (training/reader.py).
+    assert (streamed_autotuning, in_memory_autotuning) == (False, False)
 
     with open(manifest.quarantine_path) as f:
         report = {row["source"]: row["reason"] for row in csv.DictReader(f)}
