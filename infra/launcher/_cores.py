@@ -3,10 +3,10 @@
 mpirun binds each rank to its own cores by default (Open MPI: ``--bind-to core`` for up to two
 processes); Spark does not, so without this every thread of every rank may run on any core.
 On this project's 2-core machine, two one-thread Horovod ranks bound to a core each trained
-7% more images per second than the same two ranks left to the scheduler, while two plain
-processes gained nothing from it (BENCHMARKS.md, "Where np=2's time goes"): a rank's Horovod
-and Gloo threads wake up on the core of the rank's own TensorFlow thread instead of taking the
-other rank's.
+5.8% more images per second than the same two ranks left to the scheduler (four alternating
+rounds, bound ahead in each), the TensorFlow engine's 3.5%, while two plain processes gained
+nothing from it (BENCHMARKS.md, "Ranks bound to cores"): a rank's Horovod and Gloo threads
+then run on the core of the rank's own TensorFlow thread and never take the other rank's.
 
 The launcher asks for it (HVDFLOW_BIND_TO_CORES=1) on ranks without a GPU; the rank binds itself
 first thing, before TensorFlow or Horovod start a thread, so that every thread inherits it.
