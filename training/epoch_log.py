@@ -46,6 +46,16 @@ def epoch_times_from_log(lines: Iterable) -> list[float]:
     return [by_number[e] for e in sorted(by_number)]
 
 
+def epoch_done_times(lines: Iterable) -> dict[int, float]:
+    """When each epoch's ``Epoch y/z done`` line was first seen (its ``.time``), by epoch number
+    (from 1): the moment its metrics reached the driver, whichever rank printed it."""
+    done: dict[int, float] = {}
+    for line in sorted(lines, key=lambda line: line.time):
+        if match := _DONE.search(line.text):
+            done.setdefault(int(match.group(1)), line.time)
+    return done
+
+
 def epoch_times_by_number(lines: Iterable) -> dict[int, float]:
     """Seconds of each epoch the lines show whole, by epoch number (from 1); contiguous from the
     first epoch that started, up to the first that did not end."""

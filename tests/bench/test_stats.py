@@ -1,5 +1,7 @@
 """The study's methodology and statistics, checked with exact values (never with timings)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from hvdflow.bench.conditions import (
     concurrent_epoch_times,
     dataset_readers,
     parse_condition,
+    seconds_since,
 )
 from hvdflow.bench.stats import (
     anova,
@@ -19,6 +22,8 @@ from hvdflow.bench.stats import (
     tukey_against,
 )
 from hvdflow.bench.workloads import augmented_digits, total_for_training
+from hvdflow.infra import LogLine
+from hvdflow.training.epoch_log import epoch_done_line, epoch_done_times
 
 
 def m(condition, kind, np_, times, rep=0, images_per_epoch=1000, processes=1, threads=1):
@@ -186,8 +191,6 @@ def test_ranks_without_a_thread_budget_are_shown_sharing_the_cores():
 
 
 def with_accuracy(measurement, accuracies):
-    from dataclasses import replace
-
     return replace(measurement, val_accuracy=accuracies)
 
 
@@ -199,6 +202,28 @@ def test_time_to_target_counts_launch_and_every_epoch_up_to_the_first_that_reach
     assert one.seconds_to(0.90) == pytest.approx(14.0)
     assert one.seconds_to(0.99) is None
     assert one.final_val_accuracy == 0.97
+
+
+@pytest.mark.unit
+def test_time_to_target_is_read_when_the_driver_saw_the_epoch_done_when_the_log_shows_it():
+    launched = 1000.0
+    lines = [
+        LogLine(1004.0, 0, "stdout", "Epoch 1/3"),
+        LogLine(1013.5, 1, "stdout", epoch_done_line(1, 3, 9.0, {"loss": 0.5})),
+        LogLine(1013.0, 0, "stdout", epoch_done_line(1, 3, 9.0, {"loss": 0.5})),  # seen first
+        LogLine(1014.5, 0, "stdout", epoch_done_line(2, 3, 1.0, {})),
+    ]
+    done = seconds_since(launched, epoch_done_times(lines))
+    assert done == [13.0, 14.5]
+    # Epoch 3's line never came: its target falls back to launch plus the epochs (5 + 11).
+    one = replace(
+        with_accuracy(m("hvd1", "hvd", 1, [9.0, 1.0, 1.0]), [0.90, 0.95, 0.97]), epoch_done_s=done
+    )
+    assert one.seconds_to(0.90) == 13.0
+    assert one.seconds_to(0.95) == 14.5
+    assert one.seconds_to(0.97) == pytest.approx(16.0)
+    # A log with a gap (epoch 1's line lost) gives nothing past the gap.
+    assert seconds_since(launched, {2: 1014.5}) == []
 
 
 @pytest.mark.unit
