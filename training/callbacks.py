@@ -235,6 +235,38 @@ class _Outage:
             )
 
 
+class ProfileCallback(tf.keras.callbacks.Callback):
+    """TensorFlow's profiler over batches ``[start, stop)`` of the whole training (Keras'
+    TensorBoard ``profile_batch`` without its summaries): an ``.xplane.pb`` under ``log_dir``'s
+    ``plugins/profile``, which TensorBoard's profile tab and ``hvdflow.bench.tf_profile`` read."""
+
+    def __init__(self, log_dir: str, start: int, stop: int):
+        super().__init__()
+        if not 0 <= start < stop:
+            raise ValueError(f"profile_batches ({start}, {stop}): expected 0 <= start < stop")
+        self.log_dir, self.start, self.stop = log_dir, start, stop
+        self._batch = 0
+        self._running = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._batch == self.start:
+            tf.profiler.experimental.start(self.log_dir)
+            self._running = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batch += 1
+        if self._batch == self.stop:
+            self._finish()
+
+    def on_train_end(self, logs=None):
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._running:
+            self._running = False
+            tf.profiler.experimental.stop()
+
+
 class ProgressCallback(tf.keras.callbacks.Callback):
     """Feeds HorovodRunner's stall watch (``stall_timeout_s``): batches begun and finished.
 

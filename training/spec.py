@@ -72,6 +72,11 @@ class TrainSpec:
     threads: int | None = None  # TensorFlow threads of the process; None: its share of cores
     in_memory_max_mb: float = 1024.0
     chance_margin: float | None = None
+    # TensorFlow's profiler over these batches, counted over the whole training from 0, stop
+    # excluded (Keras' TensorBoard ``profile_batch``), every rank into ``<profile_dir>/rank<N>``
+    # on its own host. None: no profile.
+    profile_dir: str | None = None
+    profile_batches: tuple[int, int] = (0, 0)
 
     def replace(self, **changes: Any) -> TrainSpec:
         return dataclasses.replace(self, **changes)
@@ -87,6 +92,8 @@ class TrainSpec:
         data["input_shape"] = tuple(data["input_shape"])
         data["labels"] = tuple(data.get("labels", ()))
         tracking = values.pop("tracking", None)
+        if "profile_batches" in values:
+            values["profile_batches"] = tuple(values["profile_batches"])
         return cls(
             data=DataSpec(**data),
             optimizer=OptimizerSpec(**values.pop("optimizer", {})),

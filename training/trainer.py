@@ -46,6 +46,9 @@ def train_classifier(spec: TrainSpec) -> dict:
     (``result["stopped"]``). None judges nothing (the benchmark's conditions time training,
     whatever it reaches).
 
+    ``profile_dir``: every rank runs TensorFlow's profiler over ``profile_batches`` and writes it
+    to ``<profile_dir>/rank<N>`` (TensorBoard's profile tab; ``hvdflow.bench.tf_profile``).
+
     ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
     every epoch, and a run that finds one there resumes after its epoch, with the model's and
     optimizer's state and the history of the epochs before (``training.checkpoints``).
@@ -161,6 +164,7 @@ def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpo
         LearningRateLog,
         LogCallback,
         MlflowEpochMetrics,
+        ProfileCallback,
         ProgressCallback,
     )
 
@@ -176,6 +180,9 @@ def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpo
         if spec.tracking.tracking_uri:
             mlflow.set_tracking_uri(spec.tracking.tracking_uri)
         callbacks.append(MlflowEpochMetrics(spec.tracking.run_id))
+    if spec.profile_dir:
+        folder = f"{spec.profile_dir}/rank{rank}"
+        callbacks.append(ProfileCallback(folder, *spec.profile_batches))
     if spec.chance_margin is not None:
         callbacks.append(guard)
     return callbacks

@@ -17,6 +17,8 @@ SPEC = TrainSpec(
     optimizer=OptimizerSpec("sgd", 0.01, "linear", 1.0),
     tracking=TrackingSpec("run-1", "http://127.0.0.1:5000", "m"),
     checkpoint_url="s3://b/checkpoints/run-1",
+    profile_dir="/tmp/profile",
+    profile_batches=(10, 20),  # a tuple again after JSON's list
 )
 
 
