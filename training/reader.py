@@ -103,7 +103,8 @@ def _without_autotuning(dataset):
     That thread sleeps between optimisation rounds for a period that doubles over the run (up to
     a minute), and deleting the iterator waits for it to wake: ``model.fit`` returned 15 s after
     its last epoch on two epochs here, 40 s on three, about 100 s with TensorFlow's engine, and
-    every rank sat idle that long before the run could end (BENCHMARKS.md). Without it, fit
+    every rank sat idle that long before the run could end (BENCHMARKS.md). The TF engine wraps
+    the dataset in one of its own, which needs the same (``training.engines``). Without it, fit
     returns at once and the steady epochs were no slower (hvd2, three epochs: 1800 images/s
     against 1761-1782 held in memory, 1482 against 1470 streamed); AUTOTUNE then means
     TensorFlow's fixed defaults.
