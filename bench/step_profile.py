@@ -24,10 +24,10 @@ import sys
 
 from hvdflow.bench.conditions import measure
 from hvdflow.bench.study import study_spec
-from hvdflow.bench.tf_profile import host_events, newest_profile, step_breakdown
 from hvdflow.bench.timeline import breakdown, load_events
 from hvdflow.infra import HorovodOptions, HorovodRunner
 from hvdflow.training.reader import steps_per_epoch
+from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 from hvdflow.training.trainer import train_classifier
 
 # Steps of two ranks profiled, from this far into the second epoch: 40 x 2 x 128 images.

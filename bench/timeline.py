@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from hvdflow.training.tf_profile import union_length
+
 # The top-level activities, in the order a tensor goes through them.
 WAITING, REDUCING = "NEGOTIATE_ALLREDUCE", "ALLREDUCE"
 
@@ -38,17 +40,6 @@ def activity_spans(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
             begun_name, begun = open_[key].pop()
             spans[begun_name].append((begun, float(event["ts"])))
     return dict(spans)
-
-
-def union_length(spans: list[tuple[float, float]], start: float, end: float) -> float:
-    """How long at least one span covers, within [start, end]."""
-    covered, reach = 0.0, start
-    for begin, finish in sorted(spans):
-        begin, finish = max(begin, reach), min(finish, end)
-        if finish > begin:
-            covered += finish - begin
-            reach = finish
-    return covered
 
 
 def breakdown(events: list[dict], skip_first_s: float = 0.0) -> dict[str, float]:

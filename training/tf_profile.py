@@ -23,12 +23,21 @@ import glob
 import os
 from collections import defaultdict
 
-from hvdflow.bench.timeline import union_length
-
 STEP = "train_function"
 RUNNING_OPS = "ExecutorState::Process"
 FETCHING_INPUT = "IteratorGetNextOp::DoCompute"
 HOST_PLANE = "/host:CPU"
+
+
+def union_length(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """How long at least one span covers, within [start, end]."""
+    covered, reach = 0.0, start
+    for begin, finish in sorted(spans):
+        begin, finish = max(begin, reach), min(finish, end)
+        if finish > begin:
+            covered += finish - begin
+            reach = finish
+    return covered
 
 
 def newest_profile(folder: str) -> str:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hvdflow.bench.tf_profile import host_events, newest_profile, step_breakdown
+from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 
 
 def write_space(path, threads: dict[str, list[tuple[str, float, float]]]) -> None:
