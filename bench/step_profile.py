@@ -5,7 +5,7 @@ CNN on the benchmark's dataset with Horovod's timeline on and TensorFlow's profi
 window of their steady second epoch; then one plain Keras process of one thread (keras1, what
 each rank would be alone) under the profiler over the same images. Printed per process: the
 profiled steps' wall clock split into ops running, input, waiting inside the step (for the
-allreduces) and between steps (``bench.tf_profile``), with the heaviest kernels; and hvd2's
+allreduces) and between steps (``training.tf_profile``), with the heaviest kernels; and hvd2's
 steady epoch by the timeline (waiting for the peer, allreduce, the rest: ``bench.timeline``).
 
     .venv/bin/python -m hvdflow.bench.step_profile --dataset DATASET_FOLDER --out DIR

@@ -114,6 +114,13 @@ class TrainingParams(BaseModel):
         description="Keras' mixed_float16 policy: float16 compute, float32 variables (pays off "
         "on GPUs with tensor cores; slower on CPUs)",
     )
+    profile_batches: tuple[int, int] = Field(
+        default=(0, 0),
+        description="TensorFlow's profiler on rank 0 over the training's batches [start, stop), "
+        "counted from 0 over the whole training (Keras' TensorBoard profile_batch): the "
+        "profile goes to the MLflow run's artifacts under 'profile/', which TensorBoard's "
+        "profile tab reads, and where a step's time goes to its metrics; [0, 0]: none",
+    )
     weights_source: str = Field(
         default=OFFLINE_SOURCE,
         description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
@@ -164,6 +171,18 @@ class TrainingParams(BaseModel):
                 f"optimizer {optimizer!r} is unknown: expected one of {', '.join(OPTIMIZERS)}"
             )
         return optimizer.lower()
+
+    @field_validator("profile_batches")
+    @classmethod
+    def _profile_range(cls, batches: tuple[int, int]) -> tuple[int, int]:
+        start, stop = batches
+        if (start, stop) != (0, 0) and not 0 <= start < stop:
+            raise ValueError(
+                f"profile_batches [{start}, {stop}]: expected [start, stop] with "
+                "0 <= start < stop (batches counted from 0 over the whole training), or [0, 0] "
+                "for no profile"
+            )
+        return batches
 
     @field_validator("weights_source")
     @classmethod

@@ -238,7 +238,7 @@ class _Outage:
 class ProfileCallback(tf.keras.callbacks.Callback):
     """TensorFlow's profiler over batches ``[start, stop)`` of the whole training (Keras'
     TensorBoard ``profile_batch`` without its summaries): an ``.xplane.pb`` under ``log_dir``'s
-    ``plugins/profile``, which TensorBoard's profile tab and ``hvdflow.bench.tf_profile`` read."""
+    ``plugins/profile``, which TensorBoard's profile tab and ``training.tf_profile`` read."""
 
     def __init__(self, log_dir: str, start: int, stop: int):
         super().__init__()

@@ -73,8 +73,9 @@ class TrainSpec:
     in_memory_max_mb: float = 1024.0
     chance_margin: float | None = None
     # TensorFlow's profiler over these batches, counted over the whole training from 0, stop
-    # excluded (Keras' TensorBoard ``profile_batch``), every rank into ``<profile_dir>/rank<N>``
-    # on its own host. None: no profile.
+    # excluded (Keras' TensorBoard ``profile_batch``); (0, 0): no profile. With a profile_dir,
+    # every rank writes into ``<profile_dir>/rank<N>`` on its own host; without one, rank 0
+    # alone profiles and logs the profile to the tracking run (what the pipeline asks for).
     profile_dir: str | None = None
     profile_batches: tuple[int, int] = (0, 0)
 

@@ -8,6 +8,8 @@ resumed from, the callbacks, the fit, the verdict and the registered model.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
@@ -19,6 +21,7 @@ from hvdflow.training.optimizers import learning_rate_plan, make_planned_optimiz
 from hvdflow.training.quality import rejection
 from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.spec import TrainSpec
+from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 
 # How long rank 0 waits for a tracking server that is down before it logs the model.
 TRACKER_WAIT_S = 300.0
@@ -46,8 +49,10 @@ def train_classifier(spec: TrainSpec) -> dict:
     (``result["stopped"]``). None judges nothing (the benchmark's conditions time training,
     whatever it reaches).
 
-    ``profile_dir``: every rank runs TensorFlow's profiler over ``profile_batches`` and writes it
-    to ``<profile_dir>/rank<N>`` (TensorBoard's profile tab; ``hvdflow.bench.tf_profile``).
+    ``profile_batches`` (start, stop): TensorFlow's profiler over those batches. With
+    ``profile_dir``, every rank writes it to ``<profile_dir>/rank<N>`` (TensorBoard's profile tab;
+    ``training.tf_profile``). Without, rank 0 alone profiles, and with ``tracking`` logs the
+    profile to the run's artifacts under ``profile/`` and its step breakdown to its metrics.
 
     ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
     every epoch, and a run that finds one there resumes after its epoch, with the model's and
@@ -76,10 +81,14 @@ def train_classifier(spec: TrainSpec) -> dict:
     checkpoints, checkpoint, resumed = _resume(spec, model, engine.rank)
     timer = EpochTimer()
     guard = DivergenceGuard(data.num_classes, plan.describe(), engine.rank)
-    callbacks = _callbacks(spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed)
+    profile = _profile_folder(spec, engine.rank)
+    callbacks = _callbacks(
+        spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
+    )
     history, train_s, example = _fit(spec, engine, model, steps, callbacks, resumed)
     if checkpoints is not None:
         checkpoints.close()
+    profiled = _log_profile(profile, spec) if profile and not spec.profile_dir else None
 
     whole = _whole_history(resumed, history)
     rejected = None
@@ -99,6 +108,7 @@ def train_classifier(spec: TrainSpec) -> dict:
         "rejected": rejected,
         "model_version": None,
         "evaluation": None,
+        "profile": profiled,
     }
     if engine.rank == 0 and rejected:
         log_to_driver(f"not registering the model: {rejected}")
@@ -155,7 +165,63 @@ def _resume(spec: TrainSpec, model, rank: int):
     return checkpoints, checkpoint, resumed
 
 
-def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpoint, resumed):
+def _profile_folder(spec: TrainSpec, rank: int) -> str | None:
+    """Where this rank writes TensorFlow's profile, or None: ``<profile_dir>/rank<N>``, or for
+    rank 0 of a tracked run without a ``profile_dir`` a temporary folder, logged after the fit."""
+    if spec.profile_batches == (0, 0):
+        return None
+    if spec.profile_dir:
+        return f"{spec.profile_dir}/rank{rank}"
+    if rank == 0 and spec.tracking:
+        return tempfile.mkdtemp(prefix="hvdflow-profile-")
+    return None
+
+
+def _log_profile(folder: str, spec: TrainSpec) -> dict | None:
+    """Log rank 0's profile to the tracking run: the profile under ``profile/`` (TensorBoard's
+    profile tab reads it), where a step's time went as metrics (``profile_*``) and with the
+    heaviest kernels in ``profile/summary.json``. A profile is a diagnosis: a profile that
+    cannot be read or logged is said, and the training goes on to register its model."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    start, stop = spec.profile_batches
+    run_id = spec.tracking.run_id
+    try:
+        shares = step_breakdown(host_events(newest_profile(folder)))
+        client = MlflowClient()
+        client.log_artifacts(run_id, folder, "profile")
+        if shares:
+            client.log_dict(run_id, shares, "profile/summary.json")
+            metrics = {"profile_step_ms": shares["step_ms"]}
+            for share in ("ops", "input", "waiting_in_step", "between_steps"):
+                metrics[f"profile_{share}_share"] = shares[share]
+            for name, value in metrics.items():
+                client.log_metric(run_id, name, value)
+    except (OSError, MlflowException) as e:
+        log_to_driver(f"TensorFlow's profile of batches [{start}, {stop}) was not logged: {e}")
+        return None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    where = "its artifacts' profile/ folder; `tensorboard --logdir` on a download of it"
+    if not shares:
+        log_to_driver(
+            f"TensorFlow's profile of batches [{start}, {stop}) on rank 0 holds no training "
+            f"step (did the training have {stop} batches?); in the MLflow run: {where}"
+        )
+        return shares
+    log_to_driver(
+        f"TensorFlow's profile of batches [{start}, {stop}) on rank 0: step "
+        f"{shares['step_ms']:.1f} ms, ops running {shares['ops']:.0%}, input "
+        f"{shares['input']:.0%}, waiting for allreduces {shares['waiting_in_step']:.0%}, "
+        f"between steps {shares['between_steps']:.0%}; in the MLflow run: {where}"
+    )
+    return shares
+
+
+def _callbacks(
+    spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
+):
     """The engine's callbacks first (they make the logs equal on every rank), then the stall
     watch's feed, the timers and logs, rank 0's checkpoints and MLflow metrics, and last the
     divergence guard (the diverged epoch's metrics are logged first)."""
@@ -180,9 +246,8 @@ def _callbacks(spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpo
         if spec.tracking.tracking_uri:
             mlflow.set_tracking_uri(spec.tracking.tracking_uri)
         callbacks.append(MlflowEpochMetrics(spec.tracking.run_id))
-    if spec.profile_dir:
-        folder = f"{spec.profile_dir}/rank{rank}"
-        callbacks.append(ProfileCallback(folder, *spec.profile_batches))
+    if profile:
+        callbacks.append(ProfileCallback(profile, *spec.profile_batches))
     if spec.chance_margin is not None:
         callbacks.append(guard)
     return callbacks

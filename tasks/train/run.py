@@ -225,6 +225,7 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
         mixed_precision=training.mixed_precision,
         in_memory_max_mb=training.in_memory_max_mb,
         chance_margin=training.chance_margin,
+        profile_batches=training.profile_batches,
     )
 
 
@@ -244,6 +245,7 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
         "lr_scaling": rule,
         "warmup_epochs": training.warmup_epochs,
         "seed": training.seed,
+        "profile_batches": list(training.profile_batches),
         "dataset_fingerprint": dataset.fingerprint,
         "dataset_path": dataset.path,
         "train_rows": dataset.train_rows,

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from hvdflow.flows.pipeline import PipelineParams, pipeline, throughput_lines
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 from tests.helpers import rank_processes, terminate, user_project, wait_for_no_ranks
 
 
@@ -24,10 +25,10 @@ def tracking(mlflow_server, monkeypatch):
     return mlflow_server.tracking_uri
 
 
-def params(tmp_path, np=2, epochs=2, **launcher) -> PipelineParams:
+def params(tmp_path, np=2, epochs=2, training=None, **launcher) -> PipelineParams:
     return PipelineParams(
         data={"input": str(tmp_path / "digits"), "output": str(tmp_path / "datasets")},
-        training={"epochs": epochs},
+        training={"epochs": epochs, **(training or {})},
         launcher={"np": np, **launcher},
         tracking={"registered_model_name": "tests-flow", "experiment": "tests-flow"},
     )
@@ -61,7 +62,8 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     # Run again as another worker would: Prefect's local storage elsewhere (empty). The
     # preprocessing and staging results and cache records are in the object store: reused.
     with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: tmp_path / "another-worker"}):
-        state = pipeline(params(tmp_path), return_state=True)
+        # Rank 0 profiles ten batches of the first epoch for TensorBoard and MLflow.
+        state = pipeline(params(tmp_path, training={"profile_batches": [5, 15]}), return_state=True)
     assert state.is_completed(), state
     summary = state.result()
     states = task_states(summary["flow_run_id"])
@@ -81,6 +83,13 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.params["np"] == "2" and run.data.params["weights_uri"] == summary["weights_uri"]
     assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) == 2
+    # TensorFlow's profile: TensorBoard's folder and its step breakdown, of the batches asked.
+    profile = client.download_artifacts(run.info.run_id, "profile", str(tmp_path / "profile"))
+    shares = step_breakdown(host_events(newest_profile(profile)))
+    assert shares["steps"] == 10
+    assert run.data.metrics["profile_step_ms"] == pytest.approx(shares["step_ms"])
+    assert 0 < run.data.metrics["profile_ops_share"] <= 1
+    assert run.data.params["profile_batches"] == "[5, 15]"
     version = client.get_model_version_by_alias("tests-flow", "candidate")
     assert summary["model"] == f"models:/tests-flow/{version.version}"
     assert version.run_id == run.info.run_id

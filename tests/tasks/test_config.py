@@ -46,10 +46,18 @@ def test_np_zero_is_refused():
         ("optimizer", "nope", "optimizer 'nope' is unknown: expected one of adadelta, rmsprop"),
         ("epochs", 0, "greater than or equal to 1"),
         ("learning_rate", 0, "greater than 0"),
+        ("profile_batches", [5, 5], "profile_batches [5, 5]: expected [start, stop] with 0 <= st"),
+        ("profile_batches", [-1, 3], "profile_batches [-1, 3]: expected [start, stop]"),
+        ("profile_batches", [1, 2, 3], "at most 2 items"),
     ],
 )
 def test_training_values_are_checked(field, value, expected):
     assert expected in error_of(TrainingParams, **{field: value})
+
+
+def test_a_profile_is_off_by_default_and_taken_as_a_list_from_json():
+    assert TrainingParams().profile_batches == (0, 0)
+    assert TrainingParams(profile_batches=[10, 20]).profile_batches == (10, 20)
 
 
 def test_names_are_case_insensitive_and_stored_lower_case():
