@@ -13,7 +13,9 @@ Adadelta, as ``../shared/tools/hvd_ceiling.py``):
   ``tf.custom_gradient`` with a control dependency; Horovod's optimizer then leaves that
   variable to it);
 - ``threads2``: two TensorFlow threads per rank (intra- and inter-op) on both cores;
-- ``threads2_inter1``: two intra-op threads and one inter-op thread per rank, on both cores.
+- ``threads2_inter1``: two intra-op threads and one inter-op thread per rank, on both cores;
+- ``grouped``: all gradients in one grouped allreduce (Horovod's ``groups=1``): one
+  negotiation a step instead of one per gradient, all of them sent once the last is ready.
 
 Images per second are timed from the first batch's start to the last batch's end. Not
 ``model.fit``'s wall clock: a ``tf.data`` iterator with autotuning on waits at its deletion for
@@ -35,7 +37,7 @@ import numpy as np
 from hvdflow.infra import HorovodRunner
 
 STEPS, WARM, BATCH = 150, 20, 128
-VARIANTS = ("base", "early", "threads2", "threads2_inter1")
+VARIANTS = ("base", "early", "threads2", "threads2_inter1", "grouped")
 
 
 def train_variant(variant: str) -> dict:
@@ -92,7 +94,9 @@ def train_variant(variant: str) -> dict:
         ]
     )
     opt = hvd.DistributedOptimizer(
-        tf.keras.optimizers.Adadelta(1.0 * hvd.size()), scale_local_gradients=False
+        tf.keras.optimizers.Adadelta(1.0 * hvd.size()),
+        scale_local_gradients=False,
+        groups=1 if variant == "grouped" else None,
     )
     if variant == "early":
         opt.register_local_var(dense.kernel)  # reduced by the layer's gradient already
