@@ -174,6 +174,11 @@ def _profile_folder(spec: TrainSpec, rank: int) -> str | None:
         return f"{spec.profile_dir}/rank{rank}"
     if rank == 0 and spec.tracking:
         return tempfile.mkdtemp(prefix="hvdflow-profile-")
+    if rank == 0:
+        log_to_driver(
+            f"profile_batches {list(spec.profile_batches)}: no profile taken, this training "
+            "logs to no MLflow run; give it a profile_dir for the ranks to write to"
+        )
     return None
 
 
@@ -183,6 +188,7 @@ def _log_profile(folder: str, spec: TrainSpec) -> dict | None:
     heaviest kernels in ``profile/summary.json``. A profile is a diagnosis: a profile that
     cannot be read or logged is said, and the training goes on to register its model."""
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
     from mlflow.exceptions import MlflowException
 
     start, stop = spec.profile_batches
@@ -193,11 +199,12 @@ def _log_profile(folder: str, spec: TrainSpec) -> dict | None:
         client.log_artifacts(run_id, folder, "profile")
         if shares:
             client.log_dict(run_id, shares, "profile/summary.json")
-            metrics = {"profile_step_ms": shares["step_ms"]}
-            for share in ("ops", "input", "waiting_in_step", "between_steps"):
-                metrics[f"profile_{share}_share"] = shares[share]
-            for name, value in metrics.items():
-                client.log_metric(run_id, name, value)
+            now = int(time.time() * 1000)
+            metrics = [Metric("profile_step_ms", shares["step_ms"], now, 0)] + [
+                Metric(f"profile_{share}_share", shares[share], now, 0)
+                for share in ("ops", "input", "waiting_in_step", "between_steps")
+            ]
+            client.log_batch(run_id, metrics=metrics)
     except (OSError, MlflowException) as e:
         log_to_driver(f"TensorFlow's profile of batches [{start}, {stop}) was not logged: {e}")
         return None
