@@ -8,8 +8,6 @@ resumed from, the callbacks, the fit, the verdict and the registered model.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
@@ -18,10 +16,10 @@ from hvdflow.training.checkpoints import CheckpointStore
 from hvdflow.training.engines import NONE, start_engine
 from hvdflow.training.models import build_model, model_input_shape
 from hvdflow.training.optimizers import learning_rate_plan, make_planned_optimizer
+from hvdflow.training.profiling import log_profile, profile_folder
 from hvdflow.training.quality import rejection
 from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.spec import TrainSpec
-from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 
 # How long rank 0 waits for a tracking server that is down before it logs the model.
 TRACKER_WAIT_S = 300.0
@@ -81,14 +79,14 @@ def train_classifier(spec: TrainSpec) -> dict:
     checkpoints, checkpoint, resumed = _resume(spec, model, engine.rank)
     timer = EpochTimer()
     guard = DivergenceGuard(data.num_classes, plan.describe(), engine.rank)
-    profile = _profile_folder(spec, engine.rank)
+    profile = profile_folder(spec, engine.rank)
     callbacks = _callbacks(
         spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
     )
     history, train_s, example = _fit(spec, engine, model, steps, callbacks, resumed)
     if checkpoints is not None:
         checkpoints.close()
-    profiled = _log_profile(profile, spec) if profile and not spec.profile_dir else None
+    profiled = log_profile(profile, spec) if profile and not spec.profile_dir else None
 
     whole = _whole_history(resumed, history)
     rejected = None
@@ -163,67 +161,6 @@ def _resume(spec: TrainSpec, model, rank: int):
                 f"{checkpoints.url}/{resumed.folder}"
             )
     return checkpoints, checkpoint, resumed
-
-
-def _profile_folder(spec: TrainSpec, rank: int) -> str | None:
-    """Where this rank writes TensorFlow's profile, or None: ``<profile_dir>/rank<N>``, or for
-    rank 0 of a tracked run without a ``profile_dir`` a temporary folder, logged after the fit."""
-    if spec.profile_batches == (0, 0):
-        return None
-    if spec.profile_dir:
-        return f"{spec.profile_dir}/rank{rank}"
-    if rank == 0 and spec.tracking:
-        return tempfile.mkdtemp(prefix="hvdflow-profile-")
-    if rank == 0:
-        log_to_driver(
-            f"profile_batches {list(spec.profile_batches)}: no profile taken, this training "
-            "logs to no MLflow run; give it a profile_dir for the ranks to write to"
-        )
-    return None
-
-
-def _log_profile(folder: str, spec: TrainSpec) -> dict | None:
-    """Log rank 0's profile to the tracking run: the profile under ``profile/`` (TensorBoard's
-    profile tab reads it), where a step's time went as metrics (``profile_*``) and with the
-    heaviest kernels in ``profile/summary.json``. A profile is a diagnosis: a profile that
-    cannot be read or logged is said, and the training goes on to register its model."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-    from mlflow.exceptions import MlflowException
-
-    start, stop = spec.profile_batches
-    run_id = spec.tracking.run_id
-    try:
-        shares = step_breakdown(host_events(newest_profile(folder)))
-        client = MlflowClient()
-        client.log_artifacts(run_id, folder, "profile")
-        if shares:
-            client.log_dict(run_id, shares, "profile/summary.json")
-            now = int(time.time() * 1000)
-            metrics = [Metric("profile_step_ms", shares["step_ms"], now, 0)] + [
-                Metric(f"profile_{share}_share", shares[share], now, 0)
-                for share in ("ops", "input", "waiting_in_step", "between_steps")
-            ]
-            client.log_batch(run_id, metrics=metrics)
-    except (OSError, MlflowException) as e:
-        log_to_driver(f"TensorFlow's profile of batches [{start}, {stop}) was not logged: {e}")
-        return None
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    where = "its artifacts' profile/ folder; `tensorboard --logdir` on a download of it"
-    if not shares:
-        log_to_driver(
-            f"TensorFlow's profile of batches [{start}, {stop}) on rank 0 holds no training "
-            f"step (did the training have {stop} batches?); in the MLflow run: {where}"
-        )
-        return shares
-    log_to_driver(
-        f"TensorFlow's profile of batches [{start}, {stop}) on rank 0: step "
-        f"{shares['step_ms']:.1f} ms, ops running {shares['ops']:.0%}, input "
-        f"{shares['input']:.0%}, waiting for allreduces {shares['waiting_in_step']:.0%}, "
-        f"between steps {shares['between_steps']:.0%}; in the MLflow run: {where}"
-    )
-    return shares
 
 
 def _callbacks(

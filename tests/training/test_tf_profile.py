@@ -92,36 +92,3 @@ def test_the_profile_callback_profiles_exactly_the_batches_asked_for(tmp_path):
     assert shares["ops"] + shares["waiting_in_step"] + shares["between_steps"] == pytest.approx(
         1.0, abs=shares["input"] + 1e-9
     )
-
-
-@pytest.mark.unit
-def test_where_each_rank_profiles(tmp_path, monkeypatch, caplog):
-    import logging
-    import os
-
-    from hvdflow.training.spec import DataSpec, TrackingSpec, TrainSpec
-    from hvdflow.training.trainer import _profile_folder
-
-    monkeypatch.delenv("HVDFLOW_EVENT_FD", raising=False)  # log_to_driver: to the log here
-    spec = TrainSpec(
-        data=DataSpec("file:///t", "file:///v", 10, 2, 10, (8, 8, 1)),
-        model_name="digits_mlp",
-        tracking=TrackingSpec("run-1", "http://127.0.0.1:5000", "m"),
-        profile_dir=str(tmp_path),
-        profile_batches=(3, 6),
-    )
-    assert _profile_folder(spec.replace(profile_batches=(0, 0)), 0) is None
-    # A folder given: every rank writes its own.
-    assert _profile_folder(spec, 1) == f"{tmp_path}/rank1"
-    # None given: rank 0 alone, into a temporary folder it logs to the run afterwards.
-    tracked = spec.replace(profile_dir=None)
-    folder = _profile_folder(tracked, 0)
-    assert os.path.isdir(folder) and os.path.basename(folder).startswith("hvdflow-profile-")
-    os.rmdir(folder)
-    assert _profile_folder(tracked, 1) is None
-    # Neither a folder nor a run: nothing taken, and said.
-    with caplog.at_level(logging.INFO):
-        assert _profile_folder(tracked.replace(tracking=None), 0) is None
-    assert "profile_batches [3, 6]: no profile taken, this training logs to no MLflow run" in (
-        caplog.text
-    )
