@@ -129,7 +129,11 @@ def _pipeline_params(args: argparse.Namespace):
 def _cmd_run(args: argparse.Namespace) -> int:
     params = _pipeline_params(args)  # a bad parameter fails before any service starts
     _use_services()
-    from hvdflow.flows.pipeline import pipeline, throughput_lines  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.pipeline import (  # noqa: PLC0415 (lazy: it loads Spark)
+        pipeline,
+        profile_lines,
+        throughput_lines,
+    )
 
     summary = pipeline(params)
     urls = LocalServices().urls()
@@ -144,6 +148,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"  dataset          {summary['dataset']} ({summary['quarantined']} quarantined)")
     for i, line in enumerate(throughput_lines(summary)):
         print(f"  {'throughput' if i == 0 else '':<16} {line}")
+    for line in profile_lines(summary):
+        print(f"  {'profile':<16} {line}")
     print("Stop the services with: hvdflow down")
     return 0
 

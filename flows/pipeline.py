@@ -18,6 +18,7 @@ from hvdflow.tasks.results import shared_result_storage
 from hvdflow.tasks.train.model_card import STEADY_METRIC, flow_run_url
 from hvdflow.tasks.train.steps import check_tracking_step, train_step
 from hvdflow.tasks.weights.steps import stage_weights_for
+from hvdflow.training.profiling import breakdown_from_metrics, describe_breakdown
 
 DEFAULT_PARAMS = PipelineParams()
 
@@ -43,8 +44,8 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
             )
         train = train_step.with_options(result_storage=storage)
         result = train(params.train_config(), dataset, weights, uri, master)
-        steady = _logged_metric(uri, result.run_id, STEADY_METRIC)
-    summary = _summary(params, dataset, weights, result, steady)
+        metrics = _logged_metrics(uri, result.run_id)
+    summary = _summary(params, dataset, weights, result, metrics)
     _publish_artifacts(summary, result)
     logger.info(
         "done: MLflow run %s, model version %s", summary["mlflow_run_url"], summary["model"]
@@ -52,23 +53,25 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
     return summary
 
 
-def _logged_metric(uri: str, run_id: str, key: str) -> float | None:
-    """The last value of ``key`` that MLflow run ``run_id`` logged; None without one, or when
-    the tracking server does not answer now (the summary goes without it: the run is done)."""
+def _logged_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """The last value of each metric MLflow run ``run_id`` logged; none when the tracking server
+    does not answer now (the summary goes without them: the run is done)."""
     from mlflow import MlflowClient  # noqa: PLC0415 (lazy: it loads MLflow)
 
     try:
-        return MlflowClient(uri).get_run(run_id).data.metrics.get(key)
+        return MlflowClient(uri).get_run(run_id).data.metrics
     except Exception as e:
-        get_run_logger().warning("could not read %s of MLflow run %s: %s", key, run_id, e)
-        return None
+        get_run_logger().warning("could not read the metrics of MLflow run %s: %s", run_id, e)
+        return {}
 
 
-def _summary(params, dataset, weights, result, steady_images_per_s=None) -> dict:
+def _summary(params, dataset, weights, result, metrics: dict[str, float]) -> dict:
     base = redact_url(result.tracking_uri).rstrip("/")
     http = base.startswith("http")
     name = params.tracking.registered_model_name
     flow_run_id = str(flow_run.get_id()) if flow_run.get_id() else None
+    steady = metrics.get(STEADY_METRIC)
+    profile = breakdown_from_metrics(metrics)
     return {
         "flow_run_id": flow_run_id,
         "flow_run_url": flow_run_url(flow_run_id),
@@ -86,12 +89,14 @@ def _summary(params, dataset, weights, result, steady_images_per_s=None) -> dict
         "aliases": result.aliases,
         # Two throughputs: the training's own (epochs after the first, the warm-up left out) and
         # the wall clock's, which also counts launching the ranks and the first epoch.
-        "steady_images_per_s": round(steady_images_per_s, 1)
-        if steady_images_per_s is not None
-        else None,
+        "steady_images_per_s": round(steady, 1) if steady is not None else None,
         "images_per_s": round(result.images_per_s, 1),
         "wall_clock_s": round(result.wall_clock_s, 1),
         "val_accuracy": result.history.get("val_accuracy", [None])[-1],
+        # Where a step went, when training.profile_batches asked for TensorFlow's profile.
+        "profile": {"batches": list(params.training.profile_batches), **profile}
+        if profile
+        else None,
     }
 
 
@@ -122,6 +127,7 @@ def _publish_artifacts(summary: dict, result) -> None:
                 f"{summary['val_rows']} val)",
                 f"- Quarantined inputs: **{summary['quarantined']}**",
                 *throughput_lines(summary, "- "),
+                *profile_lines(summary, "- "),
             ]
         ),
     )
@@ -141,3 +147,15 @@ def throughput_lines(summary: dict, prefix: str = "") -> list[str]:
         f"{summary['wall_clock_s']} s"
     )
     return lines
+
+
+def profile_lines(summary: dict, prefix: str = "") -> list[str]:
+    """Where rank 0's profiled steps went, and where the profile is; none without a profile."""
+    profile = summary.get("profile")
+    if not profile:
+        return []
+    start, stop = profile["batches"]
+    return [
+        f"{prefix}profile of batches [{start}, {stop}) on rank 0: {describe_breakdown(profile)} "
+        f"(the MLflow run's artifacts, profile/; TensorBoard's Profile tab reads a download)"
+    ]

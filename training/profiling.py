@@ -17,6 +17,10 @@ from hvdflow.infra.launcher.rank_events import log_to_driver
 from hvdflow.training.spec import TrainSpec
 from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 
+# The step's wall clock, split (``training.tf_profile.step_breakdown``): each a metric
+# ``profile_<share>_share`` beside ``profile_step_ms``.
+SHARES = ("ops", "input", "waiting_in_step", "between_steps")
+
 
 def profile_folder(spec: TrainSpec, rank: int) -> str | None:
     """Where this rank writes TensorFlow's profile, or None: ``<profile_dir>/rank<N>``, or for
@@ -54,8 +58,7 @@ def log_profile(folder: str, spec: TrainSpec) -> dict | None:
             client.log_dict(run_id, shares, "profile/summary.json")
             now = int(time.time() * 1000)
             metrics = [Metric("profile_step_ms", shares["step_ms"], now, 0)] + [
-                Metric(f"profile_{share}_share", shares[share], now, 0)
-                for share in ("ops", "input", "waiting_in_step", "between_steps")
+                Metric(f"profile_{share}_share", shares[share], now, 0) for share in SHARES
             ]
             client.log_batch(run_id, metrics=metrics)
     except (OSError, MlflowException) as e:
@@ -71,9 +74,24 @@ def log_profile(folder: str, spec: TrainSpec) -> dict | None:
         )
         return shares
     log_to_driver(
-        f"TensorFlow's profile of batches [{start}, {stop}) on rank 0: step "
-        f"{shares['step_ms']:.1f} ms, ops running {shares['ops']:.0%}, input "
-        f"{shares['input']:.0%}, waiting for allreduces {shares['waiting_in_step']:.0%}, "
-        f"between steps {shares['between_steps']:.0%}; in the MLflow run: {where}"
+        f"TensorFlow's profile of batches [{start}, {stop}) on rank 0: "
+        f"{describe_breakdown(shares)}; in the MLflow run: {where}"
     )
     return shares
+
+
+def describe_breakdown(shares: dict) -> str:
+    """Where a step went, in the words the driver's log and the flow's summary both use."""
+    return (
+        f"step {shares['step_ms']:.1f} ms, ops running {shares['ops']:.0%}, input "
+        f"{shares['input']:.0%}, waiting for allreduces {shares['waiting_in_step']:.0%}, "
+        f"between steps {shares['between_steps']:.0%}"
+    )
+
+
+def breakdown_from_metrics(metrics: dict[str, float]) -> dict | None:
+    """The step breakdown back from a run's ``profile_*`` metrics; None if it logged none."""
+    if "profile_step_ms" not in metrics:
+        return None
+    shares = {share: metrics.get(f"profile_{share}_share", 0.0) for share in SHARES}
+    return {"step_ms": metrics["profile_step_ms"], **shares}

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
 
-from hvdflow.flows.pipeline import PipelineParams, pipeline, throughput_lines
+from hvdflow.flows.pipeline import PipelineParams, pipeline, profile_lines, throughput_lines
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 from tests.helpers import rank_processes, terminate, user_project, wait_for_no_ranks
@@ -106,6 +106,13 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     )
     for line in throughput_lines(summary, "- "):
         assert line in by_key["hvdflow-summary"].data
+    # The profile's breakdown beside them, as the run's metrics hold it.
+    assert summary["profile"]["batches"] == [5, 15]
+    assert summary["profile"]["step_ms"] == pytest.approx(shares["step_ms"])
+    assert summary["profile"]["waiting_in_step"] == pytest.approx(shares["waiting_in_step"])
+    (line,) = profile_lines(summary, "- ")
+    assert line.startswith("- profile of batches [5, 15) on rank 0: step ")
+    assert line in by_key["hvdflow-summary"].data
     progress = by_key["hvdflow-training-progress"]
     assert progress.type == "progress" and progress.data == 100.0
     # The version's page says what produced it.
@@ -232,3 +239,16 @@ def test_the_summary_names_each_throughput_for_what_it_measures():
     assert throughput_lines({**summary, "steady_images_per_s": None}) == [
         "wall clock incl. launch: 121.1 images/s, 23.3 s"
     ]
+
+
+@pytest.mark.unit
+def test_the_summary_says_where_a_profiled_step_went():
+    shares = {"step_ms": 140.3, "ops": 0.893, "input": 0.001, "waiting_in_step": 0.101}
+    profile = {"batches": [20, 40], **shares, "between_steps": 0.005}
+    assert profile_lines({"profile": profile}) == [
+        "profile of batches [20, 40) on rank 0: step 140.3 ms, ops running 89%, input 0%, "
+        "waiting for allreduces 10%, between steps 0% (the MLflow run's artifacts, profile/; "
+        "TensorBoard's Profile tab reads a download)"
+    ]
+    # No profile asked: the summary says nothing of one.
+    assert profile_lines({"profile": None}) == []

@@ -34,3 +34,31 @@ def test_where_each_rank_profiles(tmp_path, monkeypatch, caplog):
     assert "profile_batches [3, 6]: no profile taken, this training logs to no MLflow run" in (
         caplog.text
     )
+
+
+@pytest.mark.unit
+def test_the_breakdown_comes_back_from_the_runs_metrics():
+    from hvdflow.training.profiling import breakdown_from_metrics, describe_breakdown
+
+    # As log_profile logs them, beside the run's other metrics.
+    metrics = {
+        "profile_step_ms": 22.4,
+        "profile_ops_share": 0.021,
+        "profile_input_share": 0.012,
+        "profile_waiting_in_step_share": 0.43,
+        "profile_between_steps_share": 0.537,
+        "val_accuracy": 0.9,
+    }
+    shares = breakdown_from_metrics(metrics)
+    assert shares == {
+        "step_ms": 22.4,
+        "ops": 0.021,
+        "input": 0.012,
+        "waiting_in_step": 0.43,
+        "between_steps": 0.537,
+    }
+    assert describe_breakdown(shares) == (
+        "step 22.4 ms, ops running 2%, input 1%, waiting for allreduces 43%, between steps 54%"
+    )
+    # A run that was not profiled.
+    assert breakdown_from_metrics({"val_accuracy": 0.9}) is None
