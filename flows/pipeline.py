@@ -71,7 +71,7 @@ def _summary(params, dataset, weights, result, metrics: dict[str, float]) -> dic
     name = params.tracking.registered_model_name
     flow_run_id = str(flow_run.get_id()) if flow_run.get_id() else None
     steady = metrics.get(STEADY_METRIC)
-    # The profile this training asked for (a run resumed keeps its parameters).
+    # Only a profile this training asked for: a resumed run holds its earlier attempts' metrics.
     asked = tuple(params.training.profile_batches) != (0, 0)
     profile = breakdown_from_metrics(metrics) if asked else None
     return {
