@@ -92,3 +92,64 @@ def test_the_profile_callback_profiles_exactly_the_batches_asked_for(tmp_path):
     assert shares["ops"] + shares["waiting_in_step"] + shares["between_steps"] == pytest.approx(
         1.0, abs=shares["input"] + 1e-9
     )
+
+
+@pytest.mark.integration
+def test_tensorboards_profile_tab_reads_the_profile_the_callback_wrote(tmp_path):
+    """The README sends users to TensorBoard's Profile tab (the ``profile`` extra): its plugin
+    lists the profile as a run and serves its pages."""
+    import glob
+    import gzip
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import tensorflow as tf
+
+    from hvdflow.infra.services._process import free_port
+    from hvdflow.training.callbacks import ProfileCallback
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    x, y = np.zeros((32, 4), "float32"), np.zeros((32, 2), "float32")
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[ProfileCallback(str(tmp_path), 1, 3)])
+    (written,) = glob.glob(f"{tmp_path}/plugins/profile/*/*.xplane.pb")
+    run = os.path.basename(os.path.dirname(written))
+    host = os.path.basename(written).removesuffix(".xplane.pb")
+
+    port = free_port()
+    tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    server = subprocess.Popen(
+        [tensorboard, "--logdir", str(tmp_path), "--port", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def get(path: str):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            body = reply.read()
+            # The plugin gzips its answers whatever the request accepts.
+            gzipped = reply.headers.get("Content-Encoding") == "gzip"
+            return json.loads(gzip.decompress(body) if gzipped else body)
+
+    try:
+        deadline, plugins = time.monotonic() + 60, None
+        while plugins is None:
+            assert time.monotonic() < deadline, "TensorBoard did not answer in 60 s"
+            assert server.poll() is None, "TensorBoard exited"
+            try:
+                plugins = get("/data/plugins_listing")
+            except OSError:
+                time.sleep(0.5)
+        assert plugins.get("profile", {}).get("enabled"), "no Profile tab: the profile extra?"
+        assert get("/data/plugin/profile/runs") == [run]
+        tools = get(f"/data/plugin/profile/run_tools?run={run}")
+        assert {"overview_page^", "trace_viewer@^"} <= set(tools)
+        overview = get(f"/data/plugin/profile/data?run={run}&tag=overview_page%5E&host={host}")
+        assert overview and "cols" in overview[0]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
