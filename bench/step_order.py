@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from hvdflow.infra import HorovodRunner
+from hvdflow.training.reader import without_autotuning
 
 STEPS, WARM, BATCH = 150, 20, 128
 VARIANTS = ("base", "early", "threads2", "threads2_inter1", "grouped")
@@ -119,9 +120,7 @@ def _batches(tf, rank: int):
     images = rng.random((BATCH * 8, 28, 28, 1), dtype=np.float32)
     labels = rng.integers(0, 10, BATCH * 8)
     dataset = tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(BATCH)
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.prefetch(4).with_options(options)
+    return without_autotuning(dataset.prefetch(4))
 
 
 def _batch_span():

@@ -32,6 +32,7 @@ from hvdflow.infra.constants import (
     TF_CONFIG,
 )
 from hvdflow.training.autograph import run_horovod_unconverted
+from hvdflow.training.reader import without_autotuning
 from hvdflow.training.threads import share_cores, use_threads
 
 NONE = "none"  # one process, no engine (np=1 outside the launcher)
@@ -79,7 +80,7 @@ def _device_datasets_without_autotuning() -> None:
     """MultiWorkerMirroredStrategy serves each rank's dataset through a dataset per device that it
     builds itself (``MultiDeviceIterator``), with tf.data's default options: autotuning on. Its
     iterator is deleted at the end of ``model.fit``, and the deletion waits for the autotuning
-    thread to wake, up to a minute (``training.reader._without_autotuning``): the TF engine's ranks
+    thread to wake, up to a minute (``training.reader.without_autotuning``): the TF engine's ranks
     sat idle 12-17 s after their last epoch on two epochs here (BENCHMARKS.md). TF 2.15 has no
     option that reaches that dataset, so its builder is wrapped to turn autotuning off there too.
     """
@@ -89,14 +90,13 @@ def _device_datasets_without_autotuning() -> None:
     build = devices._create_device_dataset
     if getattr(build, "hvdflow_without_autotuning", False):
         return
-    options = tf.data.Options()
-    options.autotune.enabled = False
     # Nothing there to optimise (a generator over the rank's own pipeline, and a prefetch); trying
     # says so in a warning at every iterator.
+    options = tf.data.Options()
     options.experimental_optimization.apply_default_optimizations = False
 
     def build_without_autotuning(*args, **kwargs):
-        return build(*args, **kwargs).with_options(options)
+        return without_autotuning(build(*args, **kwargs)).with_options(options)
 
     build_without_autotuning.hvdflow_without_autotuning = True
     devices._create_device_dataset = build_without_autotuning

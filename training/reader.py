@@ -97,7 +97,7 @@ def _normalized_batch(images, labels):
     return images, tf.cast(labels, tf.int32)
 
 
-def _without_autotuning(dataset):
+def without_autotuning(dataset):
     """``dataset`` without tf.data's autotuning thread.
 
     That thread sleeps between optimisation rounds for a period that doubles over the run (up to
@@ -155,7 +155,7 @@ def open_dataset(
             dataset = dataset.map(
                 as_written(_normalized_batch), num_parallel_calls=tf.data.AUTOTUNE
             )
-        yield _without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
+        yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
         return
 
     reader = make_reader(
@@ -184,7 +184,7 @@ def open_dataset(
             dataset = dataset.shuffle(1024, seed=seed)
         if batch_size:
             dataset = dataset.batch(batch_size)
-        yield _without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
+        yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
     finally:
         reader.stop()
         reader.join()
