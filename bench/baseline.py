@@ -1,8 +1,8 @@
 """The benchmark's baseline as its own process: ``python -m hvdflow.bench.baseline TRAINER JSON``.
 
 A separate process, like a rank, so that both pay for starting Python and importing
-TensorFlow; it prints the result as one JSON line. Output lines are tagged like rank 0's, so
-the paper's log method reads them the same way.
+TensorFlow; it prints the result (a ``RankResult``) as one JSON line. Output lines are tagged
+like rank 0's, so the paper's log method reads them the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     train = trainer_for(argv[1])
     kwargs = with_options(argv[1], json.loads(argv[2]), use_horovod=False)
     result = train(**kwargs)
-    print("HVDFLOW_RESULT " + json.dumps(result), flush=True)
+    print("HVDFLOW_RESULT " + json.dumps(result.to_dict()), flush=True)
     return 0
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from hvdflow.infra import HorovodRunner, LogLine, constants
 from hvdflow.training.epoch_log import epoch_done_times, epoch_times_from_log
 from hvdflow.training.gcn import train_gcn
+from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 from hvdflow.training.trainer import train_classifier
 
@@ -193,23 +194,23 @@ def measure(
         )
         results = [runner.run(trainer_for(trainer), **kwargs)]
     wall = time.perf_counter() - started
-    slowest = max(results, key=lambda r: sum(r["epoch_times"]))
-    epochs = len(slowest["epoch_times"])
+    slowest = max(results, key=lambda r: sum(r.epoch_times))
+    epochs = len(slowest.epoch_times)
     return Measurement(
         condition=c.name,
         np=c.ranks,
         repetition=repetition,
-        epoch_times=concurrent_epoch_times([r["epoch_times"] for r in results]),
+        epoch_times=concurrent_epoch_times([r.epoch_times for r in results]),
         epoch_times_log=epoch_times_from_log(lines) if len(results) == 1 else [],
         wall_clock_s=wall,
-        images=sum(r["images_per_epoch"] for r in results) * epochs,
-        train_seconds=max(r.get("train_seconds", 0.0) for r in results),
+        images=sum(r.images_per_epoch for r in results) * epochs,
+        train_seconds=max(r.train_seconds for r in results),
         processes=c.processes,
         # The GCN shares each host's cores among its ranks itself: no fixed budget (0).
         threads=c.n if c.kind == KERAS else (threads_per_rank if trainer == "classifier" else 0),
         kind=c.kind,
         # A ceiling's processes each train the whole model alike: the first one's accuracy.
-        val_accuracy=[float(a) for a in results[0]["history"].get("val_accuracy", [])],
+        val_accuracy=[float(a) for a in results[0].history.get("val_accuracy", ())],
         epoch_done_s=seconds_since(launched, epoch_done_times(lines)),
     )
 
@@ -248,9 +249,11 @@ def concurrent_epoch_times(per_process: list[list[float]]) -> list[float]:
     return [max(times) for times in zip(*per_process, strict=True)]
 
 
-def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine]) -> list[dict]:
+def _run_baselines(
+    trainer: str, kwargs: dict, count: int, lines: list[LogLine]
+) -> list[RankResult]:
     """``count`` baseline processes at once (the machine ceiling)."""
-    results: list[dict | None] = [None] * count
+    results: list[RankResult | None] = [None] * count
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -269,7 +272,7 @@ def _run_baselines(trainer: str, kwargs: dict, count: int, lines: list[LogLine])
     return [r for r in results if r is not None]
 
 
-def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dict:
+def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> RankResult:
     process = subprocess.Popen(
         [sys.executable, "-m", "hvdflow.bench.baseline", trainer, to_json(trainer, train_kwargs)],
         stdout=subprocess.PIPE,
@@ -281,7 +284,7 @@ def _run_baseline(trainer: str, train_kwargs: dict, lines: list[LogLine]) -> dic
         text = raw.rstrip("\n")
         tail = (tail + [text])[-30:]
         if text.startswith("HVDFLOW_RESULT "):
-            result = json.loads(text.removeprefix("HVDFLOW_RESULT "))
+            result = RankResult.from_dict(json.loads(text.removeprefix("HVDFLOW_RESULT ")))
         else:
             lines.append(LogLine(time.time(), 0, "stdout", text))
     if process.wait() != 0 or result is None:

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             runner = HorovodRunner(np=2, engine=engine, horovod=options)
             result = runner.run(train_classifier, spec=spec.replace(**extra, engine=engine))
             rates[name].append(steady_images_per_s(result))
-            accuracy = result["history"]["val_accuracy"][-1]
+            accuracy = result.history["val_accuracy"][-1]
             print(
                 f"round {round_ + 1}: {name:<28} {rates[name][-1]:7.1f} images/s, "
                 f"final val_accuracy {accuracy:.4f}",
@@ -120,7 +120,7 @@ def where_time_goes(spec, path: str) -> dict[str, dict[str, float]]:
         options = HorovodOptions(timeline_path=path, cycle_time_ms=cycle)
         result = HorovodRunner(np=2, horovod=options).run(train_classifier, spec=spec)
         name = f"hvd2 cycle_time_ms={cycle}"
-        shares[name] = breakdown(load_events(path), skip_first_s=result["epoch_times"][0])
+        shares[name] = breakdown(load_events(path), skip_first_s=result.epoch_times[0])
     return shares
 
 

@@ -21,12 +21,13 @@ import sys
 
 from hvdflow.bench.study import study_spec
 from hvdflow.infra import HorovodRunner
+from hvdflow.training.result import RankResult
 from hvdflow.training.trainer import train_classifier
 
 
-def steady_images_per_s(result: dict) -> float:
-    steady = result["epoch_times"][1:] or result["epoch_times"]
-    return result["images_per_epoch"] / statistics.mean(steady)
+def steady_images_per_s(result: RankResult) -> float:
+    steady = result.epoch_times[1:] or result.epoch_times
+    return result.images_per_epoch / statistics.mean(steady)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,7 +90,7 @@ def profile_side_by_side(dataset: str, out: str) -> dict[str, dict]:
         "keras1": step_breakdown(host_events(newest_profile(f"{out}/keras1/rank0"))),
         "keras": step_breakdown(host_events(newest_profile(f"{out}/keras/rank0"))),
         "hvd2 timeline (rank 0, steady epoch)": breakdown(
-            load_events(timeline), skip_first_s=result["epoch_times"][0]
+            load_events(timeline), skip_first_s=result.epoch_times[0]
         ),
     }
 

@@ -21,7 +21,7 @@ from hvdflow.tasks.config import (
     TrainingParams,
 )
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
-from hvdflow.tasks.train.run import TrainConfig
+from hvdflow.tasks.train.config import TrainConfig
 
 # The benchmark's default workload: the bundled digits, augmented to an MNIST-sized set.
 AUGMENTED_DIGITS = "augmented_digits"

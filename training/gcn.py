@@ -17,6 +17,7 @@ import numpy as np
 from hvdflow.infra.launcher.rank_events import log_to_driver
 from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
+from hvdflow.training.result import RankResult
 
 
 def load_cora(content_path: str, cites_path: str):
@@ -100,8 +101,9 @@ def train_gcn(
     seed: int = 0,
     use_horovod: bool = True,
     **_ignored,
-) -> dict:
-    """Train; return history, per-epoch times and nodes per epoch like ``train_classifier``."""
+) -> RankResult:
+    """Train; return history, per-epoch times and nodes per epoch, the record
+    ``train_classifier`` returns."""
     import tensorflow as tf
 
     if use_horovod:
@@ -167,14 +169,13 @@ def train_gcn(
     if rank == 0:
         last = {"val_accuracy": history["val_accuracy"][-1]}
         log_to_driver(epoch_done_line(epochs, epochs, epoch_times[-1], last))
-    weights_digest = float(tf.reduce_sum(w0) + tf.reduce_sum(w1))
-    return {
-        "size": size,
-        "history": history,
-        "epoch_times": epoch_times,
-        "train_seconds": time.perf_counter() - started,
-        "steps_per_epoch": 1,
-        "images_per_epoch": len(train_nodes),  # labelled nodes trained on per epoch
-        "weights_digest": weights_digest,
-        "model_version": None,
-    }
+    return RankResult(
+        size=size,
+        history={key: tuple(values) for key, values in history.items()},
+        epoch_times=tuple(epoch_times),
+        train_seconds=time.perf_counter() - started,
+        steps_per_epoch=1,
+        images_per_epoch=len(train_nodes),  # labelled nodes trained on per epoch
+        # Not scaled: the ranks split one full batch (see the optimizer above).
+        scaled_learning_rate=learning_rate,
+    )

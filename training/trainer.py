@@ -19,15 +19,16 @@ from hvdflow.training.optimizers import learning_rate_plan, make_planned_optimiz
 from hvdflow.training.profiling import log_profile, profile_folder
 from hvdflow.training.quality import rejection
 from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
+from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 
 # How long rank 0 waits for a tracking server that is down before it logs the model.
 TRACKER_WAIT_S = 300.0
 
 
-def train_classifier(spec: TrainSpec) -> dict:
-    """Train ``spec`` on this rank; rank 0 logs to MLflow and returns history, timings and the
-    registered version.
+def train_classifier(spec: TrainSpec) -> RankResult:
+    """Train ``spec`` on this rank; rank 0 logs to MLflow. Returns the history, timings and the
+    registered version (``training.result``).
 
     ``spec.engine``: ``"horovod"`` or ``"tf_collective"`` (``training.engines``); the same data,
     model, callbacks and logging either way. ``spec.use_horovod=False`` is the plain
@@ -43,8 +44,8 @@ def train_classifier(spec: TrainSpec) -> dict:
     ``optimizer.lr_scaling`` and ``warmup_epochs``: how the learning rate follows the number of
     ranks (``training.optimizers``). ``chance_margin``: a training that ends no better than
     chance by this much in val_accuracy is not registered, and says why in
-    ``result["rejected"]`` (``training.quality``); a diverging loss stops it early
-    (``result["stopped"]``). None judges nothing (the benchmark's conditions time training,
+    ``RankResult.rejected`` (``training.quality``); a diverging loss stops it early
+    (``RankResult.stopped``). None judges nothing (the benchmark's conditions time training,
     whatever it reaches).
 
     ``profile_batches`` (start, stop): TensorFlow's profiler over those batches. With
@@ -92,30 +93,30 @@ def train_classifier(spec: TrainSpec) -> dict:
     rejected = None
     if spec.chance_margin is not None:
         rejected = rejection(whole, data.num_classes, spec.chance_margin, plan.describe())
-    result = {
-        "size": engine.size,
-        "history": whole,
-        "epoch_times": (resumed.epoch_times if resumed else []) + timer.epoch_times,
-        "resumed_from_epoch": resumed.epoch if resumed else 0,
-        "train_seconds": train_s,
-        "steps_per_epoch": steps,
-        "images_per_epoch": steps * spec.batch_size * engine.size,
-        "scaled_learning_rate": plan.target,
-        "warmup_steps": plan.warmup_steps,
-        "stopped": guard.reason,
-        "rejected": rejected,
-        "model_version": None,
-        "evaluation": None,
-        "profile": profiled,
-    }
+    version, evaluation = None, None
     if engine.rank == 0 and rejected:
         log_to_driver(f"not registering the model: {rejected}")
     if engine.rank == 0 and spec.tracking and not rejected:
         import mlflow
 
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
-        result["model_version"], result["evaluation"] = _log_model(model, example, spec)
-    return result
+        version, evaluation = _log_model(model, example, spec)
+    return RankResult(
+        size=engine.size,
+        history={key: tuple(values) for key, values in whole.items()},
+        epoch_times=tuple((resumed.epoch_times if resumed else []) + timer.epoch_times),
+        train_seconds=train_s,
+        steps_per_epoch=steps,
+        images_per_epoch=steps * spec.batch_size * engine.size,
+        resumed_from_epoch=resumed.epoch if resumed else 0,
+        scaled_learning_rate=plan.target,
+        warmup_steps=plan.warmup_steps,
+        stopped=guard.reason,
+        rejected=rejected,
+        model_version=version,
+        evaluation=evaluation,
+        profile=profiled,
+    )
 
 
 def _compiled_model(spec: TrainSpec, engine, plan):

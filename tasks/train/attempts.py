@@ -19,6 +19,7 @@ from hvdflow.infra.launcher._slots import task_gpu_amount, task_slots
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
+from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 from hvdflow.training.trainer import train_classifier
 
@@ -50,7 +51,8 @@ class Attempts:
         """The current attempt's number in the MLflow run, from 1."""
         return self.before + self.count
 
-    def until_done(self, spec: TrainSpec, log_artifacts) -> dict:
+    def until_done(self, spec: TrainSpec, log_artifacts) -> RankResult:
+        """Rank 0's result of the attempt that succeeded."""
         import mlflow
 
         launcher = self.launcher

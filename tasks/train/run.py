@@ -15,8 +15,6 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict
-
 import hvdflow
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
@@ -24,6 +22,7 @@ from hvdflow.infra.tracking import check_reachable, wait_until_reachable
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
 from hvdflow.tasks.train import model_card
 from hvdflow.tasks.train.attempts import Attempts
+from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.registry import assign_aliases
 from hvdflow.tasks.train.resume import (
     backfill_epoch_metrics,
@@ -33,6 +32,7 @@ from hvdflow.tasks.train.resume import (
 )
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG, REJECTED_TAG
 from hvdflow.training.optimizers import resolve_scaling, scaled_learning_rate
+from hvdflow.training.result import RankResult
 from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
 
 logger = logging.getLogger(__name__)
@@ -47,18 +47,10 @@ class ModelRejected(RuntimeError):
     would train the same way."""
 
 
-class TrainConfig(BaseModel):
-    """The training step's share of a flow's parameters."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    training: TrainingParams = TrainingParams()
-    launcher: LauncherParams = LauncherParams()
-    tracking: TrackingParams = TrackingParams()
-
-
 @dataclass
 class TrainResult:
+    """A tracked training, as the flow sees it (Prefect persists it: no secret in it)."""
+
     run_id: str
     experiment_id: str
     tracking_uri: str
@@ -92,109 +84,181 @@ def train_and_track(
     import mlflow
 
     training, launcher, tracking = config.training, config.launcher, config.tracking
-    check_reachable(tracking_uri)  # before any rank starts
-    mlflow.set_tracking_uri(tracking_uri)
-    experiment = mlflow.set_experiment(tracking.experiment)
-    mlflow.set_system_metrics_sampling_interval(1)
-    resume_id = run_to_resume(tracking_uri, experiment.experiment_id, tracking.resume, flow_run_id)
+    experiment, resume_id = _experiment_and_run_to_resume(tracking, tracking_uri, flow_run_id)
     tags = {FLOW_RUN_TAG: flow_run_id} if flow_run_id else None
     with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
         run_id = run.info.run_id
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
         params = {**_params(config, dataset, weights), "checkpoints": checkpoint_url or "off"}
-        if resume_id:
-            check_same_params(tracking_uri, resume_id, params)
-            logger.info("resuming MLflow run %s from its last checkpoint", run_id)
-        else:
-            mlflow.log_params(params)
+        _log_or_check_params(params, tracking_uri, resume_id, run_id)
         before = int(run.data.tags.get(ATTEMPTS_TAG, "0")) if resume_id else 0
-        attempt = Attempts(launcher, spark, log_dir, on_log_line, before)
-        result = attempt.until_done(
-            training_spec(training, dataset, weights).replace(
-                tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),
-                checkpoint_url=checkpoint_url,
-                checkpoint_keep=training.checkpoint_keep,
-                engine=launcher.engine,
-                fp16_compression=launcher.horovod.fp16_compression,
-            ),
+        attempts = Attempts(launcher, spark, log_dir, on_log_line, before)
+        result = attempts.until_done(
+            _run_spec(config, dataset, weights, run_id, tracking_uri, checkpoint_url),
             log_artifacts=lambda runner, n: _log_artifacts(runner, launcher, dataset, n),
         )
-        wall = attempt.last_wall_s
-        wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
-        # The epochs this attempt trained: fewer than asked when the training stopped early.
-        epochs_run = len(result["epoch_times"]) - result["resumed_from_epoch"]
-        metrics = {
-            "wall_clock_s": wall,  # launch overhead included
-            "train_seconds": result["train_seconds"],
-            # The paper's measure: images x epochs / wall-clock, over this attempt's epochs.
-            "images_per_s": result["images_per_epoch"] * epochs_run / wall,
-            "scaled_learning_rate": result["scaled_learning_rate"],
-            "training_attempts": attempt.number,
-        }
-        mlflow.log_metrics(metrics)
-        backfill_epoch_metrics(tracking_uri, run_id, result["history"])
-        epoch_times_log = attempt.epoch_times_log()
-        for epoch, seconds in sorted(epoch_times_log.items()):
-            mlflow.log_metric("epoch_time_log_s", seconds, step=epoch - 1)
-        for epoch, seconds in enumerate(result["epoch_times"]):
-            mlflow.log_metric(
-                "images_per_s_epoch", result["images_per_epoch"] / seconds, step=epoch
-            )
-        rejected = result.get("rejected")
-        if rejected:
-            if result.get("stopped"):
-                mlflow.set_tag("hvdflow.stopped", result["stopped"])
-            mlflow.set_tag(REJECTED_TAG, rejected)
+        wall, epoch_times_log = attempts.last_wall_s, attempts.epoch_times_log()
+        images_per_s = _log_metrics(
+            tracking_uri, run_id, result, wall, attempts.number, epoch_times_log
+        )
+        if result.rejected:
             # Raised inside the run: MLflow ends it as FAILED.
-            raise ModelRejected(f"run {run_id}: {rejected}")
-        registry = mlflow.MlflowClient(tracking_uri)
-        aliases = assign_aliases(
-            tracking.registered_model_name, result["model_version"], client=registry
-        )
-        # What the MLflow pages show beside the wall clock: steady-state throughput (the first
-        # epoch's warm-up left out), and on the version's page what produced it.
-        steady = model_card.steady_images_per_s(result["images_per_epoch"], result["epoch_times"])
-        if steady is not None:
-            mlflow.log_metric(model_card.STEADY_METRIC, steady)
-        model_card.describe_version(
-            tracking.registered_model_name,
-            result["model_version"],
-            dataset_fingerprint=dataset.fingerprint,
-            # What really trained: fewer ranks than np after an elastic resume.
-            np=result["size"] if launcher.np > 0 else launcher.np,
-            engine=getattr(launcher, "engine", model_card.DEFAULT_ENGINE),
-            flow_run_url=model_card.flow_run_url(flow_run_id),
-            flow_run_id=flow_run_id,
-            run_id=run_id,
-            steady_images_per_s=steady,
-            val_accuracy=(result["history"].get("val_accuracy") or [None])[-1],
-            dataset=dataset.path,
-            code_version=hvdflow.__version__,
-            evaluation=result.get("evaluation"),
-            client=registry,
-        )
+            raise _rejection(run_id, result)
+        aliases = _publish(config, dataset, result, tracking_uri, run_id, flow_run_id)
 
     logger.info(
         "run %s: %.1f images/s, model %s version %s %s",
         run_id,
-        metrics["images_per_s"],
+        images_per_s,
         tracking.registered_model_name,
-        result["model_version"],
+        result.model_version,
         aliases,
     )
     return TrainResult(
         run_id=run_id,
         experiment_id=experiment.experiment_id,
         tracking_uri=redact_url(tracking_uri),  # the result is persisted: no login in it
-        model_version=result["model_version"],
+        model_version=result.model_version,
         aliases=aliases,
         wall_clock_s=wall,
-        images_per_s=metrics["images_per_s"],
-        epoch_times=result["epoch_times"],
+        images_per_s=images_per_s,
+        epoch_times=list(result.epoch_times),
         epoch_times_log=[epoch_times_log[e] for e in sorted(epoch_times_log)],
-        history=result["history"],
-        attempts=attempt.number,
+        history={key: list(values) for key, values in result.history.items()},
+        attempts=attempts.number,
     )
+
+
+def _experiment_and_run_to_resume(
+    tracking: TrackingParams, tracking_uri: str, flow_run_id: str | None
+):
+    """MLflow pointed at a server that answers (checked before any rank starts); the
+    experiment, and the id of the run this training continues (None: a new run)."""
+    import mlflow
+
+    check_reachable(tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)
+    experiment = mlflow.set_experiment(tracking.experiment)
+    mlflow.set_system_metrics_sampling_interval(1)
+    resume_id = run_to_resume(tracking_uri, experiment.experiment_id, tracking.resume, flow_run_id)
+    return experiment, resume_id
+
+
+def _log_or_check_params(
+    params: dict, tracking_uri: str, resume_id: str | None, run_id: str
+) -> None:
+    """A new run logs its parameters; a resumed one must have been logged with the same."""
+    import mlflow
+
+    if resume_id:
+        check_same_params(tracking_uri, resume_id, params)
+        logger.info("resuming MLflow run %s from its last checkpoint", run_id)
+    else:
+        mlflow.log_params(params)
+
+
+def _run_spec(
+    config: TrainConfig,
+    dataset,
+    weights,
+    run_id: str,
+    tracking_uri: str,
+    checkpoint_url: str | None,
+) -> TrainSpec:
+    """What every rank trains in this run: the training's spec, tracked into ``run_id`` and
+    checkpointed at ``checkpoint_url``, on the launcher's engine."""
+    training, launcher, tracking = config.training, config.launcher, config.tracking
+    return training_spec(training, dataset, weights).replace(
+        tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),
+        checkpoint_url=checkpoint_url,
+        checkpoint_keep=training.checkpoint_keep,
+        engine=launcher.engine,
+        fp16_compression=launcher.horovod.fp16_compression,
+    )
+
+
+def _log_metrics(
+    tracking_uri: str,
+    run_id: str,
+    result: RankResult,
+    wall: float,
+    attempt: int,
+    epoch_times_log: dict[int, float],
+) -> float:
+    """Log what the last attempt measured, and the epoch metrics rank 0 could not send; the
+    run's images/s (the paper's measure: images x epochs / wall clock, over this attempt's
+    epochs, launch overhead included)."""
+    import mlflow
+
+    # The tracking server may have gone away during training: it is waited for, not skipped.
+    wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
+    images_per_s = result.images_per_epoch * result.epochs_run / wall
+    mlflow.log_metrics(
+        {
+            "wall_clock_s": wall,  # launch overhead included
+            "train_seconds": result.train_seconds,
+            "images_per_s": images_per_s,
+            "scaled_learning_rate": result.scaled_learning_rate,
+            "training_attempts": attempt,
+        }
+    )
+    backfill_epoch_metrics(tracking_uri, run_id, result.history)
+    for epoch, seconds in sorted(epoch_times_log.items()):
+        mlflow.log_metric("epoch_time_log_s", seconds, step=epoch - 1)
+    for epoch, seconds in enumerate(result.epoch_times):
+        mlflow.log_metric("images_per_s_epoch", result.images_per_epoch / seconds, step=epoch)
+    return images_per_s
+
+
+def _rejection(run_id: str, result: RankResult) -> ModelRejected:
+    """Why ``result``'s model is not published, tagged on the run (and why it stopped early,
+    when it did); the error to end the run with."""
+    import mlflow
+
+    if result.stopped:
+        mlflow.set_tag("hvdflow.stopped", result.stopped)
+    mlflow.set_tag(REJECTED_TAG, result.rejected)
+    return ModelRejected(f"run {run_id}: {result.rejected}")
+
+
+def _publish(
+    config: TrainConfig,
+    dataset,
+    result: RankResult,
+    tracking_uri: str,
+    run_id: str,
+    flow_run_id: str | None,
+) -> list[str]:
+    """The registered version's aliases settled and its model card written; the aliases it
+    holds now."""
+    import mlflow
+
+    launcher, tracking = config.launcher, config.tracking
+    registry = mlflow.MlflowClient(tracking_uri)
+    aliases = assign_aliases(tracking.registered_model_name, result.model_version, client=registry)
+    # What the MLflow pages show beside the wall clock: steady-state throughput (the first
+    # epoch's warm-up left out), and on the version's page what produced it.
+    steady = model_card.steady_images_per_s(result.images_per_epoch, result.epoch_times)
+    if steady is not None:
+        mlflow.log_metric(model_card.STEADY_METRIC, steady)
+    model_card.describe_version(
+        tracking.registered_model_name,
+        result.model_version,
+        dataset_fingerprint=dataset.fingerprint,
+        # What really trained: fewer ranks than np after an elastic resume.
+        np=result.size if launcher.np > 0 else launcher.np,
+        engine=getattr(launcher, "engine", model_card.DEFAULT_ENGINE),
+        flow_run_url=model_card.flow_run_url(flow_run_id),
+        flow_run_id=flow_run_id,
+        run_id=run_id,
+        steady_images_per_s=steady,
+        val_accuracy=result.final_val_accuracy,
+        dataset=dataset.path,
+        code_version=hvdflow.__version__,
+        evaluation=result.evaluation,
+        client=registry,
+    )
+    return aliases
 
 
 def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:

@@ -20,10 +20,11 @@ from hvdflow.infra.tracking import check_reachable
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.spark_slots import spark_slots
+from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.events import CHAMPION_MOVED, champion_moved
 from hvdflow.tasks.train.progress import EpochProgress
 from hvdflow.tasks.train.registry import CHAMPION
-from hvdflow.tasks.train.run import TrainConfig, TrainResult, train_and_track
+from hvdflow.tasks.train.run import TrainResult, train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
 
 # The Prefect progress artifact that follows a training's epochs (the flow run's Artifacts tab).

@@ -58,9 +58,9 @@ def test_gcn_learns_the_karate_clubs_alone_and_with_two_ranks(tmp_path):
     content, cites = write_karate_cora(str(tmp_path))
     kwargs = {"content_path": content, "cites_path": cites, "epochs": 60, "train_per_class": 4}
     alone = train_gcn(**kwargs, use_horovod=False)
-    assert alone["size"] == 1 and len(alone["epoch_times"]) == 60
-    assert alone["history"]["val_accuracy"][-1] > 0.7
-    assert alone["history"]["loss"][-1] < alone["history"]["loss"][0]
+    assert alone.size == 1 and len(alone.epoch_times) == 60
+    assert alone.final_val_accuracy > 0.7
+    assert alone.history["loss"][-1] < alone.history["loss"][0]
     together = HorovodRunner(np=-2).run(train_gcn, **kwargs)
-    assert together["size"] == 2 and together["history"]["val_accuracy"][-1] > 0.7
+    assert together.size == 2 and together.final_val_accuracy > 0.7
     assert wait_for_no_ranks() == []

@@ -36,8 +36,8 @@ def final_val_accuracy(dataset, model: str, np: int, engine: str = "horovod") ->
     result = HorovodRunner(np=-np, engine=engine).run(
         train_classifier, spec=spec.replace(engine=engine, threads=1)
     )
-    assert result["size"] == np and result["stopped"] is None and result["rejected"] is None
-    return result["history"]["val_accuracy"][-1]
+    assert result.size == np and result.stopped is None and result.rejected is None
+    return result.history["val_accuracy"][-1]
 
 
 # Both engines follow the same rule: the TensorFlow engine is checked on the cheaper model, against
