@@ -29,13 +29,7 @@ from hvdflow.infra.secrets import (
 
 # The data parameters are preprocessing's own (one model, in its room); the flows find every
 # parameter group here.
-from hvdflow.tasks.preprocess.config import (
-    DataParams,
-    InputFormat,
-    check_image_size,
-    check_output,
-    check_s3_uri,
-)
+from hvdflow.tasks.preprocess.config import DataParams, InputFormat
 from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact
 from hvdflow.training.models import Recipe, model_names, recipe
 from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES, OPTIMIZERS
@@ -318,10 +312,4 @@ class TrackingParams(BaseModel):
     )
 
 
-__all__ = [
-    "DataParams",
-    "InputFormat",
-    "check_image_size",
-    "check_output",
-    "check_s3_uri",
-]
+__all__ = ["DataParams", "InputFormat"]

@@ -38,6 +38,12 @@ from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.attempts import new_attempt
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3, join
+from hvdflow.tasks.images.listing import (
+    Listing,
+    list_class_folders,
+    list_mnist_idx,
+    list_s3_class_folders,
+)
 from hvdflow.tasks.preprocess import sources
 from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
 from hvdflow.tasks.preprocess.plan import check_listed, check_ranks, check_reused, plan_split
@@ -47,18 +53,18 @@ from hvdflow.tasks.preprocess.stage import run_stage
 logger = logging.getLogger(__name__)
 
 
-def list_inputs(config: PreprocessConfig, access: S3Access | None = None) -> sources.Listing:
+def list_inputs(config: PreprocessConfig, access: S3Access | None = None) -> Listing:
     if is_s3(config.input):
         access = access or S3Access.from_env()
         if config.input_format == "mnist_idx":
-            return sources.list_mnist_idx(config.input, access)
-        return sources.list_s3_class_folders(config.input, access)
+            return list_mnist_idx(config.input, access)
+        return list_s3_class_folders(config.input, access)
     if config.input_format == "mnist_idx":
-        return sources.list_mnist_idx(config.input)
+        return list_mnist_idx(config.input)
     root = config.input
     if config.input_format == "digits":
         root = sources.write_digits_tree(config.input)
-    return sources.list_class_folders(root)
+    return list_class_folders(root)
 
 
 def preprocess_images(spark, config: PreprocessConfig, store=None) -> DatasetManifest:

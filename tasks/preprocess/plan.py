@@ -4,18 +4,16 @@ config (``plan_split`` reads the records of listed MNIST IDX files, nothing else
 
 from __future__ import annotations
 
-import logging
 import math
-from collections import Counter
 from dataclasses import dataclass
 
-from hvdflow.tasks.preprocess import sources
+from hvdflow.tasks.images.listing import Item, Listing
+from hvdflow.tasks.images.partitions import assign_partitions
 from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
 from hvdflow.tasks.preprocess.schema import image_shape
+from hvdflow.tasks.preprocess.sources import listed_records
 from hvdflow.tasks.preprocess.split import choose_boundaries, is_val, split_key
 from hvdflow.tasks.preprocess.write import SPLITS, plan_row_groups, row_groups_for
-
-logger = logging.getLogger(__name__)
 
 # Decoded image bytes (raw) per task: bigger inputs get more waves of tasks, so that a failed
 # task redoes a bounded share (a task streams its rows: its memory does not depend on this).
@@ -32,10 +30,10 @@ class SplitPlan:
         return sum(t for t, _ in self.per_item), sum(v for _, v in self.per_item)
 
 
-def plan_split(config: PreprocessConfig, listing: sources.Listing, access) -> SplitPlan:
+def plan_split(config: PreprocessConfig, listing: Listing, access) -> SplitPlan:
     """Which listed record goes to validation (split.py), and how many of each per item."""
     label_index = {name: i for i, name in enumerate(listing.labels)}
-    records = sources.listed_records(listing, label_index, access)
+    records = listed_records(listing, label_index, access)
     rules = choose_boundaries(
         lambda: ((label, source) for _, label, source in records()),
         len(label_index),
@@ -84,7 +82,7 @@ def check_reused(config: PreprocessConfig, manifest: DatasetManifest) -> None:
             )
 
 
-def check_listed(config: PreprocessConfig, listing: sources.Listing) -> None:
+def check_listed(config: PreprocessConfig, listing: Listing) -> None:
     """Fail before any Spark work when the listing holds nothing to decode."""
     unusable = [item for item in listing.items if item.problem is not None]
     if len(unusable) < len(listing.items):
@@ -99,27 +97,7 @@ def check_listed(config: PreprocessConfig, listing: sources.Listing) -> None:
     )
 
 
-def check_quality(config, good: int, bad: int, reasons: Counter, examples: list) -> None:
-    """Fail when no input, or more than ``config.max_bad_fraction`` of them, is a usable image
-    (``examples``: the first (source, reason) pairs, sorted)."""
-    total = good + bad
-    if good == 0:
-        raise ValueError(
-            f"none of the {total} inputs in {config.input!r} is a usable image (most common "
-            f"reasons: {reasons.most_common(3)}); check the path and the input_format"
-        )
-    if bad and bad / total > config.max_bad_fraction:
-        shown = "; ".join(f"{s}: {r}" for s, r in examples[:3])
-        raise ValueError(
-            f"{bad} of {total} inputs ({bad / total:.0%}) are unusable, above "
-            f"max_bad_fraction={config.max_bad_fraction:g}; e.g. {shown}. Fix the inputs or "
-            "raise max_bad_fraction"
-        )
-    if bad:
-        logger.warning("quarantined %d of %d inputs (see quarantine.csv)", bad, total)
-
-
-def partition_count(slots: int, listing: sources.Listing, config: PreprocessConfig) -> int:
+def partition_count(slots: int, listing: Listing, config: PreprocessConfig) -> int:
     """One wave of tasks (a multiple of the ``slots``), more only to keep each task's share of
     decoded images under PARTITION_BYTES. Every task costs a round trip to a Python worker, so
     more tasks than slots cost time and buy nothing; row groups are planned apart from them."""
@@ -130,31 +108,21 @@ def partition_count(slots: int, listing: sources.Listing, config: PreprocessConf
     return max(1, min(len(listing.items), slots * waves))
 
 
-def assign_partitions(weights: list[int], partitions: int) -> list[int]:
-    """Consecutive items to each partition, balanced by weight (records per item)."""
-    total = max(1, sum(weights))
-    assigned, before = [], 0
-    for weight in weights:
-        assigned.append(min(partitions - 1, before * partitions // total))
-        before += weight
-    return assigned
-
-
 @dataclass(frozen=True)
 class PartitionPlan:
     """What each Spark task decodes and how its rows are cut into row groups."""
 
-    items: list[list[sources.Item]]  # partition -> the listing items it decodes
+    items: list[list[Item]]  # partition -> the listing items it decodes
     sizes: dict[int, dict[str, list[int]]]  # partition -> split -> rows per row group
 
 
 def plan_partitions(
-    listing: sources.Listing, split: SplitPlan, partitions: int, config: PreprocessConfig
+    listing: Listing, split: SplitPlan, partitions: int, config: PreprocessConfig
 ) -> PartitionPlan:
     """Consecutive items to each partition (balanced by records), and each split's row groups
     (at least ``config.row_groups``, more for big splits) spread over the partitions."""
     assigned = assign_partitions([item.count for item in listing.items], partitions)
-    by_partition: list[list[sources.Item]] = [[] for _ in range(partitions)]
+    by_partition: list[list[Item]] = [[] for _ in range(partitions)]
     counts = {name: [0] * partitions for name in SPLITS}
     for item, p, (train, val) in zip(listing.items, assigned, split.per_item, strict=True):
         by_partition[p].append(item)

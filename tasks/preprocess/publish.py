@@ -16,6 +16,7 @@ from dataclasses import asdict
 from hvdflow.infra.storage.attempts import removable_attempts
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import dataset_url, join
+from hvdflow.tasks.images.quarantine import write_quarantine
 from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.preprocess.schema import image_schema, image_shape
 from hvdflow.tasks.preprocess.write import (
@@ -23,7 +24,6 @@ from hvdflow.tasks.preprocess.write import (
     arrow_schema,
     write_empty_split,
     write_petastorm_metadata,
-    write_quarantine,
 )
 
 logger = logging.getLogger(__name__)

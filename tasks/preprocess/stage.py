@@ -14,13 +14,10 @@ from dataclasses import dataclass
 
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3
-from hvdflow.tasks.preprocess.decode import DecodePlan, executor_errors
-from hvdflow.tasks.preprocess.plan import (
-    SplitPlan,
-    check_quality,
-    partition_count,
-    plan_partitions,
-)
+from hvdflow.tasks.images.fetch import executor_errors
+from hvdflow.tasks.images.quarantine import check_quality
+from hvdflow.tasks.preprocess.decode import DecodePlan
+from hvdflow.tasks.preprocess.plan import SplitPlan, partition_count, plan_partitions
 from hvdflow.tasks.preprocess.publish import finish
 from hvdflow.tasks.preprocess.write import SPLITS, WritePlan, write_partition
 

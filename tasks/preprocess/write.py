@@ -14,51 +14,43 @@ Then the driver adds what Petastorm's ``make_reader`` needs, with Petastorm's ow
 (what ``materialize_dataset`` does after a Spark write): the pickled Unischema and the row
 groups of every file in ``_common_metadata``, and checks that Petastorm sees every row group.
 
-Scoring (tasks/score/executor.py) writes its prediction and quarantine parts, and merges the
-quarantine report, with the same functions (ParquetPart, write_quarantine_part,
-write_quarantine).
+The part files and the quarantine report are written as scoring writes its own
+(``hvdflow.tasks.images``: ``parquet.ParquetPart``, ``quarantine``).
 """
 
 from __future__ import annotations
 
-import csv
-import heapq
-import io
 import json
-import logging
 import math
 import os
 import pickle
-import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from hvdflow.infra.storage.access import S3Access
-from hvdflow.infra.storage.files import Location, open_for_write
+from hvdflow.infra.storage.files import open_for_write
 from hvdflow.infra.storage.uris import dataset_url, is_s3, join
-from hvdflow.tasks.preprocess.decode import FETCH_AHEAD, Bad, decode_records
+from hvdflow.tasks.images.decode import Bad
+from hvdflow.tasks.images.fetch import FETCH_AHEAD
+from hvdflow.tasks.images.parquet import ParquetPart
+from hvdflow.tasks.images.partitions import part_name
+from hvdflow.tasks.images.quarantine import write_quarantine_part
+from hvdflow.tasks.preprocess.decode import decode_records
 from hvdflow.tasks.preprocess.split import is_val
 from hvdflow.training.reader import filesystem_for
-
-logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
 # Row groups hold at most about this much (what materialize_dataset(row_group_size_mb=64) gave
 # before): big enough for sequential reads, small enough for a reader worker's memory.
 ROW_GROUP_BYTES = 64 << 20
-QUARANTINE_HEADER = ("source", "reason")
 # Test hook, read on the executors only: the number of the partition whose write task dies
 # (os._exit, as a killed executor would) right after its first file is complete. Set it in the
 # executors' environment (Spark's executorEnv) to cause a real crash in the middle of a write.
 CRASH_AFTER_FIRST_FILE_ENV = "HVDFLOW_TEST_CRASH_PARTITION_AFTER_FIRST_FILE"
 # Distinct kinds of reasons a task reports for its unusable inputs (the rest: "other").
 MAX_REASON_KINDS = 20
-
-
-def part_name(partition: int, suffix: str = "parquet") -> str:
-    return f"part-{partition:05d}.{suffix}"
 
 
 def row_groups_for(rows: int, nbytes: int, shards: int) -> int:
@@ -125,34 +117,6 @@ PARQUET_OPTIONS = {
     "use_dictionary": ["label", "source", "split"],
     "write_statistics": ["label", "source", "split"],
 }
-
-
-class ParquetPart:
-    """A part file written as Arrow tables come (storage.open_for_write): created at the first
-    table, complete at ``url`` only once closed; ``abort`` (in an ``except``) leaves nothing."""
-
-    def __init__(self, url: str, schema, access: S3Access | None, client, **options):
-        self.url, self.schema, self.access, self.client = url, schema, access, client
-        self.options = options  # for pyarrow's ParquetWriter
-        self._context = None
-        self._writer = None
-
-    def write(self, table, row_group_size: int | None = None) -> None:
-        import pyarrow.parquet as pq
-
-        if self._writer is None:
-            self._context = open_for_write(self.url, self.access, self.client)
-            self._writer = pq.ParquetWriter(self._context.__enter__(), self.schema, **self.options)
-        self._writer.write_table(table, row_group_size=row_group_size)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._context.__exit__(None, None, None)
-
-    def abort(self) -> None:
-        if self._context is not None:
-            self._context.__exit__(*sys.exc_info())
 
 
 class _SplitFile:
@@ -288,23 +252,6 @@ def _reasons(bad: list[tuple[str, str]]):
         yield Written("example", f"{source}\0{reason}", 0, 0)
 
 
-def write_quarantine_part(attempt_url: str, partition: int, bad, access, client) -> str:
-    """A partition's unusable inputs, sorted (source, reason) pairs, as the attempt's
-    ``quarantine/part-NNNNN.csv``; returns the file's name (for write_quarantine)."""
-    name = part_name(partition, "csv")
-    with open_for_write(join(attempt_url, "quarantine", name), access, client) as f:
-        f.write(_csv_bytes(bad))
-    return name
-
-
-def _csv_bytes(rows) -> bytes:
-    text = io.StringIO()
-    writer = csv.writer(text)
-    writer.writerow(QUARANTINE_HEADER)
-    writer.writerows(rows)
-    return text.getvalue().encode()
-
-
 # --- the driver, after the executors ------------------------------------------------------
 
 
@@ -353,37 +300,3 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
             "changed while the metadata was written; run the preprocessing again"
         )
     return seen
-
-
-def write_quarantine(attempt_dir: Location, parts: list[str]) -> str:
-    """The executors' quarantine parts merged into the attempt's one sorted quarantine.csv
-    (only its header when there are none), the parts removed; returns its URL."""
-    if not parts:
-        return attempt_dir.write_bytes(
-            "quarantine.csv", (",".join(QUARANTINE_HEADER) + "\r\n").encode()
-        )
-    _merge_quarantine(attempt_dir, parts, "quarantine.csv")
-    try:
-        attempt_dir.remove_tree("quarantine")
-    except Exception as e:  # the merged report exists; the parts are only clutter
-        logger.warning("could not remove %s: %s", attempt_dir.join("quarantine"), e)
-    return attempt_dir.join("quarantine.csv")
-
-
-def _merge_quarantine(location, parts: list[str], name: str) -> None:
-    """The executors' quarantine parts (each sorted) merged into one sorted CSV, streamed."""
-
-    def rows(part: str):
-        lines = location.iter_lines(f"quarantine/{part}")
-        reader = csv.reader(lines)
-        next(reader, None)  # header
-        yield from (tuple(row) for row in reader)
-
-    with location.open_for_write(name) as f:
-        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        writer = csv.writer(text)
-        writer.writerow(QUARANTINE_HEADER)
-        for row in heapq.merge(*(rows(p) for p in parts)):
-            writer.writerow(row)
-        text.flush()
-        text.detach()

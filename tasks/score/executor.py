@@ -1,14 +1,15 @@
 """Executor side of scoring: units of work in (Arrow batches), prediction files written out.
 
 ``score_partition`` is the function of the job's ``mapInPandas``: its input batches are rows
-of (source, path, row_group), planned on the driver; it fetches and decodes every image with
-preprocessing's rules (``decode.decode_image``: the same resizing, colours and quarantine
-reasons), predicts ``batch_size`` images at a time with the process's cached model, and writes
-the partition's predictions straight to the attempt folder (``predictions/part-NNNNN.parquet``,
-local or ``s3://``) and its unusable inputs to ``quarantine/part-NNNNN.csv``. Predictions never
-reach the JVM or the driver: the task returns a few report rows (``REPORT_SCHEMA``). File names
-are the partition's number, so a task that Spark retries rewrites the same files, each of which
-appears only once complete (storage.open_for_write).
+of (source, path, row_group), planned on the driver; it fetches and decodes every image as
+preprocessing does (``hvdflow.tasks.images.fetch.Fetcher``: the same reads, resizing, colours
+and quarantine reasons), predicts ``batch_size`` images at a time with the process's cached
+model, and writes the partition's predictions straight to the attempt folder
+(``predictions/part-NNNNN.parquet``, local or ``s3://``) and its unusable inputs to
+``quarantine/part-NNNNN.csv``. Predictions never reach the JVM or the driver: the task returns
+a few report rows (``REPORT_SCHEMA``). File names are the partition's number, so a task that
+Spark retries rewrites the same files, each of which appears only once complete
+(storage.open_for_write).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,19 +26,14 @@ import numpy as np
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.serving.images import model_input
-from hvdflow.tasks.preprocess.decode import (
-    FETCH_AHEAD,
-    Bad,
-    check_input_root,
-    decode_image,
-    fetch_ahead,
-    file_bytes,
-    get_object,
-    host,
-)
-from hvdflow.tasks.preprocess.write import ParquetPart, part_name, write_quarantine_part
+from hvdflow.tasks.images.decode import Bad
+from hvdflow.tasks.images.fetch import FETCH_AHEAD, Fetcher, check_input_root, host
+from hvdflow.tasks.images.listing import Item
+from hvdflow.tasks.images.parquet import ParquetPart
+from hvdflow.tasks.images.partitions import part_name
+from hvdflow.tasks.images.quarantine import write_quarantine_part
 from hvdflow.tasks.score import model_cache
-from hvdflow.tasks.score.inputs import WHOLE_FILE, Unit, read_row_group
+from hvdflow.tasks.score.inputs import WHOLE_FILE
 
 INPUT_SCHEMA = "source string, path string, row_group int, problem string"
 # kind: predictions (name: part file, count: rows), class (name: class index, count: rows),
@@ -98,7 +93,9 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
     uses_s3 = is_s3(plan.root) or is_s3(plan.attempt_url)
     client = plan.access.client(connections=FETCH_AHEAD) if uses_s3 else None
     out = _PredictionFile(join(plan.attempt_url, "predictions", part_name(partition)), plan, client)
-    fetcher = _Fetcher(plan.access, client, parallel=is_s3(plan.root))
+    # Fetched ahead from object storage only: for local files, threads would only compete
+    # with decoding.
+    fetcher = Fetcher(plan.access if is_s3(plan.root) else None, client)
     counts: Counter = Counter()
     bad: list[tuple[str, str]] = []
     timing: Counter = Counter()
@@ -119,7 +116,10 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
 
     started = time.perf_counter()
     try:
-        for record in fetcher.records(_units(batches), plan):
+        records = fetcher.records(
+            _items(batches), plan.image_size, plan.color_mode, plan.max_pixels
+        )
+        for record in records:
             if isinstance(record, Bad):
                 bad.append((record.source, record.reason))
                 continue
@@ -140,11 +140,13 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
     return _report(plan, partition, out, counts, bad, timing, client)
 
 
-def _units(batches):
+def _items(batches):
+    """The listed units (``inputs.Unit``) of the task's batches, as the Fetcher reads them."""
     for batch in batches:
         columns = (batch["source"], batch["path"], batch["row_group"], batch["problem"])
         for source, path, row_group, problem in zip(*columns, strict=True):
-            yield Unit(source, path, int(row_group), problem=problem or None)
+            row_group = None if int(row_group) == WHOLE_FILE else int(row_group)
+            yield Item(source, "", path, problem=problem or None, row_group=row_group)
 
 
 def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
@@ -203,55 +205,3 @@ class _PredictionFile:
 
     def abort(self) -> None:
         self._part.abort()
-
-
-class _Fetcher:
-    """The bytes of image files (local reads, or GETs with FETCH_AHEAD in flight) and the rows
-    of Parquet row groups (one at a time: each may be tens of MB), decoded with preprocessing's
-    rules."""
-
-    def __init__(self, access: S3Access | None, client, parallel: bool):
-        self._access = access
-        self._client = client
-        self._parallel = parallel and client is not None
-        self._pool: ThreadPoolExecutor | None = None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def records(self, units, plan: ExecutorPlan):
-        """Good or Bad records (decode.py) of every unit, in order."""
-        for unit, data in self._fetched(units):
-            if _is_row_group(unit):
-                sources, images = data
-                for source, image in zip(sources, images, strict=True):
-                    yield self._decode(source, image or b"", plan)
-            elif isinstance(data, Bad):
-                yield data
-            else:
-                yield self._decode(unit.source, data, plan)
-
-    @staticmethod
-    def _decode(source: str, data: bytes, plan: ExecutorPlan):
-        return decode_image(source, "", data, plan.image_size, plan.color_mode, plan.max_pixels)
-
-    def _fetched(self, units):
-        if self._parallel and self._pool is None:
-            self._pool = ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="hvdflow-score")
-        # A row group is fetched in order, alone: never several in memory.
-        yield from fetch_ahead(units, self._fetch, self._pool, alone=_is_row_group)
-
-    def _fetch(self, unit: Unit):
-        if unit.problem:  # the listing found it unusable: never read
-            return Bad(unit.source, unit.problem)
-        if _is_row_group(unit):
-            return read_row_group(unit, self._access)
-        return file_bytes(unit.source, unit.path, self._get)
-
-    def _get(self, uri: str) -> bytes | None:
-        return get_object(self._client, self._access, uri)
-
-
-def _is_row_group(unit: Unit) -> bool:
-    return unit.row_group != WHOLE_FILE

@@ -1,16 +1,15 @@
 """What to score, listed on the driver: image files, or the row groups of a Parquet dataset.
 
-Image folders are listed the way preprocessing lists them (``sources.py``: names starting with a
-dot are skipped, entries that cannot be images are listed with the reason, an ``s3://`` prefix
-is listed with paginated ListObjectsV2 calls), plus the files at the top level, since images to
-score need no class folders. A dataset is listed by
-its Parquet footers: one unit of work per row group, so the executors read only their share.
-No image is read on the driver, except one when a dataset does not say its image shape.
+Image folders are listed the way preprocessing lists them (``hvdflow.tasks.images.listing``:
+names starting with a dot are skipped, entries that cannot be images are listed with the
+reason, an ``s3://`` prefix is listed with paginated ListObjectsV2 calls), plus the files at the
+top level, since images to score need no class folders. A dataset is listed by its Parquet
+footers: one unit of work per row group, so the executors read only their share. No image is
+read on the driver, except one when a dataset does not say its image shape.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
@@ -21,10 +20,10 @@ import numpy as np
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.files import Location, list_objects
 from hvdflow.infra.storage.uris import is_s3, join, split_s3
-from hvdflow.tasks.preprocess import sources
+from hvdflow.tasks.images.listing import list_class_folders, list_s3_class_folders
+from hvdflow.tasks.images.parquet import IMAGE_COLUMN, SOURCE_COLUMN, open_input, read_row_group
 
 MANIFEST = "manifest.json"  # what preprocessing publishes beside a dataset's attempt folders
-IMAGE_COLUMN, SOURCE_COLUMN = "image", "source"
 WHOLE_FILE = -1  # Unit.row_group of an image file
 
 
@@ -36,8 +35,8 @@ class Unit:
     path: str  # a local path or an s3:// URI
     row_group: int = WHOLE_FILE
     rows: int = 1
-    # Why the listing already knows it is unusable (a broken link, a named pipe: sources.py):
-    # it is quarantined with this reason, never read.
+    # Why the listing already knows it is unusable (a broken link, a named pipe:
+    # hvdflow.tasks.images.walk): it is quarantined with this reason, never read.
     problem: str | None = None
 
 
@@ -62,7 +61,7 @@ def list_images(root: str, access: S3Access | None = None) -> ScoreInput:
     """Every image file under ``root`` (any depth), sorted by its path relative to ``root``."""
     if is_s3(root):
         access = access or S3Access.from_env()
-        nested = sources.list_s3_class_folders(root, access)
+        nested = list_s3_class_folders(root, access)
         top = [
             obj["Key"]
             for obj in list_objects(access.client(), root, access, delimiter="/")
@@ -74,7 +73,7 @@ def list_images(root: str, access: S3Access | None = None) -> ScoreInput:
     else:
         if not os.path.isdir(root):
             raise ValueError(f"input {root!r} is not an existing folder of images")
-        nested = sources.list_class_folders(root)
+        nested = list_class_folders(root)
         base = nested.root
         files = [
             (entry.name, entry.path)
@@ -123,47 +122,11 @@ def list_dataset(root: str, access: S3Access | None = None) -> ScoreInput:
     return result
 
 
-def open_input(path: str, access: S3Access | None):
-    """A seekable binary file for a local path or an ``s3://`` object (read in ranges)."""
-    if not is_s3(path):
-        return open(path, "rb")
-    return _s3fs(access or S3Access.from_env()).open(path.removeprefix("s3://"), "rb")
-
-
-@functools.lru_cache(maxsize=4)
-def _s3fs(access: S3Access):
-    """One s3fs filesystem per store and credentials in this process (it keeps a connection
-    pool and an event loop thread)."""
-    import s3fs
-
-    client_kwargs = {"region_name": access.region}
-    if access.endpoint_url:
-        client_kwargs["endpoint_url"] = access.endpoint_url
-    return s3fs.S3FileSystem(
-        key=access.access_key_id,
-        secret=access.secret_access_key,
-        token=access.session_token,
-        client_kwargs=client_kwargs,
-        skip_instance_cache=True,
-    )
-
-
-def read_row_group(unit: Unit, access: S3Access | None):
-    """(sources, encoded images) of one row group."""
-    import pyarrow.parquet as pq
-
-    with open_input(unit.path, access) as f:
-        table = pq.ParquetFile(f).read_row_group(
-            unit.row_group, columns=[SOURCE_COLUMN, IMAGE_COLUMN]
-        )
-    return table.column(SOURCE_COLUMN).to_pylist(), table.column(IMAGE_COLUMN).to_pylist()
-
-
 def first_image_shape(unit: Unit, access: S3Access | None) -> tuple[int, ...]:
     """The shape of the first image of a dataset, decoded on the driver."""
     from PIL import Image
 
-    _sources, images = read_row_group(unit, access)
+    _sources, images = read_row_group(unit.path, unit.row_group, access)
     with Image.open(io.BytesIO(images[0])) as image:
         return tuple(np.asarray(image).shape)
 

@@ -25,9 +25,9 @@ from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.attempts import new_attempt
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3, join
-from hvdflow.tasks.preprocess.decode import executor_errors
-from hvdflow.tasks.preprocess.plan import assign_partitions, check_quality
-from hvdflow.tasks.preprocess.write import write_quarantine
+from hvdflow.tasks.images.fetch import executor_errors
+from hvdflow.tasks.images.partitions import assign_partitions
+from hvdflow.tasks.images.quarantine import check_quality, write_quarantine
 from hvdflow.tasks.score import publish
 from hvdflow.tasks.score.config import ScoreConfig
 from hvdflow.tasks.score.executor import INPUT_SCHEMA, REPORT_SCHEMA, ExecutorPlan, score_partition

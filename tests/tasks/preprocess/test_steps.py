@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hvdflow.tasks.images.listing import Listing
 from hvdflow.tasks.preprocess import PreprocessConfig, sources
 from hvdflow.tasks.preprocess.steps import dataset_cache_key, preprocessed
 
@@ -47,7 +48,7 @@ def test_the_code_version_is_the_release_and_a_hash_of_the_preprocessing_source(
     release, source_hash = sources.code_version().split("+")
     assert release == importlib.metadata.version("hvdflow")
     assert len(source_hash) == 64 and int(source_hash, 16) >= 0
-    listing = sources.Listing([], [("/in/cat/0.png", 3, 1)], ["cat"])
+    listing = Listing([], [("/in/cat/0.png", 3, 1)], ["cat"])
     params = PreprocessConfig(input="x").params()
     assert sources.fingerprint(listing, params) == sources.fingerprint(
         listing, params, code=sources.code_version()

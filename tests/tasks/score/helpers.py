@@ -44,7 +44,7 @@ def model_predictions(model_uri: str, images: list[bytes], image_size, color_mod
     import pandas as pd
 
     from hvdflow.serving.images import model_input
-    from hvdflow.tasks.preprocess.decode import decode_image
+    from hvdflow.tasks.images.decode import decode_image
 
     model = mlflow.pyfunc.load_model(model_uri)
     if "tensorflow" not in model.metadata.flavors:
