@@ -30,7 +30,7 @@ from hvdflow.infra.secrets import (
 # The data parameters are preprocessing's own (one model, in its room); the flows find every
 # parameter group here.
 from hvdflow.tasks.preprocess.config import DataParams, InputFormat
-from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact
+from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
 from hvdflow.training.models import Recipe, model_names, recipe
 from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES, OPTIMIZERS
 

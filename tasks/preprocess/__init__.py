@@ -3,11 +3,20 @@
 ``job`` runs it: ``plan`` (the split, the checks and each task's share, from the listing alone),
 ``stage`` (the Spark stage), ``publish`` (the metadata, reports and manifest). ``config`` holds
 what it is asked and what it published; ``steps`` is its Prefect task, cached by the dataset
-fingerprint. The rest is what the tasks are made of: ``sources`` and ``walk`` (listing),
-``sniff``, ``decode`` and ``pixels`` (one image), ``split``, ``schema``, ``write``, ``storage``.
+fingerprint (``sources``). The rest is what the tasks are made of: ``decode`` (an item to a
+row), ``split``, ``schema``, ``write``. Listing, fetching and decoding the input images is
+``hvdflow.tasks.images``', shared with scoring.
+
+Exports are lazy: the flows' parameters import ``config`` without loading Spark or Petastorm.
 """
 
-from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
-from hvdflow.tasks.preprocess.job import preprocess_images
+from hvdflow.infra._lazy import lazy_exports
 
-__all__ = ["DatasetManifest", "PreprocessConfig", "preprocess_images"]
+_EXPORTS = {
+    "DatasetManifest": "hvdflow.tasks.preprocess.config",
+    "PreprocessConfig": "hvdflow.tasks.preprocess.config",
+    "preprocess_images": "hvdflow.tasks.preprocess.job",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

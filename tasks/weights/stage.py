@@ -25,16 +25,14 @@ from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
 from hvdflow.infra.progress import ByteProgress, human_bytes
-from hvdflow.infra.secrets import redact_url, resolve, split_userinfo
+from hvdflow.infra.secrets import resolve, split_userinfo
 from hvdflow.infra.storage.locks import cache_root, machine_lock
 from hvdflow.infra.storage.object_store import ObjectStore, file_suffix, sha256_file
+from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
 from hvdflow.training.models import build_model
 
 logger = logging.getLogger(__name__)
 
-# A source that builds the model offline with random weights (``weights=None``): a real weights
-# file of the right shape where the public weights cannot be downloaded.
-OFFLINE_SOURCE = "keras:weights=None"
 DOWNLOAD_TIMEOUT_S = 120
 
 
@@ -47,12 +45,6 @@ class StagedWeights:
     size: int
     # The object's ETag once uploaded: another one means the object was replaced since.
     etag: str = ""
-
-
-def redact(source: str) -> str:
-    """The source as every record shows it: no user:password, no query string (presigned URLs
-    carry tokens there). ``hvdflow.infra.secrets.redact_url``."""
-    return redact_url(source)
 
 
 def stage_weights(

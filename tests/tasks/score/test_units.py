@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -209,3 +211,22 @@ def test_the_input_must_exist_and_the_output_be_a_path_or_bucket(tmp_path):
     with pytest.raises(ValueError, match="expected a local path or s3://bucket/prefix"):
         ScoreConfig(input=str(tmp_path), output="gs://bucket/x")
     assert ScoreConfig(input="s3://bucket/raw/").input_format == "images"
+
+
+def test_the_parameters_load_no_engine():
+    """The flows check a run's parameters before any service starts: the scoring and data
+    parameters import no Spark, Petastorm, TensorFlow, MLflow, Prefect or boto3."""
+    engines = ("pyspark", "petastorm", "tensorflow", "mlflow", "prefect", "boto3")
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, hvdflow.tasks.config, hvdflow.tasks.score.config\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {engines!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert probe.stdout.strip() == "[]"
