@@ -1,4 +1,5 @@
-"""The layers import only downwards: flows > bench > tasks > training > infra > serving."""
+"""The layers import only downwards: flows > bench > tasks > training > infra > serving; inside
+tasks, the image inputs that preprocessing and scoring share sit below both."""
 
 from __future__ import annotations
 
@@ -31,6 +32,23 @@ def imported_packages(path: Path) -> set[str]:
     return found
 
 
+def imported_task_rooms(path: Path) -> set[str]:
+    """The rooms of the tasks layer (``hvdflow.tasks.<room>``) that ``path`` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["hvdflow", "tasks"] and len(parts) > 2:
+                found.add(parts[2])
+    return found
+
+
 def upward_imports() -> list[str]:
     problems = []
     for rank, layer in enumerate(LAYERS):
@@ -51,3 +69,27 @@ def test_the_check_sees_an_upward_import(tmp_path):
         "def f():\n    from hvdflow.bench.conditions import measure\nimport hvdflow.infra.spark\n"
     )
     assert imported_packages(module) == {"bench", "infra"}
+
+
+def test_the_image_inputs_sit_below_preprocessing_and_scoring():
+    """What both steps read images with (listing, fetching, decoding, the quarantine) is
+    ``hvdflow.tasks.images``: it imports no other room of tasks, and scoring borrows nothing
+    from preprocessing's room."""
+    problems = []
+    for path in sorted((ROOT / "tasks" / "images").rglob("*.py")):
+        for room in sorted(imported_task_rooms(path) - {"images"}):
+            problems.append(f"{path.relative_to(ROOT)} imports hvdflow.tasks.{room}")
+    for path in sorted((ROOT / "tasks" / "score").rglob("*.py")):
+        if "preprocess" in imported_task_rooms(path):
+            problems.append(f"{path.relative_to(ROOT)} imports hvdflow.tasks.preprocess")
+    assert problems == []
+
+
+def test_the_check_sees_a_room_of_tasks(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from hvdflow.tasks import images\n"
+        "def f():\n    import hvdflow.tasks.preprocess.job\n"
+        "from hvdflow.tasks.score.inputs import Unit\nimport hvdflow.infra.spark\n"
+    )
+    assert imported_task_rooms(module) == {"images", "preprocess", "score"}
