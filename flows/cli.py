@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from hvdflow.flows import cli_parser
 from hvdflow.flows.cli_support import (
     FailedRun,
     InvalidParameters,
@@ -22,13 +23,14 @@ from hvdflow.flows.cli_support import (
     one_line,
 )
 from hvdflow.flows.status import gather, render
-from hvdflow.infra import HorovodRunner
 from hvdflow.infra.services import check_bind_address
 from hvdflow.infra.services.local import LocalServices
-from hvdflow.training.smoke import train_digits
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
+    from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: it loads Horovod's runner)
+    from hvdflow.training.smoke import train_digits  # noqa: PLC0415 (lazy: it loads NumPy)
+
     runner = HorovodRunner(np=args.np, driver_log_verbosity=args.driver_log_verbosity)
     result = runner.run(train_digits, epochs=args.epochs)
     same = len(set(result["checksums"])) == 1
@@ -267,188 +269,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hvdflow",
-        description="Spark-to-deep-learning pipelines: preprocessing, barrier-mode Horovod "
-        "training on Spark, MLflow tracking, on Prefect.",
+    """The ``hvdflow`` parser (``hvdflow.flows.cli_parser``), each command given its function."""
+    return cli_parser.build_parser(
+        {
+            "smoke": _cmd_smoke,
+            "up": _cmd_up,
+            "down": _cmd_down,
+            "status": _cmd_status,
+            "run": _cmd_run,
+            "serve": _cmd_serve,
+            "deploy": _cmd_deploy,
+            "score": _cmd_score,
+            "bench": _cmd_bench,
+        }
     )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
-    parser.add_argument(
-        "--debug", action="store_true", help="show tracebacks instead of one-line errors"
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    smoke = commands.add_parser(
-        "smoke",
-        help="train a small model on the bundled digits with HorovodRunner and check that "
-        "every rank ends with identical weights",
-        description="Train a small model on the bundled digits with HorovodRunner; exits 1 "
-        "unless every rank ends with identical weights. The Spark master comes from "
-        "$HVDFLOW_SPARK_MASTER (default local[N]).",
-    )
-    smoke.add_argument("--np", type=int, default=2, help="ranks (negative: on the driver)")
-    smoke.add_argument("--epochs", type=int, default=2)
-    smoke.add_argument(
-        "--driver-log-verbosity", default="all", choices=["all", "log_callback_only"]
-    )
-    smoke.set_defaults(func=_cmd_smoke)
-
-    up = commands.add_parser(
-        "up",
-        help="start the embedded object store, MLflow server and Prefect server (UI)",
-        description="Start SeaweedFS (S3), the MLflow tracking server and the Prefect server on "
-        "127.0.0.1 (or --bind), keeping data in $HVDFLOW_HOME (default ~/.hvdflow). Services "
-        "the environment already points elsewhere (AWS_ENDPOINT_URL, MLFLOW_TRACKING_URI, "
-        "PREFECT_API_URL) are not started. The object store always checks its access keys; "
-        "bound beyond loopback, MLflow requires a login and Prefect its auth string too. "
-        "Credentials are generated at the first start and kept in files only you can read.",
-    )
-    up.add_argument("--no-prefect", action="store_true", help="skip the Prefect server")
-    up.add_argument(
-        "--bind",
-        metavar="ADDRESS",
-        help="the address all of them listen on and their URLs name, e.g. this machine's "
-        "address that Spark executors on other hosts reach (default: 127.0.0.1, or that of "
-        "the services already running)",
-    )
-    up.set_defaults(func=_cmd_up)
-
-    down = commands.add_parser("down", help="stop the services `hvdflow up` started")
-    down.set_defaults(func=_cmd_down)
-
-    status = commands.add_parser(
-        "status",
-        help="the services (up or down, URLs) and the last runs (state, model version, aliases)",
-        description="Show whether the object store, MLflow and Prefect answer, and where; the "
-        "last runs of the pipeline's MLflow experiment with their state, registered version, "
-        "aliases (champion, candidate) and Prefect flow run state. Starts nothing.",
-    )
-    status.add_argument("--model", help="registered model name (default: hvdflow-classifier)")
-    status.add_argument("--experiment", help="MLflow experiment (default: hvdflow)")
-    status.add_argument("--last", type=int, default=5, help="how many runs (default 5)")
-    status.set_defaults(func=_cmd_status)
-
-    for name, help_text, func in (
-        ("run", "run the pipeline once (starts the services if needed)", _cmd_run),
-        ("serve", "serve the pipeline as a scheduled Prefect deployment", _cmd_serve),
-        (
-            "deploy",
-            "register the pipeline, benchmark and scoring deployments with a work pool "
-            "(module entrypoints: workers need hvdflow installed, not a checkout)",
-            _cmd_deploy,
-        ),
-    ):
-        command = commands.add_parser(name, help=help_text, description=help_text)
-        command.add_argument("--np", type=int, help="ranks (default 2; negative: on the driver)")
-        command.add_argument("--epochs", type=int)
-        command.add_argument("--input", help="image folder (class sub-folders) or IDX folder")
-        command.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
-        command.add_argument("--output", help="dataset root: a path or s3://bucket/prefix")
-        command.add_argument("--model", help="digits_mlp, mnist_cnn, vgg16, inceptionv3")
-        command.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
-        command.add_argument(
-            "--params",
-            help='pipeline parameters as nested JSON, e.g. \'{"training": {"optimizer": '
-            '"sgd"}, "launcher": {"horovod": {"cycle_time_ms": 10}}}\'; flags win',
-        )
-        command.set_defaults(func=func)
-        if name == "run":
-            command.add_argument(
-                "--resume",
-                nargs="?",
-                const="last",
-                metavar="RUN_ID",
-                help="continue a training that failed for good, in its MLflow run, from its last "
-                "checkpoint: the experiment's newest failed run, or RUN_ID",
-            )
-        if name in ("serve", "deploy"):
-            command.add_argument(
-                "--cron",
-                default="0 3 * * *",
-                help="pipeline schedule (default: daily, 03:00; '' for none)",
-            )
-            command.add_argument(
-                "--bench-cron",
-                default="0 4 * * 0",
-                help="benchmark schedule (default: Sundays, 04:00; '' for none)",
-            )
-        if name == "deploy":
-            command.add_argument(
-                "--pool", required=True, help="the work pool (a process pool is created if none)"
-            )
-            command.add_argument(
-                "--score-input",
-                help="what the scoring deployment scores by default: a folder or s3://bucket/prefix",
-            )
-            command.add_argument("--score-cron", help="scoring schedule (default: none)")
-            command.add_argument(
-                "--score-on-champion",
-                action="store_true",
-                help="score --score-input with each new champion (a Prefect trigger on the "
-                "hvdflow.model.champion-moved event)",
-            )
-    score = commands.add_parser(
-        "score",
-        help="score images with a registered model on Spark (default: its champion)",
-        description="Predict a class for every image in a folder or s3:// prefix (decoded and "
-        "resized as preprocessing does; unreadable files are quarantined), or in a Parquet "
-        "dataset, with models:/NAME@ALIAS or models:/NAME/VERSION loaded once per Spark "
-        "executor process. Writes Parquet (source, class_name, class_index, probability) and "
-        "records the model version used in MLflow (starts the services if needed).",
-    )
-    score.add_argument("--input", help="folder or s3://bucket/prefix of images, or a dataset")
-    score.add_argument("--input-format", choices=["images", "dataset"])
-    score.add_argument(
-        "--output", help="a path or s3://bucket/prefix (default: under $HVDFLOW_HOME/scores)"
-    )
-    score.add_argument("--model", help="registered model name (default: hvdflow-classifier)")
-    score.add_argument("--alias", help="registry alias (default: champion)")
-    score.add_argument("--version", help="registry version number, instead of an alias")
-    score.add_argument("--batch-size", type=int, help="images per predict call (default 64)")
-    score.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
-    score.add_argument(
-        "--params",
-        help='scoring parameters as nested JSON, e.g. \'{"data": {"max_bad_fraction": 0.5}}\'; '
-        "flags win",
-    )
-    score.add_argument(
-        "--serve", action="store_true", help="serve as a Prefect deployment instead of running once"
-    )
-    score.add_argument("--cron", help="with --serve: a schedule, e.g. '0 5 * * *'")
-    score.set_defaults(func=_cmd_score)
-
-    bench = commands.add_parser(
-        "bench",
-        help="benchmark a model like the paper: baseline and np sweep, ANOVA, Tukey, plots",
-        description="Sweep conditions (plain Keras, then np=1,2,...) with repetitions and "
-        "epochs; report epoch times, images/s, scaling efficiency, ANOVA and Tukey HSD.",
-    )
-    bench.add_argument("--model", help="mnist_cnn (default), digits_mlp, vgg16, inceptionv3")
-    bench.add_argument(
-        "--conditions",
-        help="comma-separated (default keras,keras1,ceiling2,hvd1,hvd2,tf2): keras (one process, "
-        "every core), kerasN (N threads), ceilingN (N Keras processes at once), hvdN "
-        "(HorovodRunner, N ranks), tfN (the tf_collective engine)",
-    )
-    bench.add_argument("--repetitions", type=int)
-    bench.add_argument("--threads-per-rank", type=int, help="threads of each rank (default 1)")
-    bench.add_argument(
-        "--images", type=int, help="training images of the augmented digits (default 60000)"
-    )
-    bench.add_argument("--epochs", type=int)
-    bench.add_argument(
-        "--target-accuracy",
-        type=float,
-        help="val_accuracy whose time to reach the table reports per condition (default 0.97)",
-    )
-    bench.add_argument("--optimizer", help="adadelta (default), rmsprop, adam, radam, sgd")
-    bench.add_argument("--input")
-    bench.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
-    bench.add_argument("--params", help="benchmark parameters as nested JSON; flags win")
-    bench.set_defaults(func=_cmd_bench)
-    return parser
 
 
 def score_main(argv: list[str] | None = None) -> int:

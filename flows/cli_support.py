@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from hvdflow.infra.home import hvdflow_home
-from hvdflow.tasks.weights.stage import redact
+from hvdflow.infra.secrets import redact_url
 
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.
 NOISY_LOGGERS = ("py4j", "pyspark", "httpx")
@@ -96,7 +96,7 @@ def describe_validation_error(
         return f"invalid parameters: {message}{more}"
     value = first.get("input")
     if isinstance(value, str):
-        value = redact(value)  # a URL may carry a password or a signed query
+        value = redact_url(value)  # a URL may carry a password or a signed query
     shown_value = f"={value!r}" if not isinstance(value, dict) else ""
     return f"invalid parameter {shown}{shown_value}: {message}{more}"
 
