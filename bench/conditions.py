@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hvdflow.infra import HorovodRunner, LogLine, constants
+from hvdflow.infra import HorovodRunner, LaunchOptions, LogLine, constants
 from hvdflow.training.epoch_log import epoch_done_times, epoch_times_from_log
 from hvdflow.training.gcn import train_gcn
 from hvdflow.training.result import RankResult
@@ -190,7 +190,10 @@ def measure(
         elif c.kind != HOROVOD:
             raise ValueError(f"condition {c.name}: the {trainer} trainer runs on Horovod only")
         runner = HorovodRunner(
-            np=c.n, spark=spark, horovod=horovod, on_log_line=lines.append, engine=ENGINE_OF[c.kind]
+            np=c.n,
+            options=LaunchOptions(
+                spark=spark, horovod=horovod, on_log_line=lines.append, engine=ENGINE_OF[c.kind]
+            ),
         )
         results = [runner.run(trainer_for(trainer), **kwargs)]
     wall = time.perf_counter() - started

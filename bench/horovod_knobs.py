@@ -24,7 +24,7 @@ import sys
 from hvdflow.bench.reader_in_rank import steady_images_per_s
 from hvdflow.bench.study import study_spec
 from hvdflow.bench.timeline import breakdown, load_events
-from hvdflow.infra import HorovodOptions, HorovodRunner
+from hvdflow.infra import HorovodOptions, HorovodRunner, LaunchOptions
 from hvdflow.infra.constants import HVDFLOW_BIND_TO_CORES
 from hvdflow.training.trainer import train_classifier
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         # the run favours no variant.
         order = list(variants.items())
         for name, (engine, options, extra) in order[:: -1 if round_ % 2 else 1]:
-            runner = HorovodRunner(np=2, engine=engine, horovod=options)
+            runner = HorovodRunner(np=2, options=LaunchOptions(engine=engine, horovod=options))
             result = runner.run(train_classifier, spec=spec.replace(**extra, engine=engine))
             rates[name].append(steady_images_per_s(result))
             accuracy = result.history["val_accuracy"][-1]
@@ -118,7 +118,9 @@ def where_time_goes(spec, path: str) -> dict[str, dict[str, float]]:
     shares = {}
     for cycle in (1, 10):
         options = HorovodOptions(timeline_path=path, cycle_time_ms=cycle)
-        result = HorovodRunner(np=2, horovod=options).run(train_classifier, spec=spec)
+        result = HorovodRunner(np=2, options=LaunchOptions(horovod=options)).run(
+            train_classifier, spec=spec
+        )
         name = f"hvd2 cycle_time_ms={cycle}"
         shares[name] = breakdown(load_events(path), skip_first_s=result.epoch_times[0])
     return shares

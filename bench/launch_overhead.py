@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from hvdflow.infra import HorovodRunner
+from hvdflow.infra import HorovodRunner, LaunchOptions
 
 
 def trivial():
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
 
     def ours() -> int:
-        return HorovodRunner(np=args.np, spark=spark).run(trivial)
+        return HorovodRunner(np=args.np, options=LaunchOptions(spark=spark)).run(trivial)
 
     def theirs() -> int:
         return horovod.spark.run(trivial, num_proc=args.np, verbose=0)[0]

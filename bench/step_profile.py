@@ -28,7 +28,7 @@ import sys
 from hvdflow.bench.conditions import measure
 from hvdflow.bench.study import STUDY_TRAINING, study_spec
 from hvdflow.bench.timeline import breakdown, load_events
-from hvdflow.infra import HorovodOptions, HorovodRunner
+from hvdflow.infra import HorovodOptions, HorovodRunner, LaunchOptions
 from hvdflow.training.reader import steps_per_epoch
 from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 from hvdflow.training.trainer import train_classifier
@@ -70,7 +70,9 @@ def profile_side_by_side(dataset: str, out: str) -> dict[str, dict]:
     hvd = steps_per_epoch(rows, 2, spec.batch_size)
     os.makedirs(out, exist_ok=True)  # Horovod writes its timeline into an existing folder only
     timeline = os.path.join(out, "hvd2_timeline.json")
-    result = HorovodRunner(np=2, horovod=HorovodOptions(timeline_path=timeline)).run(
+    result = HorovodRunner(
+        np=2, options=LaunchOptions(horovod=HorovodOptions(timeline_path=timeline))
+    ).run(
         train_classifier,
         spec=spec.replace(
             profile_dir=f"{out}/hvd2", profile_batches=(hvd + SKIP, hvd + SKIP + HVD_STEPS)

@@ -163,6 +163,11 @@ HVDFLOW_STACKS_FILE = "HVDFLOW_STACKS_FILE"
 # Which engine the rank runs under ("horovod" or "tf_collective"): the rank reports reaching
 # hvd.init() or the creation of a MultiWorkerMirroredStrategy as its start.
 HVDFLOW_ENGINE = "HVDFLOW_ENGINE"
+# The rank's end of a socket to its Spark task, which answers pyspark.BarrierTaskContext's calls
+# (allGather, barrier) in the rank as in the task; and the task's context as JSON (partition,
+# stage, task infos, resources). Set only where a task runs one rank.
+HVDFLOW_TASK_CONTEXT_FD = "HVDFLOW_TASK_CONTEXT_FD"
+HVDFLOW_TASK_CONTEXT = "HVDFLOW_TASK_CONTEXT"
 # "1": the rank binds itself to its share of the host's cores (infra/launcher/_cores.py); set by
 # the launcher on ranks without a GPU unless the options or the executor's environment say "0".
 HVDFLOW_BIND_TO_CORES = "HVDFLOW_BIND_TO_CORES"

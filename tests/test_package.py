@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC_API = [
     "HorovodRunner",
     "HorovodOptions",
+    "LaunchOptions",
     "MirroredStrategyRunner",
     "RankFailed",
     "SparkJobFailed",
@@ -73,10 +75,11 @@ def test_the_public_api_is_exported_lazily_from_hvdflow():
         hvdflow.Nope  # noqa: B018
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(300)
-def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_flows(tmp_path):
-    # Built from a copy of what the sdist would hold, so the checkout gets no build/ folder.
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory) -> tuple[Path, list[str]]:
+    """hvdflow's wheel, built from a copy of what the sdist would hold (so the checkout gets no
+    build/ folder) and installed into a folder of its own: the folder and the wheel's files."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     source = tmp_path / "source"
     for name in ["pyproject.toml", "README.md", *_setuptools()["package-dir"].values()]:
         if (ROOT / name).is_dir():
@@ -95,16 +98,24 @@ def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_fl
     (wheel,) = wheels.glob("hvdflow-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-    top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
-    assert top_level == {"hvdflow"}
-    assert "hvdflow/tasks/score/job.py" in names and "hvdflow/infra/launcher/_rank.py" in names
-
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
          str(wheel)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
+    return target, names
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_flows(
+    installed_wheel, tmp_path
+):
+    target, names = installed_wheel
+    top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top_level == {"hvdflow"}
+    assert "hvdflow/tasks/score/job.py" in names and "hvdflow/infra/launcher/_rank.py" in names
     project = user_project(tmp_path / "project")
     script = (
         "import flows, tasks, hvdflow, hvdflow.tasks.score.job, hvdflow.flows.pipeline\n"
@@ -126,3 +137,38 @@ def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_fl
     assert owners == "the user|the user"  # the user's modules are still theirs
     assert all(path.startswith(str(target)) for path in files.split("|"))  # ours, from the wheel
     assert runner_module == "hvdflow.infra.launcher.runner"
+
+
+def documented_modules() -> list[str]:
+    """Every ``python -m hvdflow...`` the README, docs/ and BENCHMARKS.md tell a user to run
+    (the rank's private entry point, which the launcher runs, is not one)."""
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = {
+        module
+        for page in pages
+        for module in re.findall(r"python -m (hvdflow(?:\.\w+)*)", page.read_text())
+        if not any(part.startswith("_") for part in module.split("."))
+    }
+    return sorted(found | {"hvdflow"})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_every_documented_python_m_starts_from_the_installed_wheel(installed_wheel, tmp_path):
+    target, _ = installed_wheel
+    modules = documented_modules()
+    assert "hvdflow.bench.step_profile" in modules  # the walk finds what the pages name
+    failed = {}
+    for module in modules:
+        # No checkout on the path: the wheel, and the environment's other packages.
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0 or "usage:" not in done.stdout:
+            failed[module] = (done.returncode, done.stderr[-1500:])
+    assert failed == {}

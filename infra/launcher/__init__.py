@@ -4,7 +4,9 @@ Split where the processes split:
 
 - ``runner``: the public ``HorovodRunner``, on the driver (engine ``horovod`` or ``tf_collective``)
 - ``mirrored``: ``MirroredStrategyRunner``, spark-tensorflow-distributor's API on the same launcher
-- ``options``: ``HorovodOptions``, Horovod's knobs as each rank's environment
+- ``options``: ``LaunchOptions``, hvdflow's extras to both runners (timeouts, logs, engine,
+  ``HorovodOptions``: Horovod's knobs as each rank's environment)
+- ``errors``: what the runners raise, as classes to catch
 - ``rank_events``: ``log_to_driver`` and ``report_progress``, called inside a rank
 - ``_channel``: the driver's end of the tasks' channel (reports, liveness, progress, stacks)
 - ``_rendezvous``: who may use the Gloo rendezvous store on the driver (the guard and its server)
@@ -30,11 +32,12 @@ EXPORTS = {
     "HorovodRunner": "hvdflow.infra.launcher.runner",
     "HorovodOptions": "hvdflow.infra.launcher.options",
     "MirroredStrategyRunner": "hvdflow.infra.launcher.mirrored",
-    "RankFailed": "hvdflow.infra.launcher._task",
-    "SparkJobFailed": "hvdflow.infra.launcher._task",
-    # What the originals raise as a plain Exception, as classes a user can catch.
-    "EncryptionRequired": "hvdflow.infra.launcher._encryption",
-    "GpuSchedulingNotEnabled": "hvdflow.infra.launcher.mirrored",
+    "LaunchOptions": "hvdflow.infra.launcher.options",
+    # What the runners raise, as classes a user can catch (the originals raise plain ones).
+    "RankFailed": "hvdflow.infra.launcher.errors",
+    "SparkJobFailed": "hvdflow.infra.launcher.errors",
+    "EncryptionRequired": "hvdflow.infra.launcher.errors",
+    "GpuSchedulingNotEnabled": "hvdflow.infra.launcher.errors",
     "LogLine": "hvdflow.infra.launcher._wire",
     "log_to_driver": "hvdflow.infra.launcher.rank_events",
     "report_progress": "hvdflow.infra.launcher.rank_events",

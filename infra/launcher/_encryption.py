@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import logging
 
+from hvdflow.infra.launcher.errors import EncryptionRequired
+
 logger = logging.getLogger(__name__)
 
 SSL_ENABLED = "spark.ssl.enabled"
-
-
-class EncryptionRequired(RuntimeError):
-    """The cluster has ``spark.ssl.enabled`` and the runner's override is not set."""
 
 
 def conf_boolean(conf, key: str, default: str = "false") -> bool:

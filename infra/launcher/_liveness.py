@@ -30,18 +30,6 @@ def overdue(last_heard: Mapping[Any, float], now: float, timeout_s: float) -> li
     return sorted(late, key=lambda key: last_heard[key])
 
 
-def heartbeat_timeout_error(value: Any) -> str | None:
-    """Why ``value`` is no valid HorovodRunner ``heartbeat_timeout_s``; None if it is."""
-    shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= shortest:
-        return (
-            f"heartbeat_timeout_s={value!r}: expected at least {shortest:g} seconds "
-            f"({_wire.MIN_HEARTBEATS_PER_TIMEOUT} heartbeats, one every "
-            f"{_wire.HEARTBEAT_INTERVAL_S:g} s), so that one late heartbeat does not fail the run"
-        )
-    return None
-
-
 def lost_task_report(
     *,
     partition: int | None,

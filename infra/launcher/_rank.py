@@ -27,7 +27,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
 )
-from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher import _task_context, _wire
 from hvdflow.infra.launcher._cores import bind_this_rank
 from hvdflow.infra.launcher.rank_events import emit_event
 
@@ -130,6 +130,14 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def patch_on_import(name: str, patch) -> None:
+    """``patch(module)`` now if ``name`` is loaded, else when something first imports it."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _PatchOnImport(name, patch))
+
+
 def _report_strategy_created() -> None:
     """The tf_collective engine's start: the rank created its MultiWorkerMirroredStrategy.
 
@@ -149,7 +157,7 @@ def _report_strategy_created() -> None:
 
         cls.__init__ = init
 
-    sys.meta_path.insert(0, _PatchOnImport(_STRATEGY_MODULE, patch))
+    patch_on_import(_STRATEGY_MODULE, patch)
 
 
 def _wait_for_the_other_tf_workers() -> None:
@@ -182,6 +190,7 @@ def main(argv: list[str]) -> int:
         _report_strategy_created()
     else:
         _report_init_reached()
+    _task_context.install_in_rank(patch_on_import)
     with open(payload_path, "rb") as f:
         fn, kwargs = cloudpickle.load(f)
     try:

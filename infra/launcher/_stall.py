@@ -32,19 +32,6 @@ class RankProgress:
     changed: float  # driver's monotonic clock: when ``finished`` (or ``watch``) last changed
 
 
-def stall_timeout_error(value: Any) -> str | None:
-    """Why ``value`` is no valid ``stall_timeout_s``; None if it is (None turns the watch off)."""
-    if value is None:
-        return None
-    shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= shortest:
-        return (
-            f"stall_timeout_s={value!r}: expected None (no stall watch) or at least {shortest:g} "
-            f"seconds ({_wire.MIN_HEARTBEATS_PER_TIMEOUT} heartbeats, which carry the progress)"
-        )
-    return None
-
-
 def stalled(progress: Mapping[int, RankProgress], now: float, timeout_s: float) -> list[int]:
     """The watched ranks whose finished-batch count has not changed for longer than timeout_s."""
     return sorted(r for r, p in progress.items() if p.watch and now - p.changed > timeout_s)

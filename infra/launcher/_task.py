@@ -38,6 +38,8 @@ from hvdflow.infra.constants import (
 from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
+from hvdflow.infra.launcher._task_context import TaskContextServer
+from hvdflow.infra.launcher.errors import RankFailed, rank_failed
 from hvdflow.infra.ports import unclaimed_port
 
 # How long a task waits to connect to the driver's channel.
@@ -72,33 +74,6 @@ class TaskSpec:
     gpus_per_task: tuple[int, ...] | None = None
     # The Spark resource name the tasks hold their GPUs under.
     gpu_resource_name: str = "gpu"
-
-
-class RankFailed(RuntimeError):
-    """A rank exited non-zero, timed out at start, stalled, was lost or was stopped.
-
-    ``cause`` says which (one of ``_wire``'s ``CAUSE_*``); ``transient`` whether running again
-    may succeed (a killed process, a lost host, a stall) rather than fail the same way.
-    """
-
-    cause: str | None = None
-
-    @property
-    def transient(self) -> bool:
-        return self.cause in _wire.TRANSIENT_CAUSES
-
-
-class SparkJobFailed(RuntimeError):
-    """The Spark job that ran the ranks failed without a rank failure to name (an executor
-    lost, the barrier stage aborted). Transient: another attempt may get other executors."""
-
-    transient = True
-
-
-def rank_failed(message: str, cause: str | None) -> RankFailed:
-    error = RankFailed(message)
-    error.cause = cause  # an attribute, not an argument: the exception still pickles
-    return error
 
 
 class DriverLink:
@@ -224,6 +199,7 @@ def run_task(
     barrier: Callable[[], None],
     gpu_addresses: Sequence[str] = (),
     all_gather: Callable[[str], list[str]] | None = None,
+    task_context: TaskContextServer | None = None,
 ) -> bytes | None:
     """Run this partition's ranks to their end; rank 0's pickled result, else None.
 
@@ -231,6 +207,7 @@ def run_task(
     ``all_gather(message)``: every task's message, in partition order (Spark's
     ``BarrierTaskContext.allGather``); the tf_collective engine exchanges its workers'
     endpoints with it.
+    ``task_context``: serves ``BarrierTaskContext`` to the rank, where the task runs one.
     """
     hosts = _placement.rank_hosts(task_hosts, spec.ranks_per_task)
     first = sum(spec.ranks_per_task[:partition]) if spec.ranks_per_task else partition
@@ -269,7 +246,7 @@ def run_task(
             _set_tf_configs(ranks, all_gather)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
-            return _supervise(slot.rank, who, env, spec, link)
+            return _supervise(slot.rank, who, env, spec, link, task_context)
         return _supervise_together(ranks, spec)
     finally:
         for link in links:
@@ -352,13 +329,26 @@ def barrier_task(spec: TaskSpec, _rows):
     gpus = _placement.gpus_owned(
         os.environ.get(CUDA_VISIBLE_DEVICES), resource.addresses if resource else ()
     )
-    result = run_task(spec, ctx.partitionId(), hosts, ctx.barrier, gpus, all_gather=ctx.allGather)
+    result = run_task(
+        spec,
+        ctx.partitionId(),
+        hosts,
+        ctx.barrier,
+        gpus,
+        all_gather=ctx.allGather,
+        task_context=TaskContextServer(ctx),
+    )
     if result is not None:
         yield result
 
 
 def _supervise(
-    rank: int, who: str, rank_env_vars: Mapping[str, str], spec: TaskSpec, link: DriverLink
+    rank: int,
+    who: str,
+    rank_env_vars: Mapping[str, str],
+    spec: TaskSpec,
+    link: DriverLink,
+    task_context: TaskContextServer | None = None,
 ):
     """Run the rank to its end; ``who`` names it in errors (``describe_rank``)."""
     tail: collections.deque[str] = collections.deque(maxlen=_wire.TAIL_LINES)
@@ -379,7 +369,12 @@ def _supervise(
         with open(payload_path, "wb") as f:
             f.write(spec.payload)
         events_read, events_write = os.pipe()
+        context_env, context_fds, context = {}, (), None
+        if task_context is not None:
+            context_env, context_fd, context = task_context.start()
+            context_fds = (context_fd,)
         env = {
+            **context_env,
             **os.environ,
             **rank_env_vars,
             HVDFLOW_EVENT_FD: str(events_write),
@@ -397,10 +392,12 @@ def _supervise(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(events_write,),
+            pass_fds=(events_write, *context_fds),
             start_new_session=True,  # its own process group: _kill_group stops all it started
         )
         os.close(events_write)
+        if context is not None:
+            context.rank_started()
         started = time.monotonic()
         readers = _rank_output.start_readers(proc, events_read, ship, init_reached, note_progress)
 
@@ -434,6 +431,8 @@ def _supervise(
                 _kill_group(proc)
             for t in readers:
                 t.join(timeout=5)
+            if context is not None:
+                context.close()
 
         if reason is None and proc.returncode != 0:
             reason, cause = exit_reason(proc.returncode), exit_cause(proc.returncode)

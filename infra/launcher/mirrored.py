@@ -24,6 +24,7 @@ behind. What differs, and why, is in the README's table.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -34,17 +35,14 @@ from hvdflow.infra.constants import CUDA_VISIBLE_DEVICES
 from hvdflow.infra.launcher import _wire
 from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
+from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled
+from hvdflow.infra.launcher.options import LaunchOptions
 from hvdflow.infra.launcher.runner import HorovodRunner
 
 logger = logging.getLogger(__name__)
 
 # The original's override for clusters with spark.ssl.enabled.
 IGNORE_SSL_CONF = "tensorflow.spark.distributor.ignoreSsl"
-
-
-class GpuSchedulingNotEnabled(RuntimeError):
-    """``use_gpu=True`` on a cluster without ``spark.task.resource.<name>.amount`` (the
-    original raises a plain ``Exception`` here: this is one, and says more)."""
 
 
 class _WorkersRunner(HorovodRunner):
@@ -72,8 +70,13 @@ class MirroredStrategyRunner:
         gpu_resource_name: the Spark resource name the GPUs are scheduled under.
         use_custom_strategy: ``train_fn`` creates its own strategy; otherwise the runner creates
             a MultiWorkerMirroredStrategy and calls ``train_fn`` inside its scope.
-        **launcher_options: HorovodRunner's own (``spark``, ``start_timeout_s``,
-            ``stall_timeout_s``, ``log_dir``, ``on_log_line``, ...).
+        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``start_timeout_s``,
+            ``stall_timeout_s``, ``log_dir``, ``on_log_line``, ...); its ``engine`` is always
+            ``tf_collective`` here.
+
+    Inside ``train_fn``, ``pyspark.BarrierTaskContext.get()`` answers as in the Spark task that
+    runs the worker (``allGather``, ``barrier``, ``partitionId``, ``getTaskInfos``,
+    ``resources``), as in the original; in local mode there is no barrier task, as there.
 
     Attributes:
         sc: the SparkContext the runner trains on (the active session's, as the original).
@@ -87,8 +90,16 @@ class MirroredStrategyRunner:
         use_gpu: bool = True,
         gpu_resource_name: str = "gpu",
         use_custom_strategy: bool = False,
-        **launcher_options: Any,
+        options: LaunchOptions | None = None,
+        **moved: Any,
     ):
+        if moved:
+            names = ", ".join(f"{name}=..." for name in sorted(moved))
+            raise TypeError(
+                f"MirroredStrategyRunner() got {names}: hvdflow's own settings are LaunchOptions "
+                f"fields now: MirroredStrategyRunner(num_slots={num_slots!r}, "
+                f"options=LaunchOptions({names}))"
+            )
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(
                 f"num_slots={num_slots!r}: expected a positive number of GPUs (use_gpu=True) "
@@ -99,15 +110,19 @@ class MirroredStrategyRunner:
         self.use_gpu = use_gpu
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = use_custom_strategy
-        self._launcher_options = launcher_options
-        spark = launcher_options.get("spark")
+        if options is not None and not isinstance(options, LaunchOptions):
+            raise ValueError(
+                f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
+            )
+        options = options or LaunchOptions()
+        spark = options.spark
         if spark is None:
             from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
             spark = get_spark()
-        self._spark = spark
+        self._options = dataclasses.replace(options, engine=_wire.TF_COLLECTIVE, spark=spark)
         self.sc = spark.sparkContext
-        self._launcher(1)  # its options are checked now, as a HorovodRunner's are
+        self._launcher(1)  # checked now, as a HorovodRunner's are
         logger.info("MirroredStrategyRunner: %s training", "GPU" if use_gpu else "CPU")
         if local_mode:
             logger.warning(
@@ -187,6 +202,7 @@ class MirroredStrategyRunner:
         runner.gpu_plan = GpuPlan(
             per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
         )
+        runner.asked = f"num_slots={self.num_slots} (local mode)"
         return runner
 
     def _driver_gpus(self) -> list[str]:
@@ -203,8 +219,7 @@ class MirroredStrategyRunner:
         return gpus_owned(visible, resource.addresses if resource else ())
 
     def _launcher(self, np: int) -> HorovodRunner:
-        options = {**self._launcher_options, "spark": self._spark}
-        return _WorkersRunner(np=np, engine=_wire.TF_COLLECTIVE, **options)
+        return _WorkersRunner(np=np, options=self._options)
 
 
 def _in_strategy(train_fn, use_custom_strategy: bool, **kwargs: Any) -> Any:

@@ -1,14 +1,25 @@
-"""Horovod's performance knobs as one typed, frozen object, turned into each rank's environment."""
+"""The runners' options beyond the originals' arguments, as typed, frozen objects.
+
+``LaunchOptions``: how hvdflow launches and watches the ranks (engine, timeouts, logs, the
+variables they get). ``HorovodOptions``: Horovod's knobs, turned into each rank's environment.
+Both runners take them as ``options=``, so that their own arguments read as Databricks and
+spark-tensorflow-distributor document them::
+
+    HorovodRunner(np=2, options=LaunchOptions(stall_timeout_s=120, horovod=HorovodOptions(
+        cycle_time_ms=10)))
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Annotated
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.launcher import _wire
 from hvdflow.infra.secrets import (
     SECRET_NAME_PATTERN,
     SECRET_URL_PATTERN,
@@ -101,3 +112,104 @@ class HorovodOptions(BaseModel):
                 "timing runs.",
                 timeline,
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """How hvdflow launches, watches and logs the ranks; every field has a default.
+
+    Checked when created: a bad value raises ValueError naming the field.
+
+    Args:
+        engine: ``"horovod"`` (Gloo rendezvous on the driver) or ``"tf_collective"``: each rank
+            gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
+            MultiWorkerMirroredStrategy; rank r is its worker r, rank 0 its chief
+            (``MirroredStrategyRunner`` always uses it).
+        horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
+        spark: the session to run on; default: the active one, else ``hvdflow.get_spark()``.
+        start_timeout_s: a rank that has not reached ``hvd.init()`` (or created its strategy)
+            by then is stopped and the run fails.
+        slot_wait_s: how long to wait for executors to offer the task slots before failing.
+        heartbeat_timeout_s: a task the driver hears nothing from for this long (its host cut
+            off or frozen) fails the run, named with its host; a task that hears nothing from
+            the driver for this long kills its rank. At least 6 s (3 heartbeats).
+        stall_timeout_s: a rank that finishes no batch for this long after ``hvd.init()``
+            fails the run, named, with every rank's Python stacks in the error. Ranks report
+            batches with ``report_progress`` (``hvdflow.training.callbacks.ProgressCallback``
+            does it in Keras); None (the default) turns the watch off, for a ``main`` that
+            reports none.
+        timeout_s: optional limit for the whole run.
+        log_dir: where the run's log file goes; default: a new folder under
+            ``$HVDFLOW_HOME/logs/runs/`` (``~/.hvdflow``), named by the time and the run id.
+        on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
+        forward_env: variables copied from the driver's environment into every rank at ``run``
+            (default: the standard AWS and MLflow variables and hvdflow's own).
+    """
+
+    engine: str = _wire.HOROVOD
+    horovod: HorovodOptions = field(default_factory=HorovodOptions)
+    spark: Any = None
+    start_timeout_s: float = 300.0
+    slot_wait_s: float = 15.0
+    heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S
+    stall_timeout_s: float | None = None
+    timeout_s: float | None = None
+    log_dir: str | None = None
+    on_log_line: Callable[[_wire.LogLine], None] | None = None
+    forward_env: tuple[str, ...] = c.FORWARDED_TO_RANKS
+
+    def __post_init__(self) -> None:
+        if self.engine not in _wire.ENGINES:
+            raise ValueError(f"engine={self.engine!r}: expected one of {', '.join(_wire.ENGINES)}")
+        if not isinstance(self.horovod, HorovodOptions):
+            raise ValueError(
+                f"horovod={self.horovod!r}: expected a HorovodOptions (from hvdflow import "
+                "HorovodOptions)"
+            )
+        for name in ("start_timeout_s", "slot_wait_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
+        if (error := heartbeat_timeout_error(self.heartbeat_timeout_s)) is not None:
+            raise ValueError(error)
+        if (error := stall_timeout_error(self.stall_timeout_s)) is not None:
+            raise ValueError(error)
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s={self.timeout_s!r}: expected a positive number or None")
+        if isinstance(self.forward_env, str):
+            raise ValueError(
+                f"forward_env={self.forward_env!r}: expected a sequence of variable names"
+            )
+        # A list passed in is kept as a tuple: the options stay frozen all the way down.
+        object.__setattr__(self, "forward_env", tuple(self.forward_env))
+
+    def forwarded(self) -> dict[str, str]:
+        """The driver's variables the ranks get (``forward_env``), read now."""
+        import os  # noqa: PLC0415 (read at launch, not at import)
+
+        return {k: os.environ[k] for k in self.forward_env if k in os.environ}
+
+
+def heartbeat_timeout_error(value: Any) -> str | None:
+    """Why ``value`` is no valid ``heartbeat_timeout_s``; None if it is."""
+    shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= shortest:
+        return (
+            f"heartbeat_timeout_s={value!r}: expected at least {shortest:g} seconds "
+            f"({_wire.MIN_HEARTBEATS_PER_TIMEOUT} heartbeats, one every "
+            f"{_wire.HEARTBEAT_INTERVAL_S:g} s), so that one late heartbeat does not fail the run"
+        )
+    return None
+
+
+def stall_timeout_error(value: Any) -> str | None:
+    """Why ``value`` is no valid ``stall_timeout_s``; None if it is (None turns the watch off)."""
+    if value is None:
+        return None
+    shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= shortest:
+        return (
+            f"stall_timeout_s={value!r}: expected None (no stall watch) or at least {shortest:g} "
+            f"seconds ({_wire.MIN_HEARTBEATS_PER_TIMEOUT} heartbeats, which carry the progress)"
+        )
+    return None

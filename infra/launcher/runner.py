@@ -12,6 +12,10 @@ An open counterpart of Databricks' ``sparkdl.HorovodRunner`` with the same call 
 
     weights = HorovodRunner(np=2).run(train, learning_rate=0.1)
 
+hvdflow's own settings (the engine, Horovod's knobs, timeouts, logs) are one ``LaunchOptions``::
+
+    HorovodRunner(np=2, options=LaunchOptions(stall_timeout_s=120))
+
 ``np > 0`` runs one barrier task per rank on the cluster; ``np < 0`` runs ``-np`` rank processes
 on the driver, with no Spark tasks, for local debugging. Ranks meet over Gloo through a
 rendezvous server on the driver: no MPI, no ssh.
@@ -26,15 +30,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
 
 import cloudpickle
 
-from hvdflow.infra.constants import FORWARDED_TO_RANKS
 from hvdflow.infra.home import hvdflow_home
-from hvdflow.infra.launcher import _liveness, _stall, _wire
+from hvdflow.infra.launcher import _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
 from hvdflow.infra.launcher._encryption import refuse_unencrypted
 from hvdflow.infra.launcher._payload import pickle_payload
@@ -42,15 +45,9 @@ from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, spl
 from hvdflow.infra.launcher._runlog import RunLog
 from hvdflow.infra.launcher._slots import task_gpu_amount, wait_for_slots
 from hvdflow.infra.launcher._spark_errors import first_line
-from hvdflow.infra.launcher._task import (
-    RankFailed,
-    SparkJobFailed,
-    TaskSpec,
-    barrier_task,
-    rank_failed,
-    run_task,
-)
-from hvdflow.infra.launcher.options import HorovodOptions
+from hvdflow.infra.launcher._task import TaskSpec, barrier_task, run_task
+from hvdflow.infra.launcher.errors import RankFailed, SparkJobFailed, rank_failed
+from hvdflow.infra.launcher.options import LaunchOptions
 
 logger = logging.getLogger(__name__)
 
@@ -78,30 +75,13 @@ class HorovodRunner:
             the driver, without Spark, one GPU of the driver each where it has some.
         driver_log_verbosity: ``"log_callback_only"`` shows only ``log_to_driver`` messages in
             the driver's log; ``"all"`` shows every line the ranks write. Every line always
-            goes to the run's log file (``log_path`` after ``run``) and to ``on_log_line``.
-        horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
-        spark: the session to run on; default: the active one, else ``hvdflow.get_spark()``.
-        start_timeout_s: a rank that has not reached ``hvd.init()`` by then is stopped and the
-            run fails.
-        slot_wait_s: how long to wait for executors to offer ``np`` task slots before failing.
-        heartbeat_timeout_s: a task the driver hears nothing from for this long (its host cut
-            off or frozen) fails the run, named with its host; a task that hears nothing from
-            the driver for this long kills its rank. At least 6 s (3 heartbeats).
-        stall_timeout_s: a rank that finishes no batch for this long after ``hvd.init()``
-            fails the run, named, with every rank's Python stacks in the error. Ranks report
-            batches with ``report_progress`` (``hvdflow.training.callbacks.ProgressCallback``
-            does it in Keras); None (the default) turns the watch off, for a ``main`` that reports
-            none.
-        timeout_s: optional limit for the whole run.
-        engine: ``"horovod"`` (Gloo rendezvous on the driver) or ``"tf_collective"``: each rank
-            gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
-            MultiWorkerMirroredStrategy; rank r is its worker r, rank 0 its chief
-            (``MirroredStrategyRunner`` is the spark-tensorflow-distributor API on top of it).
-        log_dir: where the run's log file goes; default: a new folder under
-            ``$HVDFLOW_HOME/logs/runs/`` (``~/.hvdflow``), named by the time and the run id.
-        on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
-        forward_env: variables copied from the driver's environment into every rank at ``run``
-            (default: the standard AWS and MLflow variables and hvdflow's own).
+            goes to the run's log file (``log_path`` after ``run``) and to
+            ``options.on_log_line``.
+        options: what hvdflow adds to Databricks' two arguments (``LaunchOptions``: the engine,
+            Horovod's knobs, timeouts and liveness, where the log goes, the Spark session).
+
+    Inside ``main``, where a task runs one rank, ``pyspark.BarrierTaskContext.get()`` answers as
+    in the Spark task that started it (``allGather``, ``barrier``, ``partitionId``, ...).
     """
 
     # The Spark conf that lets the ranks run on a cluster with spark.ssl.enabled (Databricks').
@@ -116,18 +96,15 @@ class HorovodRunner:
         *,
         np: int,
         driver_log_verbosity: Verbosity = "log_callback_only",
-        horovod: HorovodOptions | None = None,
-        spark=None,
-        start_timeout_s: float = 300.0,
-        slot_wait_s: float = 15.0,
-        heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S,
-        stall_timeout_s: float | None = None,
-        timeout_s: float | None = None,
-        engine: str = _wire.HOROVOD,
-        log_dir: str | None = None,
-        on_log_line: Callable[[_wire.LogLine], None] | None = None,
-        forward_env: Sequence[str] = FORWARDED_TO_RANKS,
+        options: LaunchOptions | None = None,
+        **moved: Any,
     ):
+        if moved:
+            names = ", ".join(f"{name}=..." for name in sorted(moved))
+            raise TypeError(
+                f"HorovodRunner() got {names}: hvdflow's own settings are LaunchOptions fields "
+                f"now: HorovodRunner(np={np!r}, options=LaunchOptions({names}))"
+            )
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
@@ -138,30 +115,13 @@ class HorovodRunner:
             raise ValueError(
                 f"driver_log_verbosity={driver_log_verbosity!r}: expected one of {_VERBOSITIES}"
             )
-        for name, value in (("start_timeout_s", start_timeout_s), ("slot_wait_s", slot_wait_s)):
-            if value <= 0:
-                raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
-        if (error := _liveness.heartbeat_timeout_error(heartbeat_timeout_s)) is not None:
-            raise ValueError(error)
-        if (error := _stall.stall_timeout_error(stall_timeout_s)) is not None:
-            raise ValueError(error)
-        if engine not in _wire.ENGINES:
-            raise ValueError(f"engine={engine!r}: expected one of {', '.join(_wire.ENGINES)}")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number or None")
+        if options is not None and not isinstance(options, LaunchOptions):
+            raise ValueError(
+                f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
+            )
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
-        self.horovod = horovod or HorovodOptions()
-        self.start_timeout_s = float(start_timeout_s)
-        self.slot_wait_s = float(slot_wait_s)
-        self.heartbeat_timeout_s = float(heartbeat_timeout_s)
-        self.stall_timeout_s = stall_timeout_s
-        self.timeout_s = timeout_s
-        self.engine = engine
-        self.log_dir = log_dir
-        self.on_log_line = on_log_line
-        self.forward_env = tuple(forward_env)
-        self._spark = spark
+        self.options = options or LaunchOptions()
         # How GPUs are handed to ranks; MirroredStrategyRunner sets its own.
         self.gpu_plan = GpuPlan()
         # What errors say was asked for, when a wrapper (MirroredStrategyRunner) knows better.
@@ -169,27 +129,31 @@ class HorovodRunner:
         self.log_path: str | None = None
         self.run_id: str | None = None
 
+    def _name(self) -> str:
+        """How errors name this run: the runner the user called and what was asked of it."""
+        return f"{self.display_name} {self.asked or f'np={self.np}'}"
+
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
         payload = pickle_payload(main, kwargs)
-        self.horovod.warn_about_costs(self._forwarded())
+        self.options.horovod.warn_about_costs(self.options.forwarded())
         self.run_id = uuid.uuid4().hex[:12]
         # The log outlives the run where a user looks for it (not in /tmp, which nothing cleans
         # and a reboot empties): HVDFLOW_HOME/logs/runs/<date>-<run id>/driver.log.
-        log_dir = self.log_dir or str(
+        log_dir = self.options.log_dir or str(
             hvdflow_home() / "logs" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{self.run_id}"
         )
         os.makedirs(log_dir, exist_ok=True)
         self.log_path = os.path.join(log_dir, "driver.log")
-        with RunLog(self.log_path, self.driver_log_verbosity, self.on_log_line) as sink:
+        with RunLog(self.log_path, self.driver_log_verbosity, self.options.on_log_line) as sink:
             started = time.monotonic()
             if self.np < 0:
                 result = self._run_on_driver(payload, sink)
             else:
                 result = self._run_on_spark(payload, sink)
             logger.info(
-                "HorovodRunner np=%d finished in %.1f s (log: %s)",
-                self.np,
+                "%s finished in %.1f s (log: %s)",
+                self._name(),
                 time.monotonic() - started,
                 self.log_path,
             )
@@ -206,19 +170,15 @@ class HorovodRunner:
             rendezvous_addr=channel.bind_host,
             rendezvous_port=channel.rendezvous_port,
             # Forwarded values may be secrets: they travel in the task closure, never in logs.
-            options_env={**self._forwarded(), **self.horovod.to_env()},
+            options_env={**self.options.forwarded(), **self.options.horovod.to_env()},
             run_id=self.run_id,
-            start_timeout_s=self.start_timeout_s,
-            heartbeat_timeout_s=self.heartbeat_timeout_s,
-            engine=self.engine,
+            start_timeout_s=self.options.start_timeout_s,
+            heartbeat_timeout_s=self.options.heartbeat_timeout_s,
+            engine=self.options.engine,
             ranks_per_task=ranks_per_task,
             gpus_per_task=self.gpu_plan.per_task,
             gpu_resource_name=self.gpu_plan.resource_name,
         )
-
-    def _forwarded(self) -> dict[str, str]:
-        """The driver's variables the ranks get (``forward_env``)."""
-        return {k: os.environ[k] for k in self.forward_env if k in os.environ}
 
     def _task_layout(self, conf) -> tuple[int, tuple[int, ...] | None]:
         """How many barrier tasks run the np ranks, and how many ranks each (None: one).
@@ -246,7 +206,7 @@ class HorovodRunner:
     def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
-        spark = self._spark or get_spark()
+        spark = self.options.spark or get_spark()
         sc = spark.sparkContext
         conf = sc.getConf()
         refuse_unencrypted(conf, self.display_name, self.ignore_ssl_conf)
@@ -254,7 +214,7 @@ class HorovodRunner:
         asked = self.asked or (
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
-        wait_for_slots(sc, tasks, self.slot_wait_s, asked, self.size_argument)
+        wait_for_slots(sc, tasks, self.options.slot_wait_s, asked, self.size_argument)
         bind_host = socket.gethostbyname(conf.get("spark.driver.host"))
         with DriverChannel(bind_host, sink) as channel:
             spec = self._spec(payload, channel, ranks_per_task)
@@ -264,7 +224,7 @@ class HorovodRunner:
 
             def job() -> None:
                 try:
-                    sc.setJobGroup(job_group, f"HorovodRunner np={self.np}", interruptOnCancel=True)
+                    sc.setJobGroup(job_group, self._name(), interruptOnCancel=True)
                     rdd = sc.parallelize(range(tasks), tasks)
                     outcome["rows"] = (
                         rdd.barrier().mapPartitions(partial(barrier_task, spec)).collect()
@@ -276,7 +236,8 @@ class HorovodRunner:
 
             threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
             logger.info(
-                "HorovodRunner: %d ranks in %d barrier task(s), Spark job group %s",
+                "%s: %d ranks in %d barrier task(s), Spark job group %s",
+                self.display_name,
                 self.np,
                 tasks,
                 job_group,
@@ -290,7 +251,7 @@ class HorovodRunner:
             )
             if "error" in outcome:
                 raise SparkJobFailed(
-                    f"the Spark job that ran the {self.np} ranks failed: "
+                    f"{self._name()}: the Spark job that ran the {self.np} ranks failed: "
                     f"{first_line(outcome['error'])}"
                 ) from None
             rows = outcome["rows"]
@@ -329,9 +290,9 @@ class HorovodRunner:
             )
             error = outcome.get("error")
             if isinstance(error, RankFailed):
-                raise rank_failed(f"HorovodRunner np={self.np}: {error}", error.cause)
+                raise rank_failed(f"{self._name()}: {error}", error.cause)
             if error is not None:
-                raise RuntimeError(f"HorovodRunner np={self.np}: {error}") from None
+                raise RuntimeError(f"{self._name()}: {error}") from None
             return outcome.get("result")
 
     def _wait(
@@ -344,20 +305,23 @@ class HorovodRunner:
     ) -> None:
         """Wait for the ranks; on a failure, a lost task, a timeout or Ctrl-C stop all, raise."""
         started = time.monotonic()
+        timeout_s = self.options.timeout_s
         try:
             while not done.wait(_POLL_S):
-                for lost in channel.liveness.lost(self.heartbeat_timeout_s):
+                for lost in channel.liveness.lost(self.options.heartbeat_timeout_s):
                     # The driver's own report: the output the rank sent before it went silent.
                     channel.report({**lost, "tail": sink.tail(lost["rank"])})
-                if self.stall_timeout_s and channel.progress.stalled(self.stall_timeout_s):
+                if self.options.stall_timeout_s and channel.progress.stalled(
+                    self.options.stall_timeout_s
+                ):
                     channel.report(self._stall_report(channel))
                 if channel.failed.is_set():
                     break
-                if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
                     self._stop(done, channel, cancel)
                     raise TimeoutError(
-                        f"HorovodRunner np={self.np} did not finish within {self.timeout_s:g} s "
-                        "(HorovodRunner timeout_s): raise timeout_s or shorten the run"
+                        f"{self._name()} did not finish within {timeout_s:g} s "
+                        "(LaunchOptions.timeout_s): raise timeout_s or shorten the run"
                     )
         except KeyboardInterrupt:
             logger.warning("interrupted: stopping the %d ranks", abs(self.np))
@@ -386,7 +350,7 @@ class HorovodRunner:
                 else "Last lines of its output"
             )
             raise rank_failed(
-                f"HorovodRunner np={self.np}: {failure['reason']}{also}. {heading}:\n{tail}",
+                f"{self._name()}: {failure['reason']}{also}. {heading}:\n{tail}",
                 failure.get("cause"),
             )
         if not ended_badly() and not channel.drain(_DRAIN_S):
@@ -401,8 +365,8 @@ class HorovodRunner:
         progress, _hosts = channel.progress.snapshot()
         logger.warning(
             "ranks %s finished no batch for %g s (stall_timeout_s): collecting their stacks",
-            channel.progress.stalled(self.stall_timeout_s),
-            self.stall_timeout_s,
+            channel.progress.stalled(self.options.stall_timeout_s),
+            self.options.stall_timeout_s,
         )
         channel.request_stacks()
         deadline = time.monotonic() + _STACKS_WAIT_S
@@ -410,7 +374,7 @@ class HorovodRunner:
             time.sleep(0.1)
         progress, hosts = channel.progress.snapshot()
         return _stall.stall_report(
-            progress, self.stall_timeout_s, dict(channel.stacks), hosts, time.time()
+            progress, self.options.stall_timeout_s, dict(channel.stacks), hosts, time.time()
         )
 
     def _stop(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):

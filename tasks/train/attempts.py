@@ -13,7 +13,7 @@ import logging
 import os
 import time
 
-from hvdflow.infra import HorovodRunner
+from hvdflow.infra import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
 from hvdflow.infra.launcher._slots import task_gpu_amount, task_slots
 from hvdflow.tasks.config import LauncherParams
@@ -66,17 +66,20 @@ class Attempts:
             self._lines.append(lines)
             runner = HorovodRunner(
                 np=np,
-                spark=self.spark,
-                horovod=launcher.horovod,
-                start_timeout_s=launcher.start_timeout_s,
-                heartbeat_timeout_s=launcher.heartbeat_timeout_s,
-                stall_timeout_s=launcher.stall_timeout_s,
-                engine=launcher.engine,
-                # Each attempt's log of its own: a retry must not append to the one that failed.
-                log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
-                if self.log_dir
-                else None,
-                on_log_line=_tee(lines.append, self.on_log_line),
+                options=LaunchOptions(
+                    spark=self.spark,
+                    horovod=launcher.horovod,
+                    start_timeout_s=launcher.start_timeout_s,
+                    heartbeat_timeout_s=launcher.heartbeat_timeout_s,
+                    stall_timeout_s=launcher.stall_timeout_s,
+                    engine=launcher.engine,
+                    # Each attempt's log of its own: a retry must not append to the one that
+                    # failed.
+                    log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
+                    if self.log_dir
+                    else None,
+                    on_log_line=_tee(lines.append, self.on_log_line),
+                ),
             )
             started = time.perf_counter()
             try:

@@ -38,7 +38,7 @@ MARGIN_S = 15.0
 FAULT_DRIVER = textwrap.dedent(
     """
     import json, sys, time
-    from hvdflow import HorovodRunner, RankFailed
+    from hvdflow import HorovodRunner, LaunchOptions, RankFailed
 
     ready_file, heartbeat_timeout_s = sys.argv[1], float(sys.argv[2])
 
@@ -59,11 +59,13 @@ FAULT_DRIVER = textwrap.dedent(
 
     runner = HorovodRunner(
         np=2,
-        slot_wait_s=90,
-        start_timeout_s=150,
-        heartbeat_timeout_s=heartbeat_timeout_s,
-        timeout_s=400,
-        on_log_line=note_ready,
+        options=LaunchOptions(
+            slot_wait_s=90,
+            start_timeout_s=150,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            timeout_s=400,
+            on_log_line=note_ready,
+        ),
     )
     try:
         runner.run(main)

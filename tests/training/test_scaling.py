@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdflow import HorovodRunner
+from hvdflow import HorovodRunner, LaunchOptions
 from hvdflow.tasks.config import TrainingParams
 from hvdflow.tasks.train.run import training_spec
 from hvdflow.training.trainer import train_classifier
@@ -33,7 +33,7 @@ def digits_28(spark, tmp_path_factory):
 
 def final_val_accuracy(dataset, model: str, np: int, engine: str = "horovod") -> float:
     spec = training_spec(TrainingParams(model=model, epochs=EPOCHS), dataset)
-    result = HorovodRunner(np=-np, engine=engine).run(
+    result = HorovodRunner(np=-np, options=LaunchOptions(engine=engine)).run(
         train_classifier, spec=spec.replace(engine=engine, threads=1)
     )
     assert result.size == np and result.stopped is None and result.rejected is None

@@ -20,7 +20,7 @@ import traceback
 import cloudpickle
 from pyspark.sql import SparkSession
 
-from hvdflow import HorovodRunner, MirroredStrategyRunner
+from hvdflow import HorovodRunner, LaunchOptions, MirroredStrategyRunner
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -63,6 +63,21 @@ def allreduce_ranks():
         flush=True,
     )
     return int(total.numpy())
+
+
+def gather_the_gpus_of_each_task():
+    """spark-tensorflow-distributor's own test_equal_gpu_allocation's train_fn, unchanged."""
+    import os
+
+    from pyspark import BarrierTaskContext
+
+    context = BarrierTaskContext.get()
+    cuda_state = os.environ["CUDA_VISIBLE_DEVICES"]
+    if cuda_state:
+        num_gpus = len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))
+    else:
+        num_gpus = 0
+    return [int(e) for e in context.allGather(str(num_gpus))]
 
 
 def seen_by_workers(log_path: str) -> list[dict]:
@@ -112,9 +127,23 @@ def on_gpu_cluster(master_url: str, driver_gpu_script: str) -> dict:
     for num_slots in (3, 4, 8):
         results[f"mirrored_gpu_{num_slots}"] = attempt(lambda n=num_slots: mirrored(n))
     results["mirrored_cpu_2"] = attempt(lambda: mirrored(2, use_gpu=False))
-    results["mirrored_too_many"] = attempt(lambda: mirrored(10, slot_wait_s=1))
+    results["mirrored_too_many"] = attempt(
+        lambda: mirrored(10, options=LaunchOptions(slot_wait_s=1))
+    )
     results["mirrored_other_resource"] = attempt(
         lambda: MirroredStrategyRunner(num_slots=2, gpu_resource_name="tpu").get_num_tasks()
+    )
+
+    # BarrierTaskContext inside train_fn, as the original's own tests use it (its default
+    # strategy included): each task's GPU count, gathered across the tasks.
+    for num_slots in (3, 4):
+        results[f"mirrored_gather_{num_slots}"] = attempt(
+            lambda n=num_slots: MirroredStrategyRunner(num_slots=n).run(
+                gather_the_gpus_of_each_task
+            )
+        )
+    results["mirrored_gather_cpu"] = attempt(
+        lambda: MirroredStrategyRunner(num_slots=2, use_gpu=False).run(gather_the_gpus_of_each_task)
     )
 
     def horovod(np: int) -> dict:

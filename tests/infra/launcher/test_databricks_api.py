@@ -15,7 +15,7 @@ import sys
 import cloudpickle
 import pytest
 
-from hvdflow import GpuSchedulingNotEnabled, HorovodRunner, MirroredStrategyRunner
+from hvdflow import GpuSchedulingNotEnabled, HorovodRunner, LaunchOptions, MirroredStrategyRunner
 from hvdflow.bench.timeline import load_events
 from hvdflow.infra.launcher.rank_events import LOG_TO_DRIVER_CHARS, TRUNCATED_SUFFIX
 
@@ -88,6 +88,6 @@ def test_horovod_timeline_set_on_the_driver_records_a_timeline(tmp_path, monkeyp
 def test_use_gpu_on_a_cluster_without_gpu_scheduling_is_refused_as_the_original_does(spark):
     # spark-tensorflow-distributor raises when spark.task.resource.gpu.amount is unset.
     with pytest.raises(GpuSchedulingNotEnabled, match="spark.task.resource.gpu.amount"):
-        MirroredStrategyRunner(num_slots=2, spark=spark)
-    runner = MirroredStrategyRunner(num_slots=2, use_gpu=False, spark=spark)
+        MirroredStrategyRunner(num_slots=2, options=LaunchOptions(spark=spark))
+    runner = MirroredStrategyRunner(num_slots=2, use_gpu=False, options=LaunchOptions(spark=spark))
     assert runner.get_num_tasks() == 2 and runner.sc is spark.sparkContext

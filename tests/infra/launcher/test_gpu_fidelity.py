@@ -75,6 +75,13 @@ def test_num_slots_counts_gpus_spread_over_ceil_num_slots_over_task_gpus_tasks(
     assert result["chief"]["rank"] == 0 and result["same_sc"]  # runner.sc: the session's
 
 
+@pytest.mark.parametrize(("key", "gathered"), [("3", [2, 1]), ("4", [2, 2]), ("cpu", [0, 0])])
+def test_train_fn_gathers_across_tasks_with_the_barrier_task_context(seen, key, gathered):
+    # spark-tensorflow-distributor's test_equal_gpu_allocation and test_cpu_training_with_gpus:
+    # BarrierTaskContext.get().allGather in train_fn, inside the default strategy's scope.
+    assert seen["gpu_cluster"][f"mirrored_gather_{key}"] == {"ok": gathered}
+
+
 def test_use_gpu_false_hides_the_gpus_of_tasks_that_hold_some(seen):
     result = seen["gpu_cluster"]["mirrored_cpu_2"]["ok"]
     assert result["num_tasks"] == 2

@@ -12,11 +12,12 @@ import cloudpickle
 import psutil
 import pytest
 
-from hvdflow import HorovodRunner
+from hvdflow import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import _liveness, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
-from hvdflow.infra.launcher._liveness import Tracker, heartbeat_timeout_error, is_overdue, overdue
+from hvdflow.infra.launcher._liveness import Tracker, is_overdue, overdue
 from hvdflow.infra.launcher._task import DriverLink, RankFailed, run_task
+from hvdflow.infra.launcher.options import heartbeat_timeout_error
 from tests.infra.launcher.fake_driver import SilentDriver, spec_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -265,5 +266,5 @@ def sleep_then_return(seconds):
 @pytest.mark.integration
 def test_a_quiet_rank_outlives_the_heartbeat_timeout_because_the_heartbeats_flow():
     # 8 s without a line of output, against a 6 s heartbeat timeout on both sides.
-    runner = HorovodRunner(np=-1, heartbeat_timeout_s=6)
+    runner = HorovodRunner(np=-1, options=LaunchOptions(heartbeat_timeout_s=6))
     assert runner.run(sleep_then_return, seconds=8) == "still here"

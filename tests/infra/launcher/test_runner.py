@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import re
@@ -17,7 +19,7 @@ import cloudpickle
 import psutil
 import pytest
 
-from hvdflow import HorovodOptions, HorovodRunner, RankFailed
+from hvdflow import HorovodOptions, HorovodRunner, LaunchOptions, RankFailed
 from hvdflow.infra.launcher import _channel
 from hvdflow.infra.launcher._cores import cores_for
 from hvdflow.infra.launcher._placement import NVIDIA_DEVICE
@@ -91,10 +93,8 @@ def test_np2_on_spark_trains_keras_with_identical_weights_on_both_ranks(
     lines = []
     runner = HorovodRunner(
         np=2,
-        spark=spark,
         driver_log_verbosity="all",
-        log_dir=str(tmp_path),
-        on_log_line=lines.append,
+        options=LaunchOptions(spark=spark, log_dir=str(tmp_path), on_log_line=lines.append),
     )
     with caplog.at_level("INFO"):
         result = runner.run(train_digits, epochs=2)
@@ -178,7 +178,7 @@ def test_cpu_ranks_of_a_host_each_run_on_cores_of_their_own_unless_told_not_to(t
     for choice, folder in (("default", tmp_path / "a"), ("0", tmp_path / "b")):
         folder.mkdir()
         extra = {} if choice == "default" else {"HVDFLOW_BIND_TO_CORES": choice}
-        HorovodRunner(np=-2, horovod=HorovodOptions(extra_env=extra)).run(
+        HorovodRunner(np=-2, options=LaunchOptions(horovod=HorovodOptions(extra_env=extra))).run(
             report_cores, folder=str(folder)
         )
         seen = [json.loads((folder / str(rank)).read_text()) for rank in range(2)]
@@ -189,11 +189,47 @@ def test_cpu_ranks_of_a_host_each_run_on_cores_of_their_own_unless_told_not_to(t
         assert seen == [{"thread": cores, "main": cores} for cores in expected]
 
 
+def use_the_barrier_task_context(rank_word):
+    """What spark-tensorflow-distributor's own tests do in train_fn: the task's context."""
+    import os
+
+    from pyspark import BarrierTaskContext, TaskContext
+
+    context = BarrierTaskContext.get()
+    gathered = context.allGather(f"{rank_word}{os.environ['HOROVOD_RANK']}")
+    context.barrier()
+    return {
+        "gathered": gathered,
+        "again": context.allGather(str(context.partitionId())),
+        "partition": context.partitionId(),
+        "tasks": [info.address for info in context.getTaskInfos()],
+        "same_as_task_context": TaskContext.get() is context,
+        "cpus": context.cpus(),
+        "attempt": context.attemptNumber(),
+    }
+
+
+@pytest.mark.integration
+def test_a_function_gets_the_barrier_task_context_of_the_task_that_runs_it(spark):
+    result = HorovodRunner(np=2, options=LaunchOptions(spark=spark)).run(
+        use_the_barrier_task_context, rank_word="rank"
+    )
+    # Every task's message, in partition order, as Spark's allGather gives them; twice in a row.
+    assert result["gathered"] == ["rank0", "rank1"]
+    assert result["again"] == ["0", "1"]
+    assert result["partition"] == 0 and result["attempt"] == 0
+    assert len(result["tasks"]) == 2 and all(":" in address for address in result["tasks"])
+    assert result["same_as_task_context"] and result["cpus"] == 1
+    # On the driver there is no barrier task, as in the originals: pyspark's own error.
+    with pytest.raises(RankFailed, match="NOT_IN_BARRIER_STAGE"):
+        HorovodRunner(np=-1).run(use_the_barrier_task_context, rank_word="rank")
+
+
 @pytest.mark.integration
 def test_np_larger_than_the_cluster_fails_fast_naming_np_and_slots(spark):
     started = time.monotonic()
     with pytest.raises(RuntimeError) as err:
-        HorovodRunner(np=3, spark=spark, slot_wait_s=2).run(train_digits)
+        HorovodRunner(np=3, options=LaunchOptions(spark=spark, slot_wait_s=2)).run(train_digits)
     assert time.monotonic() - started < 30
     message = str(err.value)
     assert "np=3 needs 3 task slots but the cluster (local[2]) has 2" in message
@@ -204,7 +240,7 @@ def test_np_larger_than_the_cluster_fails_fast_naming_np_and_slots(spark):
 def test_a_rank_that_raises_fails_the_run_with_its_rank_and_output(spark):
     started = time.monotonic()
     with pytest.raises(RankFailed) as err:
-        HorovodRunner(np=2, spark=spark).run(raise_on_rank_1)
+        HorovodRunner(np=2, options=LaunchOptions(spark=spark)).run(raise_on_rank_1)
     message = str(err.value)
     assert re.search(r"rank 1 on \S+( \(\S+\))? exited with code 1", message), message
     assert "[1,1]<stdout>:rank 1 about to fail" in message
@@ -216,7 +252,7 @@ def test_a_rank_that_raises_fails_the_run_with_its_rank_and_output(spark):
 @pytest.mark.slow
 def test_a_rank_that_never_reaches_init_is_stopped_by_the_start_timeout(spark):
     with pytest.raises(RankFailed) as err:
-        HorovodRunner(np=2, spark=spark, start_timeout_s=4).run(never_init)
+        HorovodRunner(np=2, options=LaunchOptions(spark=spark, start_timeout_s=4)).run(never_init)
     message = str(err.value)
     assert "did not reach hvd.init() within 4 s (HorovodRunner start_timeout_s)" in message
     assert "doing slow work before hvd.init()" in message
@@ -235,7 +271,9 @@ def test_cancelling_the_spark_job_stops_every_rank(spark):
 
     def run():
         try:
-            HorovodRunner(np=2, spark=spark, on_log_line=watch).run(ready_then_wait)
+            HorovodRunner(np=2, options=LaunchOptions(spark=spark, on_log_line=watch)).run(
+                ready_then_wait
+            )
         except Exception as e:
             errors.append(e)
 
@@ -309,22 +347,46 @@ def test_unpicklable_main_fails_before_any_task_naming_the_culprit():
 
 
 @pytest.mark.parametrize(
-    "kwargs, expected",
+    "make, expected",
     [
-        ({"np": 0}, "np=0: expected a non-zero integer"),
-        ({"np": "2"}, "np='2': expected a non-zero integer"),
-        ({"np": 2, "driver_log_verbosity": "loud"}, "driver_log_verbosity='loud'"),
-        ({"np": 2, "start_timeout_s": 0}, "start_timeout_s=0: expected a positive"),
+        (lambda: HorovodRunner(np=0), "np=0: expected a non-zero integer"),
+        (lambda: HorovodRunner(np="2"), "np='2': expected a non-zero integer"),
+        (lambda: HorovodRunner(np=2, driver_log_verbosity="loud"), "driver_log_verbosity='loud'"),
+        (lambda: HorovodRunner(np=2, options={"np": 2}), "options={'np': 2}: expected a Launch"),
+        (lambda: LaunchOptions(start_timeout_s=0), "start_timeout_s=0: expected a positive"),
+        (lambda: LaunchOptions(slot_wait_s="1"), "slot_wait_s='1': expected a positive"),
+        (lambda: LaunchOptions(timeout_s=-1), "timeout_s=-1: expected a positive number or None"),
+        (lambda: LaunchOptions(forward_env="AWS_PROFILE"), "forward_env='AWS_PROFILE': expected"),
         (
-            {"np": 2, "heartbeat_timeout_s": 1},
+            lambda: LaunchOptions(heartbeat_timeout_s=1),
             "heartbeat_timeout_s=1: expected at least 6 seconds (3 heartbeats, one every 2 s)",
         ),
     ],
 )
 @pytest.mark.unit
-def test_bad_arguments_are_rejected_with_the_value(kwargs, expected):
+def test_bad_arguments_are_rejected_with_the_value(make, expected):
     with pytest.raises(ValueError, match=re.escape(expected)):
-        HorovodRunner(**kwargs)
+        make()
+
+
+@pytest.mark.unit
+def test_the_runner_reads_as_databricks_documents_it_and_says_where_its_extras_went():
+    assert list(inspect.signature(HorovodRunner).parameters)[:3] == [
+        "np",
+        "driver_log_verbosity",
+        "options",
+    ]
+    with pytest.raises(TypeError) as err:
+        HorovodRunner(np=2, stall_timeout_s=60, spark=None)
+    assert str(err.value) == (
+        "HorovodRunner() got spark=..., stall_timeout_s=...: hvdflow's own settings are "
+        "LaunchOptions fields now: HorovodRunner(np=2, options=LaunchOptions(spark=..., "
+        "stall_timeout_s=...))"
+    )
+    options = LaunchOptions(forward_env=["AWS_PROFILE"])
+    assert options.forward_env == ("AWS_PROFILE",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.timeout_s = 1  # type: ignore[misc]
 
 
 @pytest.mark.integration
@@ -343,7 +405,7 @@ def test_rank_failed_and_log_line_are_public_and_a_failing_rank_raises_rank_fail
 
     lines = []
     with pytest.raises(PublicRankFailed) as err:
-        HorovodRunner(np=-1, on_log_line=lines.append).run(main)
+        HorovodRunner(np=-1, options=LaunchOptions(on_log_line=lines.append)).run(main)
     message = str(err.value)
     host = socket.gethostname()
     assert f"HorovodRunner np=-1: rank 0 on {host} (127.0.0.1) exited with code 1" in message
@@ -356,7 +418,9 @@ def test_rank_failed_and_log_line_are_public_and_a_failing_rank_raises_rank_fail
 @pytest.mark.integration
 def test_a_50_mb_line_is_shipped_cut_with_a_marker_and_the_next_line_arrives(tmp_path):
     lines = []
-    runner = HorovodRunner(np=-1, log_dir=str(tmp_path), on_log_line=lines.append)
+    runner = HorovodRunner(
+        np=-1, options=LaunchOptions(log_dir=str(tmp_path), on_log_line=lines.append)
+    )
     peak_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert runner.run(print_a_50_mb_line) is None
 
@@ -377,7 +441,9 @@ def test_every_line_a_rank_printed_before_returning_reaches_the_log(tmp_path):
     # The rank's last lines are still on their way when its result is: the driver reads them
     # all before it closes the channel.
     lines = []
-    runner = HorovodRunner(np=-1, log_dir=str(tmp_path), on_log_line=lines.append)
+    runner = HorovodRunner(
+        np=-1, options=LaunchOptions(log_dir=str(tmp_path), on_log_line=lines.append)
+    )
     assert runner.run(print_many_lines_then_return) == "done"
     printed = [f"line {i}" for i in range(20_000)]
     assert [line.text for line in lines if line.stream == "stdout"] == printed
@@ -390,7 +456,7 @@ def test_a_rank_that_never_reaches_init_names_start_timeout_s():
     started = time.monotonic()
     with pytest.raises(RankFailed) as err:
         # 4 s: on a loaded machine a rank's interpreter can take a second or two to print.
-        HorovodRunner(np=-1, start_timeout_s=4).run(never_init)
+        HorovodRunner(np=-1, options=LaunchOptions(start_timeout_s=4)).run(never_init)
     assert (
         f"rank 0 on {socket.gethostname()} (127.0.0.1) did not reach hvd.init() within 4 s "
         "(HorovodRunner start_timeout_s)"
@@ -403,7 +469,7 @@ def test_a_rank_that_never_reaches_init_names_start_timeout_s():
 @pytest.mark.integration
 def test_a_run_over_its_time_limit_names_timeout_s_and_stops_its_ranks():
     with pytest.raises(TimeoutError) as err:
-        HorovodRunner(np=-1, timeout_s=2).run(print_ready_then_wait)
+        HorovodRunner(np=-1, options=LaunchOptions(timeout_s=2)).run(print_ready_then_wait)
     assert "did not finish within 2 s (HorovodRunner timeout_s): raise timeout_s" in str(err.value)
     assert wait_for_no_ranks() == []
 

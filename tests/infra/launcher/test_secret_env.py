@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hvdflow import HorovodRunner
+from hvdflow import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher.options import HorovodOptions
 
 TOKEN = "rank-token-9c1f4e2b7a"
@@ -58,7 +58,7 @@ def test_ranks_get_the_values_of_env_and_secret_block_references(prefect_harness
             "BLOCK_TOKEN": "secret:hvdflow-test-rank-token",
         }
     )
-    runner = HorovodRunner(np=-1, horovod=options)
+    runner = HorovodRunner(np=-1, options=LaunchOptions(horovod=options))
     assert runner.run(read_token) == (TOKEN, TOKEN + "-block")
     assert TOKEN not in open(runner.log_path).read()
 

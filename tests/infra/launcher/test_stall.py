@@ -9,7 +9,7 @@ import time
 import cloudpickle
 import pytest
 
-from hvdflow import HorovodRunner, RankFailed
+from hvdflow import HorovodRunner, LaunchOptions, RankFailed
 from hvdflow.infra.launcher import _stall, _wire
 from hvdflow.infra.launcher._stall import RankProgress, culprits, stall_report, stalled
 from tests.helpers import wait_for_no_ranks
@@ -34,7 +34,7 @@ def rank_1_sleeps_forever_after_init():
 def test_a_rank_that_sleeps_after_init_is_named_with_every_ranks_stacks_within_the_timeout(
     spark,
 ):
-    runner = HorovodRunner(np=2, spark=spark, stall_timeout_s=8)
+    runner = HorovodRunner(np=2, options=LaunchOptions(spark=spark, stall_timeout_s=8))
     started = time.monotonic()
     with pytest.raises(RankFailed) as failure:
         runner.run(rank_1_sleeps_forever_after_init)
@@ -131,4 +131,4 @@ def test_the_tracker_restarts_the_clock_only_when_a_batch_finishes():
 @pytest.mark.parametrize("value", [0, 5.9, True, "10"])
 def test_a_stall_timeout_shorter_than_three_heartbeats_is_refused(value):
     with pytest.raises(ValueError, match="stall_timeout_s="):
-        HorovodRunner(np=2, stall_timeout_s=value)
+        HorovodRunner(np=2, options=LaunchOptions(stall_timeout_s=value))

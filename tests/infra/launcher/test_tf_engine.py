@@ -13,7 +13,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from hvdflow import HorovodRunner, MirroredStrategyRunner, RankFailed
+from hvdflow import HorovodRunner, LaunchOptions, MirroredStrategyRunner, RankFailed
 from hvdflow.infra.constants import HVDFLOW_EVENT_FD
 from hvdflow.infra.launcher import _placement, _wire
 from hvdflow.training.smoke import train_digits_tf
@@ -26,7 +26,7 @@ EXAMPLE = Path(__file__).with_name("distributor_example.py")
 
 @pytest.mark.slow
 def test_np2_on_spark_with_the_tf_engine_ends_with_identical_weights_on_both_workers(spark):
-    runner = HorovodRunner(np=2, spark=spark, engine="tf_collective")
+    runner = HorovodRunner(np=2, options=LaunchOptions(spark=spark, engine="tf_collective"))
     result = runner.run(train_digits_tf, epochs=2)
     assert result["size"] == 2
     assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
@@ -58,7 +58,7 @@ def worker_1_killed_in_epoch_2():
 
 @pytest.mark.slow
 def test_a_worker_crash_in_the_tf_engine_is_named_and_leaves_no_process(spark):
-    runner = HorovodRunner(np=2, spark=spark, engine="tf_collective")
+    runner = HorovodRunner(np=2, options=LaunchOptions(spark=spark, engine="tf_collective"))
     with pytest.raises(RankFailed) as failure:
         runner.run(worker_1_killed_in_epoch_2)
     message = str(failure.value)
@@ -88,7 +88,7 @@ def rank_0_returns_last(marks: str) -> None:
 def test_no_tf_worker_exits_while_another_is_still_in_main(spark, tmp_path):
     # A worker that exits as soon as it has its own result can take away a tensor a peer is
     # still reading ("Socket closed" at the final gather): the workers leave together.
-    HorovodRunner(np=2, spark=spark, engine="tf_collective").run(
+    HorovodRunner(np=2, options=LaunchOptions(spark=spark, engine="tf_collective")).run(
         rank_0_returns_last, marks=str(tmp_path)
     )
     returned = float((tmp_path / "returned-0").read_text())
@@ -154,7 +154,10 @@ def test_tf_config_lists_the_endpoints_by_rank_and_names_this_worker():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: HorovodRunner(np=2, engine="mpi"), "engine='mpi': expected one of horovod"),
+        (
+            lambda: HorovodRunner(np=2, options=LaunchOptions(engine="mpi")),
+            "engine='mpi': expected one of horovod",
+        ),
         (lambda: MirroredStrategyRunner(num_slots=0), "num_slots=0: expected a positive"),
     ],
 )

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import cloudpickle
 import pytest
 
-from hvdflow import HorovodRunner
+from hvdflow import HorovodRunner, LaunchOptions
 from hvdflow.infra.storage.object_store import ObjectStoreError
 from hvdflow.tasks.weights.stage import OFFLINE_SOURCE, redact, stage_weights
 from hvdflow.training.weights import fetch_weights
@@ -63,13 +63,13 @@ def test_one_download_for_the_whole_job_and_none_on_the_second_run(
     with counting_http_server({"/models/digits_mlp.weights.h5": weights_file}) as (url, requests):
         source = f"{url}/models/digits_mlp.weights.h5"
         staged = stage_weights("digits_mlp", source, store)
-        checksums = HorovodRunner(np=2, spark=spark).run(
+        checksums = HorovodRunner(np=2, options=LaunchOptions(spark=spark)).run(
             load_staged_weights, uri=staged.uri, sha256=staged.sha256
         )
         assert len(requests) == 1
 
         again = stage_weights("digits_mlp", source, store)
-        checksums_again = HorovodRunner(np=2, spark=spark).run(
+        checksums_again = HorovodRunner(np=2, options=LaunchOptions(spark=spark)).run(
             load_staged_weights, uri=again.uri, sha256=again.sha256
         )
         assert len(requests) == 1  # the second run never touched the source
