@@ -71,6 +71,7 @@ MODULE_UNITS = (
     "tests/tasks/weights/test_stage.py",
     "tests/training/test_scaling.py",
     "tests/infra/services/test_mlflow_server.py",
+    "tests/test_package.py",
 )
 # The order tests are handed out in: the slow ones first, so that the last minutes are not one
 # long test on one worker while the other waits (the groups go first anyway: xdist hands out the

@@ -10,7 +10,10 @@ with ``spark.cores.max`` at 1 (one host) or 2 (both). Rounds alternate 1 and 2. 
 ``hvdflow run --np 2`` on the digits in the bucket gives the pipeline's wall clock, launch and
 services' round trips included. Needs root and iproute2, like the tests on the harness.
 
-    .venv/bin/python -m hvdflow.bench.cluster_throughput
+    .venv/bin/python -m tests.cluster.throughput
+
+It lives beside the harness it runs on, under tests/: run it from a checkout (the wheel
+ships neither).
 """
 
 from __future__ import annotations
@@ -65,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
-    from tests.cluster import netns  # noqa: PLC0415 (the test harness: only in a checkout)
-    from tests.cluster.driver import run_driver  # noqa: PLC0415 (the test harness: only in a checkout)
-    from tests.cluster.spark_cluster import netns_spark_cluster  # noqa: PLC0415 (the test harness: only in a checkout)
+    from tests.cluster import netns
+    from tests.cluster.driver import run_driver
+    from tests.cluster.spark_cluster import netns_spark_cluster
 
     if (reason := netns.unavailable_reason()) is not None:
         print(f"the multi-host harness cannot run here: {reason}", file=sys.stderr)

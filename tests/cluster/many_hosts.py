@@ -15,7 +15,10 @@ np (launch, rendezvous, allreduce and waiting, driver memory, log volume), not s
    driver names it, and until the retried attempt begins an epoch again. Driver memory and the
    ranks' log volume per epoch for both.
 
-    .venv/bin/python -m hvdflow.bench.many_hosts --hosts 8
+    .venv/bin/python -m tests.cluster.many_hosts --hosts 8
+
+It lives beside the harness it runs on, under tests/: run it from a checkout (the wheel
+ships neither).
 
 Needs root and iproute2, like the tests on the harness.
 """
@@ -36,10 +39,10 @@ from pathlib import Path
 
 import psutil
 
-from hvdflow.bench.cluster_throughput import upload_tree
 from hvdflow.bench.preprocess_throughput import make_small_images
 from hvdflow.infra._env import temporary_env
 from hvdflow.infra.services.local import LocalServices
+from tests.cluster.throughput import upload_tree
 
 RANK_ENTRY = "hvdflow.infra.launcher._rank"
 
@@ -190,7 +193,7 @@ class PipelineRun:
     """``hvdflow run`` as the cluster's driver, its output read line by line."""
 
     def __init__(self, cluster, home: Path, work: Path, np: int, epochs: int, kill_host=None):
-        from tests.cluster.driver import start_cli  # noqa: PLC0415 (the test harness: only in a checkout)
+        from tests.cluster.driver import start_cli
 
         self.cluster, self.kill_host, self.epochs = cluster, kill_host, epochs
         argv = ["run", "--np", str(np), "--epochs", str(epochs), "--input-format", "folders"]
@@ -219,7 +222,7 @@ class PipelineRun:
             time.sleep(0.2)
 
     def finish(self, timeout_s: float = 1800) -> int:
-        from tests.cluster import processes  # noqa: PLC0415 (the test harness: only in a checkout)
+        from tests.cluster import processes
 
         try:
             for line in self.proc.stdout:
@@ -249,7 +252,7 @@ class PipelineRun:
         return None
 
     def figures(self) -> dict:
-        from tests.cluster.driver import logged_at  # noqa: PLC0415 (the test harness: only in a checkout)
+        from tests.cluster.driver import logged_at
 
         out = "".join(self.lines)
         rank_lines = [ln for ln in self.lines if re.search(r"\[\d+,\d+\]<", ln)]
@@ -287,14 +290,14 @@ class PipelineRun:
 
 
 def _net_inode(pid: int) -> int | None:
-    from tests.cluster.spark_cluster import _net_inode as inode  # noqa: PLC0415 (the test harness: only in a checkout)
+    from tests.cluster.spark_cluster import _net_inode as inode
 
     return inode(pid)
 
 
 def probe_and_print(cluster, work: Path, args: argparse.Namespace) -> int:
     """The probe's rounds on the cluster, as a table; 0, or 1 if the driver failed."""
-    from tests.cluster.driver import run_driver  # noqa: PLC0415 (the test harness: only in a checkout)
+    from tests.cluster.driver import run_driver
 
     probe = run_driver(
         cluster,
@@ -331,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415 (lazy: it loads boto3)
-    from tests.cluster import netns  # noqa: PLC0415 (the test harness: only in a checkout)
-    from tests.cluster.spark_cluster import netns_spark_cluster  # noqa: PLC0415 (the test harness: only in a checkout)
+    from tests.cluster import netns
+    from tests.cluster.spark_cluster import netns_spark_cluster
 
     if (reason := netns.unavailable_reason()) is not None:
         print(f"the multi-host harness cannot run here: {reason}", file=sys.stderr)
