@@ -29,12 +29,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from hvdflow.infra import HorovodRunner, LaunchOptions, LogLine, constants
+from hvdflow.infra import LaunchOptions, LogLine, constants
 from hvdflow.training.epoch_log import epoch_done_times, epoch_times_from_log
-from hvdflow.training.gcn import train_gcn
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
-from hvdflow.training.trainer import train_classifier
 
 KERAS, CEILING, HOROVOD, TF = "keras", "ceiling", "hvd", "tf"
 ENGINE_OF = {HOROVOD: constants.HOROVOD, TF: constants.TF_COLLECTIVE}
@@ -155,8 +153,12 @@ class Measurement:
 def trainer_for(name: str):
     """The rank function of a trainer: ``classifier`` (images) or ``gcn`` (graphs)."""
     if name == "gcn":
+        from hvdflow.training.gcn import train_gcn  # noqa: PLC0415 (lazy: it loads numpy)
+
         return train_gcn
     if name == "classifier":
+        from hvdflow.training.trainer import train_classifier  # noqa: PLC0415 (lazy: it loads numpy)
+
         return train_classifier
     raise ValueError(f"trainer {name!r} is unknown: expected 'classifier' or 'gcn'")
 
@@ -170,6 +172,8 @@ def measure(
     horovod=None,
     threads_per_rank: int = 1,
 ) -> Measurement:
+    from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: it loads horovod.runner and cloudpickle)
+
     c = parse_condition(condition)
     kwargs = dict(train_kwargs)
     lines: list[LogLine] = []
