@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdflow.infra.ports import unclaimed_port
+from hvdflow.infra.tracking import CHAMPION
 from hvdflow.serving.package import log_classifier
 from hvdflow.training.models import build_model
 
@@ -75,7 +76,7 @@ def register(tracking_uri: str, artifacts: Path) -> str:
     with mlflow.start_run(experiment_id=experiment):
         info = log_classifier(network, [str(d) for d in range(10)], example, NAME)
     version = str(info.registered_model_version)
-    MlflowClient(tracking_uri).set_registered_model_alias(NAME, "champion", version)
+    MlflowClient(tracking_uri).set_registered_model_alias(NAME, CHAMPION, version)
     return version
 
 

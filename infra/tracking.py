@@ -10,6 +10,12 @@ import urllib.request
 from hvdflow.infra.secrets import redact_url, split_userinfo
 
 CHECK_TIMEOUT_S = 5.0
+# How long a finished training waits for a tracking server that went down before it logs its
+# results (rank 0 at the end of training, the driver before it registers the model).
+TRACKER_WAIT_S = 300.0
+# The registered model's aliases, for the registry's consumers: training moves them
+# (``tasks.train.registry``), scoring and serving follow ``champion``.
+CANDIDATE, CHAMPION = "candidate", "champion"
 
 
 def tracking_uri(default: str | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
-from hvdflow.infra.tracking import wait_until_reachable
+from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.checkpoints import CheckpointStore
 from hvdflow.training.engines import NONE, start_engine
 from hvdflow.training.models import build_model, model_input_shape
@@ -21,9 +21,6 @@ from hvdflow.training.quality import rejection
 from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
-
-# How long rank 0 waits for a tracking server that is down before it logs the model.
-TRACKER_WAIT_S = 300.0
 
 
 def train_classifier(spec: TrainSpec) -> RankResult:

@@ -16,6 +16,8 @@ import uuid
 ATTEMPT_PREFIX = "attempt-"
 ATTEMPT_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 STALE_ATTEMPT_S = 24 * 3600
+# The manifest written last, beside the attempt folders: it names the attempt that counts.
+MANIFEST = "manifest.json"
 
 
 def new_attempt(now: float | None = None) -> str:

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import asdict
 
-from hvdflow.infra.storage.attempts import removable_attempts
+from hvdflow.infra.storage.attempts import MANIFEST, removable_attempts
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import dataset_url, join
 from hvdflow.tasks.images.quarantine import write_quarantine
@@ -28,7 +28,6 @@ from hvdflow.tasks.preprocess.write import (
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 # The reports of a published attempt, beside its train/ and val/ splits.
 ATTEMPT_FILES = ("labels.json", "quarantine.csv")
 

@@ -12,10 +12,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hvdflow.infra.storage.uris import is_s3
+from hvdflow.infra.tracking import CHAMPION
 from hvdflow.tasks.config import DEFAULT_REGISTERED_MODEL
 from hvdflow.tasks.images.checks import check_image_size, check_output, check_s3_uri
 
-CHAMPION = "champion"
 # "images": a folder or s3:// prefix of image files (any sub-folders); "dataset": Parquet files
 # with an `image` column of PNG/JPEG bytes and a `source` column, such as a dataset that
 # preprocessing wrote (a split folder, or the folder holding its manifest.json).

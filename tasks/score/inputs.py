@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from hvdflow.infra.storage.access import S3Access
+from hvdflow.infra.storage.attempts import MANIFEST
 from hvdflow.infra.storage.files import Location, list_objects
 from hvdflow.infra.storage.uris import is_s3, join, split_s3
 from hvdflow.tasks.images.listing import list_class_folders, list_s3_class_folders
 from hvdflow.tasks.images.parquet import IMAGE_COLUMN, SOURCE_COLUMN, open_input, read_row_group
 
-MANIFEST = "manifest.json"  # what preprocessing publishes beside a dataset's attempt folders
 WHOLE_FILE = -1  # Unit.row_group of an image file
 
 

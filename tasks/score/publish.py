@@ -22,12 +22,11 @@ import json
 import logging
 import time
 
-from hvdflow.infra.storage.attempts import removable_attempts
+from hvdflow.infra.storage.attempts import MANIFEST, removable_attempts
 from hvdflow.infra.storage.files import Location
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 SUCCESS = "_SUCCESS"
 
 

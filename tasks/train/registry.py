@@ -37,9 +37,10 @@ from __future__ import annotations
 import logging
 import math
 
+from hvdflow.infra.tracking import CANDIDATE, CHAMPION
+
 logger = logging.getLogger(__name__)
 
-CANDIDATE, CHAMPION = "candidate", "champion"
 CHAMPION_METRIC = "val_accuracy"
 # The version tag that enters a version in the contest; its value is the version's score (its
 # run's final CHAMPION_METRIC, "-inf" without one), recorded once when it is registered.

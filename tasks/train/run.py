@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import hvdflow
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
-from hvdflow.infra.tracking import check_reachable, wait_until_reachable
+from hvdflow.infra.tracking import TRACKER_WAIT_S, check_reachable, wait_until_reachable
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
 from hvdflow.tasks.train import model_card
 from hvdflow.tasks.train.attempts import Attempts
@@ -36,9 +36,6 @@ from hvdflow.training.result import RankResult
 from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
 
 logger = logging.getLogger(__name__)
-
-# How long the driver waits for a tracking server that is down before logging a finished run.
-TRACKER_WAIT_S = 300.0
 
 
 class ModelRejected(RuntimeError):

@@ -16,14 +16,13 @@ from prefect.runtime import flow_run
 
 from hvdflow.infra.launcher import CALLBACK, STDOUT
 from hvdflow.infra.spark import get_spark
-from hvdflow.infra.tracking import check_reachable
+from hvdflow.infra.tracking import CHAMPION, check_reachable
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.spark_slots import spark_slots
 from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.events import CHAMPION_MOVED, champion_moved
 from hvdflow.tasks.train.progress import EpochProgress
-from hvdflow.tasks.train.registry import CHAMPION
 from hvdflow.tasks.train.run import TrainResult, train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
 
