@@ -86,9 +86,10 @@ def make_caltech_like(root: Path, count: int, classes: int = 101) -> None:
 
 def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
     """The executors' per-image work in one process: read, decode, fit, PNG-encode."""
-    from hvdflow.tasks.preprocess.decode import Good, decode_item  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.decode import Good  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.fetch import decode_item  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.listing import list_class_folders  # noqa: PLC0415 (lazy: it loads Spark)
     from hvdflow.tasks.preprocess.schema import image_schema  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.preprocess.sources import list_class_folders  # noqa: PLC0415 (lazy: it loads Spark)
 
     field = image_schema(image_size, color_mode).image
     started = time.perf_counter()

@@ -73,7 +73,7 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hvdflow.tasks.preprocess.decode import Good, decode_image  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.decode import Good, decode_image  # noqa: PLC0415 (lazy: it loads Spark)
     from hvdflow.tasks.score.executor import prediction_schema  # noqa: PLC0415 (lazy: it loads Spark)
 
     started = time.perf_counter()

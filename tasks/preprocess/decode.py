@@ -13,15 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# Good, decode_image and decode_item (hvdflow.tasks.images') are imported as well for
-# bench/preprocess_throughput.py and bench/score_throughput.py, which import them from here.
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3
 from hvdflow.tasks.images.decode import Bad
-from hvdflow.tasks.images.decode import Good as Good
-from hvdflow.tasks.images.decode import decode_image as decode_image
 from hvdflow.tasks.images.fetch import Fetcher, check_input_root
-from hvdflow.tasks.images.fetch import decode_item as decode_item
 from hvdflow.tasks.preprocess.schema import image_schema
 from hvdflow.tasks.preprocess.split import split_key
 

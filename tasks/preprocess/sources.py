@@ -15,13 +15,10 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-# list_class_folders (hvdflow.tasks.images.listing's) is imported as well for
-# bench/preprocess_throughput.py, which imports it from here.
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3, split_s3
 from hvdflow.tasks import images
 from hvdflow.tasks.images.listing import Listing, open_idx
-from hvdflow.tasks.images.listing import list_class_folders as list_class_folders
 
 
 def listed_records(listing: Listing, label_index: dict[str, int], access: S3Access | None):
