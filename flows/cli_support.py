@@ -10,8 +10,10 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ValidationError
+if TYPE_CHECKING:  # loaded by the commands that validate: `hvdflow --help` needs no pydantic
+    from pydantic import BaseModel, ValidationError
 
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.secrets import redact_url
@@ -71,6 +73,8 @@ def nested_params(
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    from pydantic import ValidationError  # noqa: PLC0415 (see the TYPE_CHECKING import above)
+
     try:
         return model.model_validate(values)
     except ValidationError as e:
@@ -102,6 +106,8 @@ def describe_validation_error(
 
 
 def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
+    from pydantic import BaseModel  # noqa: PLC0415 (see the TYPE_CHECKING import above)
+
     for part in path:
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)

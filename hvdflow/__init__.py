@@ -21,19 +21,25 @@ Exports are lazy: ``import hvdflow`` costs nothing, and a rank process that impo
 ``hvdflow.training`` never pays for Spark.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from hvdflow.infra import _EXPORTS as _INFRA_EXPORTS
 from hvdflow.infra._lazy import lazy_exports
-
-try:
-    __version__ = version("hvdflow")
-except PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _EXPORTS = dict(_INFRA_EXPORTS)
 # Registry consumers: score a DataFrame's column of images with a registered version.
 _EXPORTS["score_udf"] = "hvdflow.tasks.score.udf"
 
 __all__ = sorted(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+_exported = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str):
+    # The version is read when asked for: importlib.metadata costs a tenth of a second, which
+    # `hvdflow --help` and every rank process would otherwise pay.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            return version("hvdflow")
+        except PackageNotFoundError:  # imported from a source tree that was never installed
+            return "0+unknown"
+    return _exported(name)

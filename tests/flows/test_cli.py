@@ -27,6 +27,33 @@ def test_every_command_has_help(command, capsys):
     assert "usage: hvdflow " + command in capsys.readouterr().out
 
 
+@pytest.mark.unit
+def test_the_cli_and_the_parameters_load_no_engine_and_help_loads_no_pydantic():
+    """`hvdflow --help` and a bad parameter's one line must feel instant: the command line and
+    the parameter layer import no Spark, Petastorm, TensorFlow, Horovod, MLflow or Prefect (a
+    fresh interpreter, so nothing another test loaded counts), and help needs no pydantic."""
+    heavy = ("pyspark", "petastorm", "tensorflow", "horovod", "mlflow", "prefect", "boto3")
+    loaded = "sorted({m.split('.')[0] for m in sys.modules} & WATCHED)"
+    probe = "\n".join(
+        [
+            "import sys",
+            f"WATCHED = {{'pydantic', *{heavy!r}}}",
+            "from hvdflow.flows.cli import main",
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+            f"print({loaded})",
+            "import hvdflow.flows.params",
+            "WATCHED.discard('pydantic')",
+            f"print({loaded})",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    after_help, after_params = done.stdout.strip().splitlines()[-2:]
+    assert after_help == "[]"
+    assert after_params == "[]"
+
+
 @pytest.mark.slow
 def test_up_prints_working_urls_and_down_stops_everything(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HVDFLOW_HOME", str(tmp_path / "home"))
