@@ -132,7 +132,8 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
         if TF_CONFIG not in os.environ:
             raise RuntimeError(
                 "engine 'tf_collective' needs TF_CONFIG: run the training function with "
-                "HorovodRunner(engine='tf_collective') or MirroredStrategyRunner"
+                "HorovodRunner(np=..., options=LaunchOptions(engine='tf_collective')) or "
+                "MirroredStrategyRunner"
             )
         _device_datasets_without_autotuning()
         strategy = tf.distribute.MultiWorkerMirroredStrategy(

@@ -84,8 +84,9 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
 def train_digits_tf(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0.05) -> dict:
     """``train_digits`` on TensorFlow's MultiWorkerMirroredStrategy instead of Horovod.
 
-    Run it with ``HorovodRunner(engine="tf_collective")`` or ``MirroredStrategyRunner``: each
-    worker trains on its own shard with its own batches, as the Horovod version does.
+    Run it with ``HorovodRunner(np=2, options=LaunchOptions(engine="tf_collective"))`` or
+    ``MirroredStrategyRunner``: each worker trains on its own shard with its own batches, as the
+    Horovod version does.
     """
     import tensorflow as tf
     from sklearn.datasets import load_digits
