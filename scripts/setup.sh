@@ -41,6 +41,64 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v a
     || log "could not install chromium: the browser tests will skip (fail under CI=true)"
 fi
 
+# Editors and type checkers (docs/layout.md) read imports from files: they cannot run the
+# import hook that maps hvdflow.<room> to the rooms at the top of the checkout in an editable
+# install. build/editors holds the same map as links (hvdflow/ with each room linked inside it),
+# which pyproject's [tool.pyright] and [tool.mypy] point them to; nothing imports from it at run
+# time. Rooms are linked as whole folders, so a new module shows at once; a new room or a new
+# file in hvdflow/ is linked by the next set-up, which is why this runs before the check below.
+# A failure here costs editors their map, not the set-up.
+"$PYTHON" - <<'PY' || log "could not link the rooms into build/editors (editors, type checkers)"
+import os
+import shutil
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+root = Path.cwd()
+tree = root / "build" / "editors"
+rooms = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
+def links():
+    for package, folder in rooms.items():
+        dest = Path(*package.split("."))
+        if any(other.startswith(f"{package}.") for other in rooms):
+            # A package with rooms inside it (hvdflow/): a real folder, its own files linked.
+            for entry in sorted((root / folder).iterdir()):
+                if entry.name != "__pycache__" and f"{package}.{entry.name}" not in rooms:
+                    yield dest / entry.name, entry
+        else:
+            yield dest, root / folder
+
+
+want = {str(link): os.path.relpath(target, tree / link.parent) for link, target in links()}
+have = {}
+for folder, dirs, files in os.walk(tree):
+    for name in dirs + files:
+        if os.path.islink(path := os.path.join(folder, name)):
+            have[os.path.relpath(path, tree)] = os.readlink(path)
+if have != want:
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=".editors-", dir=tree.parent))
+    fresh.chmod(0o755)
+    for link, target in want.items():
+        (fresh / link).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, fresh / link)
+    stale = fresh.with_name(f"{fresh.name}-old")
+    try:
+        tree.rename(stale)
+    except FileNotFoundError:
+        pass
+    try:
+        fresh.rename(tree)
+    except OSError:  # a set-up running beside this one put its own (the same) in place first
+        shutil.rmtree(fresh)
+    shutil.rmtree(stale, ignore_errors=True)
+    print("[setup] linked the rooms into build/editors (editors, type checkers)", file=sys.stderr)
+PY
+
 # Everything that decides the environment's content; a change to any of it reinstalls.
 want=$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
