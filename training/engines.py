@@ -31,8 +31,8 @@ from hvdflow.infra.constants import (
     TF_COLLECTIVE,
     TF_CONFIG,
 )
+from hvdflow.infra.launcher.tf_datasets import device_datasets_without_autotuning
 from hvdflow.training.autograph import run_horovod_unconverted
-from hvdflow.training.reader import without_autotuning
 from hvdflow.training.threads import share_cores, use_threads
 
 NONE = "none"  # one process, no engine (np=1 outside the launcher)
@@ -76,32 +76,6 @@ class Engine:
         return self.strategy.distribute_datasets_from_function(lambda _context: dataset)
 
 
-def _device_datasets_without_autotuning() -> None:
-    """MultiWorkerMirroredStrategy serves each rank's dataset through a dataset per device that it
-    builds itself (``MultiDeviceIterator``), with tf.data's default options: autotuning on. Its
-    iterator is deleted at the end of ``model.fit``, and the deletion waits for the autotuning
-    thread to wake, up to a minute (``training.reader.without_autotuning``): the TF engine's ranks
-    sat idle 12-17 s after their last epoch on two epochs here (BENCHMARKS.md). TF 2.15 has no
-    option that reaches that dataset, so its builder is wrapped to turn autotuning off there too.
-    """
-    import tensorflow as tf
-    from tensorflow.python.data.ops import multi_device_iterator_ops as devices
-
-    build = devices._create_device_dataset
-    if getattr(build, "hvdflow_without_autotuning", False):
-        return
-    # Nothing there to optimise (a generator over the rank's own pipeline, and a prefetch); trying
-    # says so in a warning at every iterator.
-    options = tf.data.Options()
-    options.experimental_optimization.apply_default_optimizations = False
-
-    def build_without_autotuning(*args, **kwargs):
-        return without_autotuning(build(*args, **kwargs)).with_options(options)
-
-    build_without_autotuning.hvdflow_without_autotuning = True
-    devices._create_device_dataset = build_without_autotuning
-
-
 def start_engine(name: str, fp16_compression: bool = False, threads: int | None = None) -> Engine:
     """Join the job: ``hvd.init()``, or create the MultiWorkerMirroredStrategy.
 
@@ -135,7 +109,7 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
                 "HorovodRunner(np=..., options=LaunchOptions(engine='tf_collective')) or "
                 "MirroredStrategyRunner"
             )
-        _device_datasets_without_autotuning()
+        device_datasets_without_autotuning()
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 implementation=tf.distribute.experimental.CommunicationImplementation.RING

@@ -27,7 +27,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
 )
-from hvdflow.infra.launcher import _task_context, _wire
+from hvdflow.infra.launcher import _task_context, _wire, tf_datasets
 from hvdflow.infra.launcher._cores import bind_this_rank
 from hvdflow.infra.launcher.rank_events import emit_event
 
@@ -188,6 +188,8 @@ def main(argv: list[str]) -> int:
     _dump_stacks_on_signal()
     if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
         _report_strategy_created()
+        # fit's end would wait up to a minute for tf.data's autotuning thread (tf_datasets).
+        patch_on_import(tf_datasets.DEVICE_DATASETS_MODULE, tf_datasets.wrap_device_datasets)
     else:
         _report_init_reached()
     _task_context.install_in_rank(patch_on_import)

@@ -97,6 +97,22 @@ def test_no_tf_worker_exits_while_another_is_still_in_main(spark, tmp_path):
     assert wait_for_no_ranks() == []
 
 
+def device_datasets_wrapped() -> bool:
+    from tensorflow.python.data.ops import multi_device_iterator_ops as devices
+
+    return getattr(devices._create_device_dataset, "hvdflow_without_autotuning", False)
+
+
+@pytest.mark.integration
+def test_every_tf_worker_builds_the_strategys_device_datasets_without_autotuning():
+    # A user's train_fn (MirroredStrategyRunner's) never calls the pipeline's engine: the rank
+    # wraps the builder when TensorFlow loads it, so fit's end does not wait for autotuning.
+    assert HorovodRunner(np=-1, options=LaunchOptions(engine="tf_collective")).run(
+        device_datasets_wrapped
+    )
+    assert not HorovodRunner(np=-1).run(device_datasets_wrapped)  # Horovod ranks: untouched
+
+
 @pytest.mark.integration
 def test_a_tf_worker_reports_its_start_when_it_creates_the_strategy_and_not_before():
     # The start timeout ends when the strategy exists; TensorFlow loads when main asks for it.

@@ -1,8 +1,8 @@
-"""The TF engine's own per-device datasets run without tf.data's autotuning thread."""
+"""The strategy's own per-device datasets run without tf.data's autotuning thread."""
 
 import pytest
 
-from hvdflow.training.engines import _device_datasets_without_autotuning
+from hvdflow.infra.launcher.tf_datasets import device_datasets_without_autotuning
 
 
 @pytest.mark.unit
@@ -10,9 +10,9 @@ def test_the_strategys_per_device_datasets_run_without_autotuning_and_still_serv
     import tensorflow as tf
     from tensorflow.python.data.ops import multi_device_iterator_ops as devices
 
-    _device_datasets_without_autotuning()
+    device_datasets_without_autotuning()
     wrapped = devices._create_device_dataset
-    _device_datasets_without_autotuning()  # once per process, however often an engine starts
+    device_datasets_without_autotuning()  # once per process, however often an engine starts
     assert devices._create_device_dataset is wrapped
 
     # What MultiWorkerMirroredStrategy's iterator builds for each device (TF 2.15's private API:
