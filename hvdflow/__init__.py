@@ -21,8 +21,25 @@ Exports are lazy: ``import hvdflow`` costs nothing, and a rank process that impo
 ``hvdflow.training`` never pays for Spark.
 """
 
+from typing import TYPE_CHECKING
+
 from hvdflow.infra import _EXPORTS as _INFRA_EXPORTS
 from hvdflow.infra._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what the lazy exports are, for type checkers and editors (never run)
+    from hvdflow.infra.launcher._wire import LogLine as LogLine
+    from hvdflow.infra.launcher.errors import EncryptionRequired as EncryptionRequired
+    from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled as GpuSchedulingNotEnabled
+    from hvdflow.infra.launcher.errors import RankFailed as RankFailed
+    from hvdflow.infra.launcher.errors import SparkJobFailed as SparkJobFailed
+    from hvdflow.infra.launcher.mirrored import MirroredStrategyRunner as MirroredStrategyRunner
+    from hvdflow.infra.launcher.options import HorovodOptions as HorovodOptions
+    from hvdflow.infra.launcher.options import LaunchOptions as LaunchOptions
+    from hvdflow.infra.launcher.rank_events import log_to_driver as log_to_driver
+    from hvdflow.infra.launcher.rank_events import report_progress as report_progress
+    from hvdflow.infra.launcher.runner import HorovodRunner as HorovodRunner
+    from hvdflow.infra.spark import get_spark as get_spark
+    from hvdflow.tasks.score.udf import score_udf as score_udf
 
 _EXPORTS = dict(_INFRA_EXPORTS)
 # Registry consumers: score a DataFrame's column of images with a registered version.

@@ -107,6 +107,29 @@ def installed_wheel(tmp_path_factory) -> tuple[Path, list[str]]:
     return target, names
 
 
+@pytest.mark.unit
+def test_type_checkers_see_what_each_lazy_export_is():
+    """The exports are lazy, so a type checker sees them only through the TYPE_CHECKING
+    imports of ``hvdflow/__init__.py``: one for each export, from the module that serves it."""
+    import ast
+
+    import hvdflow
+
+    tree = ast.parse((ROOT / "hvdflow" / "__init__.py").read_text())
+    guarded = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    seen = {
+        alias.name: node.module
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == hvdflow._EXPORTS
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_flows(
