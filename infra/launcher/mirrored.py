@@ -36,7 +36,7 @@ from hvdflow.infra.launcher import _wire
 from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled
-from hvdflow.infra.launcher.options import LaunchOptions
+from hvdflow.infra.launcher.options import LaunchOptions, checked_options
 from hvdflow.infra.launcher.runner import HorovodRunner
 
 logger = logging.getLogger(__name__)
@@ -93,13 +93,9 @@ class MirroredStrategyRunner:
         options: LaunchOptions | None = None,
         **moved: Any,
     ):
-        if moved:
-            names = ", ".join(f"{name}=..." for name in sorted(moved))
-            raise TypeError(
-                f"MirroredStrategyRunner() got {names}: hvdflow's own settings are LaunchOptions "
-                f"fields now: MirroredStrategyRunner(num_slots={num_slots!r}, "
-                f"options=LaunchOptions({names}))"
-            )
+        options = checked_options(
+            options, "MirroredStrategyRunner", f"num_slots={num_slots!r}", moved
+        )
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(
                 f"num_slots={num_slots!r}: expected a positive number of GPUs (use_gpu=True) "
@@ -110,11 +106,6 @@ class MirroredStrategyRunner:
         self.use_gpu = use_gpu
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = use_custom_strategy
-        if options is not None and not isinstance(options, LaunchOptions):
-            raise ValueError(
-                f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
-            )
-        options = options or LaunchOptions()
         spark = options.spark
         if spark is None:
             from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)

@@ -190,6 +190,28 @@ class LaunchOptions:
         return {k: os.environ[k] for k in self.forward_env if k in os.environ}
 
 
+def checked_options(
+    options: LaunchOptions | None, runner: str, size: str, moved: Mapping[str, Any]
+) -> LaunchOptions:
+    """A runner's ``options`` (the defaults for None), after refusing what is not one.
+
+    ``moved``: keywords the runner did not take, which earlier hvdflow versions took directly
+    (``HorovodRunner(np=2, stall_timeout_s=60)``): the TypeError shows where they went.
+    ``size``: the runner's size argument as the user wrote it (``np=2``).
+    """
+    if moved:
+        names = ", ".join(f"{name}=..." for name in sorted(moved))
+        raise TypeError(
+            f"{runner}() got {names}: hvdflow's own settings are LaunchOptions fields now: "
+            f"{runner}({size}, options=LaunchOptions({names}))"
+        )
+    if options is not None and not isinstance(options, LaunchOptions):
+        raise ValueError(
+            f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
+        )
+    return options or LaunchOptions()
+
+
 def heartbeat_timeout_error(value: Any) -> str | None:
     """Why ``value`` is no valid ``heartbeat_timeout_s``; None if it is."""
     shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT

@@ -47,7 +47,7 @@ from hvdflow.infra.launcher._slots import task_gpu_amount, wait_for_slots
 from hvdflow.infra.launcher._spark_errors import first_line
 from hvdflow.infra.launcher._task import TaskSpec, barrier_task, run_task
 from hvdflow.infra.launcher.errors import RankFailed, SparkJobFailed, rank_failed
-from hvdflow.infra.launcher.options import LaunchOptions
+from hvdflow.infra.launcher.options import LaunchOptions, checked_options
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +99,7 @@ class HorovodRunner:
         options: LaunchOptions | None = None,
         **moved: Any,
     ):
-        if moved:
-            names = ", ".join(f"{name}=..." for name in sorted(moved))
-            raise TypeError(
-                f"HorovodRunner() got {names}: hvdflow's own settings are LaunchOptions fields "
-                f"now: HorovodRunner(np={np!r}, options=LaunchOptions({names}))"
-            )
+        options = checked_options(options, "HorovodRunner", f"np={np!r}", moved)
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
@@ -115,13 +110,9 @@ class HorovodRunner:
             raise ValueError(
                 f"driver_log_verbosity={driver_log_verbosity!r}: expected one of {_VERBOSITIES}"
             )
-        if options is not None and not isinstance(options, LaunchOptions):
-            raise ValueError(
-                f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
-            )
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
-        self.options = options or LaunchOptions()
+        self.options = options
         # How GPUs are handed to ranks; MirroredStrategyRunner sets its own.
         self.gpu_plan = GpuPlan()
         # What errors say was asked for, when a wrapper (MirroredStrategyRunner) knows better.
