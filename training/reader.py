@@ -15,17 +15,28 @@ from __future__ import annotations
 
 import posixpath
 import warnings
+from collections import namedtuple
 from contextlib import contextmanager
+from typing import Literal
 
 import numpy as np
 
 from hvdflow.infra.storage.access import s3_endpoint
+from hvdflow.training import parquet_reader
 from hvdflow.training.autograph import run_petastorm_unconverted
 
 # Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: every rank's reader printed
 # the same dozen FutureWarnings per attempt (most of the ranks' log at np=8, BENCHMARKS.md,
 # "Eight hosts"), none of which a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+
+Reader = Literal["petastorm", "pyarrow"]
+READERS = ("petastorm", "pyarrow")
+
+
+def _check_reader(reader: str) -> None:
+    if reader not in READERS:
+        raise ValueError(f"reader={reader!r}: expected one of {', '.join(READERS)}")
 
 
 def filesystem_for(url: str):
@@ -65,8 +76,19 @@ def shard_megabytes(rows: int, size: int, image_shape) -> float:
     return rows / max(1, size) * pixels / 2**20
 
 
-def load_shard(url: str, *, rank: int = 0, size: int = 1, fields=("image", "label")):
-    """This rank's whole shard as numpy arrays, one per field, in the stored order."""
+def load_shard(
+    url: str,
+    *,
+    rank: int = 0,
+    size: int = 1,
+    fields=("image", "label"),
+    reader: Reader = "petastorm",
+):
+    """This rank's whole shard as numpy arrays, one per field, in the stored order; the same
+    arrays with either ``reader``."""
+    _check_reader(reader)
+    if reader == "pyarrow":
+        return parquet_reader.load_shard(url, rank=rank, size=size, fields=tuple(fields))
     from petastorm import make_reader
 
     with make_reader(
@@ -95,6 +117,45 @@ def _normalized_batch(images, labels):
     if len(images.shape) == 3:  # (batch, height, width): grayscale gets its channel axis
         images = images[..., tf.newaxis]
     return images, tf.cast(labels, tf.int32)
+
+
+def _normalized_example(row):
+    import tensorflow as tf
+
+    image = tf.cast(row.image, tf.float32) / 255.0
+    if len(row.image.shape) == 2:  # (height, width): grayscale gets its channel axis
+        image = image[..., tf.newaxis]
+    return image, tf.cast(row.label, tf.int32)
+
+
+def _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed):
+    """A ``tf.data.Dataset`` of this shard's rows, each a namedtuple of its fields (as
+    Petastorm's dataset gives them), read by ``parquet_reader`` a row group at a time on a
+    Python thread and split into rows."""
+    import tensorflow as tf
+
+    description = parquet_reader.read_description(url)
+    row = namedtuple("Row", fields)
+    specs = []
+    for name in fields:
+        field = description.field(name)
+        dtype = tf.string if field.dtype == "str" else tf.as_dtype(field.dtype)
+        specs.append(tf.TensorSpec((None, *field.shape), dtype))
+
+    def row_groups():
+        for columns in parquet_reader.iter_row_groups(
+            url,
+            rank=rank,
+            size=size,
+            fields=tuple(fields),
+            num_epochs=num_epochs,
+            shuffle=shuffle,
+            seed=seed,
+        ):
+            yield row(*columns)
+
+    dataset = tf.data.Dataset.from_generator(row_groups, output_signature=row(*specs))
+    return dataset.unbatch()
 
 
 def without_autotuning(dataset):
@@ -129,22 +190,22 @@ def open_dataset(
     fields: tuple[str, ...] = ("image", "label"),
     normalize: bool = True,
     in_memory: bool = False,
+    reader: Reader = "petastorm",
 ):
     """Yield a ``tf.data.Dataset`` of this rank's shard; stops the reader on exit.
 
     ``num_epochs=None`` repeats forever. Images come as float32 in [0, 1] with a channel axis
     (``normalize=True``), labels as int32. ``in_memory``: load the shard once (``load_shard``)
-    and serve it from memory, reshuffled every epoch.
+    and serve it from memory, reshuffled every epoch. ``reader``: Petastorm's, or pyarrow's
+    (``hvdflow.training.parquet_reader``), which needs no Petastorm and unpickles nothing.
     """
     import tensorflow as tf
-    from petastorm import make_reader
-    from petastorm.tf_utils import make_petastorm_dataset
 
-    run_petastorm_unconverted()
+    _check_reader(reader)
     # Our map functions are graph code as written (their one branch tests a static shape).
     as_written = tf.autograph.experimental.do_not_convert
     if in_memory:
-        arrays = load_shard(url, rank=rank, size=size, fields=fields)
+        arrays = load_shard(url, rank=rank, size=size, fields=fields, reader=reader)
         dataset = tf.data.Dataset.from_tensor_slices(arrays)
         if shuffle:
             dataset = dataset.shuffle(len(arrays[0]), seed=seed, reshuffle_each_iteration=True)
@@ -157,8 +218,24 @@ def open_dataset(
             )
         yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
         return
+    if reader == "pyarrow":
+        dataset = _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed)
+        if normalize:
+            dataset = dataset.map(
+                as_written(_normalized_example), num_parallel_calls=tf.data.AUTOTUNE
+            )
+        if shuffle:
+            dataset = dataset.shuffle(1024, seed=seed)
+        if batch_size:
+            dataset = dataset.batch(batch_size)
+        yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
+        return
 
-    reader = make_reader(
+    from petastorm import make_reader
+    from petastorm.tf_utils import make_petastorm_dataset
+
+    run_petastorm_unconverted()
+    petastorm_reader = make_reader(
         url,
         schema_fields=list(fields),
         cur_shard=rank,
@@ -170,7 +247,7 @@ def open_dataset(
         filesystem=filesystem_for(url),
     )
     try:
-        dataset = make_petastorm_dataset(reader)
+        dataset = make_petastorm_dataset(petastorm_reader)
         if normalize:
 
             def to_example(row):
@@ -186,5 +263,5 @@ def open_dataset(
             dataset = dataset.batch(batch_size)
         yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
     finally:
-        reader.stop()
-        reader.join()
+        petastorm_reader.stop()
+        petastorm_reader.join()

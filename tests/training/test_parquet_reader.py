@@ -1,0 +1,207 @@
+"""The pyarrow reader (``training.parquet_reader``): the same rows as Petastorm's, from the JSON
+description alone, and clear errors when that description is missing or bad."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdflow.training.parquet_reader import SCHEMA_FILE, shard_pieces
+from hvdflow.training.reader import load_shard, open_dataset
+
+FIELDS = ("image", "label", "source")
+
+
+def local(url: str) -> Path:
+    return Path(url.removeprefix("file://"))
+
+
+def copy_split(url: str, to: Path) -> Path:
+    """A copy of a split folder (the session's dataset is shared: never change it)."""
+    return Path(shutil.copytree(local(url), to / "split"))
+
+
+# --- which row groups a rank reads ---------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seed", [None, 0, 7])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_shards_are_petastorms_own(size, seed):
+    """Petastorm's own sharding function, given the row groups in its order (files sorted by
+    path, each file's row groups in order), picks the same row groups in the same order."""
+    petastorm_reader = pytest.importorskip("petastorm.reader")
+    row_groups = {"part-00002.parquet": 1, "part-00000.parquet": 3, "part-00001.parquet": 2}
+    ordered = [("part-00000.parquet", i) for i in range(3)]
+    ordered += [("part-00001.parquet", i) for i in range(2)] + [("part-00002.parquet", 0)]
+    for rank in range(size):
+        theirs = petastorm_reader.Reader._partition_row_groups(
+            None, None, ordered, size, rank, list(range(len(ordered))), seed
+        )
+        assert shard_pieces(row_groups, rank, size, seed) == [ordered[i] for i in theirs]
+
+
+@pytest.mark.unit
+def test_shards_by_row_group_number():
+    row_groups = {"part-00001.parquet": 2, "part-00000.parquet": 3}
+    assert shard_pieces(row_groups, 0, 2) == [
+        ("part-00000.parquet", 0),
+        ("part-00000.parquet", 2),
+        ("part-00001.parquet", 1),
+    ]
+    assert shard_pieces(row_groups, 1, 2) == [("part-00000.parquet", 1), ("part-00001.parquet", 0)]
+    # A seed reorders a shard; it never moves a row group to another rank.
+    assert sorted(shard_pieces(row_groups, 0, 2, seed=3)) == shard_pieces(row_groups, 0, 2)
+
+
+@pytest.mark.unit
+def test_more_ranks_than_row_groups_is_refused():
+    with pytest.raises(ValueError, match=r"2 row groups, fewer than size=3: .*fewer ranks"):
+        shard_pieces({"part-00000.parquet": 2}, 0, 3)
+    with pytest.raises(ValueError, match=r"rank=2 is not in \[0, size=2\)"):
+        shard_pieces({"part-00000.parquet": 2}, 2, 2)
+
+
+# --- a missing or bad description --------------------------------------------------------
+
+
+def split_with(tmp_path: Path, description: bytes | None) -> Path:
+    """A split folder with one small Parquet file and ``description`` as its JSON (if any)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    split = tmp_path / "train"
+    split.mkdir()
+    table = pa.table({"label": pa.array([1, 2], pa.int32())})
+    pq.write_table(table, split / "part-00000.parquet")
+    if description is not None:
+        (split / SCHEMA_FILE).write_bytes(description)
+    return split
+
+
+@pytest.mark.unit
+def test_a_missing_description_names_the_file_and_the_fix(tmp_path):
+    split = split_with(tmp_path, None)
+    with pytest.raises(RuntimeError) as raised:
+        load_shard(str(split), fields=("label",), reader="pyarrow")
+    message = str(raised.value)
+    assert f"{split}/{SCHEMA_FILE} does not exist" in message
+    assert "re-run preprocessing" in message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"fields": []}', 'no "format": "hvdflow-split"'),
+        (b'{"format": "hvdflow-split", "version": 2}', "format version 2, this hvdflow reads"),
+        (b'{"format": "hvdflow-split", "version": 1, "fields": [{"name": "label"}]}', "malformed"),
+        (
+            b'{"format": "hvdflow-split", "version": 1, "row_groups": {"part-00000.parquet": 1},'
+            b' "fields": [{"name": "label", "dtype": "int32", "shape": [], "codec": "jpeg"}]}',
+            "codec 'jpeg'",
+        ),
+    ],
+)
+def test_a_bad_description_names_the_file_and_the_fix(tmp_path, content, problem):
+    split = split_with(tmp_path, content)
+    with pytest.raises(RuntimeError) as raised:
+        load_shard(f"file://{split}", fields=("label",), reader="pyarrow")
+    message = str(raised.value)
+    assert message.startswith(f"file://{split}/{SCHEMA_FILE}: ")
+    assert problem in message
+    assert "re-run preprocessing" in message
+
+
+@pytest.mark.unit
+def test_a_description_that_disagrees_with_the_files_is_refused(tmp_path):
+    description = {
+        "format": "hvdflow-split",
+        "version": 1,
+        "fields": [{"name": "label", "dtype": "int32", "shape": [], "codec": "scalar"}],
+        "row_groups": {"part-00000.parquet": 3},
+    }
+    split = split_with(tmp_path, json.dumps(description).encode())
+    with pytest.raises(RuntimeError, match=r"has 1 row groups, _hvdflow_schema.json says 3"):
+        load_shard(str(split), fields=("label",), reader="pyarrow")
+    with pytest.raises(ValueError, match=r"field 'image' is not in this split \(it has label\)"):
+        load_shard(str(split), fields=("image",), reader="pyarrow")
+
+
+@pytest.mark.unit
+def test_an_unknown_reader_is_refused():
+    with pytest.raises(ValueError, match=r"reader='arrow': expected one of petastorm, pyarrow"):
+        load_shard("/nowhere", reader="arrow")
+
+
+# --- on a dataset the preprocessing step made ---------------------------------------------
+
+
+@pytest.mark.integration
+def test_every_shard_is_petastorms_row_for_row(digits_dataset):
+    """Shards of 1, 2 and 3 ranks: the same images, labels and sources, in the same order."""
+    url = digits_dataset.train_url
+    for size in (1, 2, 3):
+        seen = []
+        for rank in range(size):
+            theirs = load_shard(url, rank=rank, size=size, fields=FIELDS)
+            ours = load_shard(url, rank=rank, size=size, fields=FIELDS, reader="pyarrow")
+            for field, a, b in zip(FIELDS, theirs, ours, strict=True):
+                assert b.dtype == a.dtype and b.shape == a.shape, (size, rank, field)
+                np.testing.assert_array_equal(b, a, err_msg=f"size={size} rank={rank} {field}")
+            seen += list(ours[2])
+        assert sorted(seen) == sorted(load_shard(url, fields=("source",))[0])
+    images, labels, _ = load_shard(url, fields=FIELDS, reader="pyarrow")
+    assert images.shape == (digits_dataset.train_rows, 8, 8) and images.dtype == np.uint8
+    assert labels.dtype == np.int32 and set(labels) == set(range(10))
+
+
+@pytest.mark.integration
+def test_open_dataset_gives_what_petastorm_gives(digits_dataset):
+    """The tf.data rows a rank trains on, streamed and in memory: same values, same specs."""
+    url = digits_dataset.val_url
+
+    def rows(reader, **options):
+        with open_dataset(
+            url, batch_size=None, num_epochs=1, shuffle=False, reader=reader, **options
+        ) as ds:
+            spec = ds.element_spec
+            pairs = [(image.numpy(), label.numpy()) for image, label in ds]
+        return spec, np.stack([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+    for options in ({"rank": 1, "size": 2}, {"in_memory": True}):
+        theirs, ours = rows("petastorm", **options), rows("pyarrow", **options)
+        assert ours[0] == theirs[0]
+        np.testing.assert_array_equal(ours[1], theirs[1])
+        np.testing.assert_array_equal(ours[2], theirs[2])
+    assert ours[1].dtype == np.float32 and 0 <= ours[1].min() and ours[1].max() <= 1
+
+    with open_dataset(url, batch_size=32, num_epochs=2, seed=1, reader="pyarrow") as ds:
+        batches = [(images.shape, labels.dtype) for images, labels in ds]
+    assert sum(shape[0] for shape, _ in batches) == 2 * digits_dataset.val_rows
+    assert batches[0] == ((32, 8, 8, 1), np.int32)
+
+
+@pytest.mark.integration
+def test_reads_without_the_pickle_that_petastorm_needs(digits_dataset, tmp_path):
+    """With ``_common_metadata`` gone (nothing to unpickle), the pyarrow reader reads the split
+    as before; Petastorm's reader no longer knows the images are PNG and gives their bytes."""
+    url = digits_dataset.train_url
+    split = copy_split(url, tmp_path)
+    (split / "_common_metadata").unlink()
+
+    ours = load_shard(str(split), rank=1, size=2, reader="pyarrow")
+    before = load_shard(url, rank=1, size=2)
+    for a, b in zip(before, ours, strict=True):
+        np.testing.assert_array_equal(b, a)
+
+    with pytest.warns(UserWarning, match="reading only Petastorm datasets"):
+        warnings.simplefilter("ignore", FutureWarning)  # pyarrow 14's, about Petastorm's calls
+        images, _ = load_shard(split.as_uri(), rank=1, size=2)
+    assert images.dtype.kind == "S" and images.shape == (len(before[0]),)  # PNG bytes, no pixels

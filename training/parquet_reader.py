@@ -1,0 +1,311 @@
+"""A split read with pyarrow alone: no Petastorm, and nothing unpickled.
+
+Preprocessing writes, beside Petastorm's ``_common_metadata`` (a pickled Unischema, which every
+Petastorm reader unpickles: whoever can write the dataset's prefix runs code in every rank), a
+plain JSON description of each split, ``_hvdflow_schema.json``::
+
+    {"format": "hvdflow-split", "version": 1,
+     "fields": [{"name": "image", "dtype": "uint8", "shape": [28, 28], "codec": "png"},
+                {"name": "label", "dtype": "int32", "shape": [], "codec": "scalar"}, ...],
+     "row_groups": {"part-00000.parquet": 4, "part-00001.parquet": 4}}
+
+``row_groups`` is what Petastorm's ``ROW_GROUPS_PER_FILE_KEY`` holds. This module is that
+contract (``SplitDescription``, read by the ranks, built by ``hvdflow.tasks.preprocess``) and a
+reader of it: it reads the JSON, never ``_common_metadata``, and the Parquet files with pyarrow,
+shards row groups by Petastorm's own rule (``shard_pieces``), and decodes the PNG images with
+``hvdflow.serving.images``, so a rank sees the same rows in the same order as Petastorm's reader.
+``hvdflow.training.reader`` (``reader="pyarrow"``) turns them into ``tf.data``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import numpy as np
+
+from hvdflow.infra.storage.access import S3Access
+from hvdflow.serving.images import decode
+
+SCHEMA_FILE = "_hvdflow_schema.json"
+FORMAT = "hvdflow-split"
+FORMAT_VERSION = 1
+CODECS = ("png", "scalar")
+# Row groups read ahead of the one being decoded, and the threads that read them (pyarrow
+# releases the GIL while it reads; Petastorm's reader used two worker threads here too).
+READ_AHEAD = 2
+_HOW_TO_FIX = "re-run preprocessing to write it (or read this split with reader='petastorm')"
+
+
+@dataclass(frozen=True)
+class FieldDescription:
+    """One column: its name, numpy dtype name, shape of one value and codec (``png``: a
+    PNG-compressed uint8 image; ``scalar``: the Parquet value as it is)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+
+
+@dataclass(frozen=True)
+class SplitDescription:
+    """What a split holds: its fields, and the row groups of each part file."""
+
+    fields: tuple[FieldDescription, ...]
+    row_groups: dict[str, int]
+
+    def to_json(self) -> bytes:
+        record = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "fields": [
+                {"name": f.name, "dtype": f.dtype, "shape": list(f.shape), "codec": f.codec}
+                for f in self.fields
+            ],
+            "row_groups": dict(sorted(self.row_groups.items())),
+        }
+        return json.dumps(record, indent=2).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> SplitDescription:
+        """Parse and check a description; RuntimeError naming ``where`` and the fix if bad."""
+
+        def bad(problem: str) -> RuntimeError:
+            return RuntimeError(f"{where}: {problem}: {_HOW_TO_FIX}")
+
+        try:
+            record = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise bad(f"not valid JSON ({e})") from None
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            raise bad(f'not an hvdflow split description (no "format": "{FORMAT}")')
+        version = record.get("version")
+        if version != FORMAT_VERSION:
+            raise bad(
+                f"format version {version!r}, this hvdflow reads version {FORMAT_VERSION} "
+                "(a newer hvdflow wrote it: upgrade hvdflow)"
+            )
+        try:
+            fields = tuple(_field(entry) for entry in record["fields"])
+            row_groups = {str(name): int(n) for name, n in record["row_groups"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise bad(f"malformed fields or row_groups ({type(e).__name__}: {e})") from None
+        if not fields or any(n < 0 for n in row_groups.values()):
+            raise bad("no fields, or a negative row-group count")
+        return cls(fields, row_groups)
+
+    def field(self, name: str) -> FieldDescription:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        known = ", ".join(f.name for f in self.fields)
+        raise ValueError(f"field {name!r} is not in this split (it has {known})")
+
+
+def _field(entry: dict) -> FieldDescription:
+    field = FieldDescription(
+        name=str(entry["name"]),
+        dtype=np.dtype(entry["dtype"]).name,
+        shape=tuple(int(side) for side in entry["shape"]),
+        codec=str(entry["codec"]),
+    )
+    if field.codec not in CODECS:
+        raise ValueError(f"field {field.name!r} has codec {field.codec!r}, not one of {CODECS}")
+    return field
+
+
+def pieces(row_groups: dict[str, int]) -> list[tuple[str, int]]:
+    """Every row group as (part file, index in it), in Petastorm's order: files sorted by path,
+    each file's row groups in order (``petastorm.etl.dataset_metadata.load_row_groups``)."""
+    return [(name, i) for name in sorted(row_groups) for i in range(row_groups[name])]
+
+
+def shard_pieces(
+    row_groups: dict[str, int], rank: int, size: int, seed: int | None = None
+) -> list[tuple[str, int]]:
+    """Rank ``rank`` of ``size``'s row groups, by Petastorm's rule (``Reader.
+    _partition_row_groups``): number every row group in ``pieces`` order; with a seed, shuffle
+    the numbers with ``random.Random(seed)``; keep, in that order, those with ``number % size ==
+    rank``. The seed changes the order of a shard, never what it holds."""
+    if not isinstance(size, int) or not isinstance(rank, int) or size < 1:
+        raise ValueError(f"rank={rank!r}, size={size!r}: both must be ints, size at least 1")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank={rank} is not in [0, size={size}): pass 0 <= rank < size")
+    everything = pieces(row_groups)
+    if len(everything) < size:
+        raise ValueError(
+            f"the split has {len(everything)} row groups, fewer than size={size}: some ranks "
+            "would get no data; use fewer ranks or preprocess with at least that many shards"
+        )
+    numbers = list(range(len(everything)))
+    if seed is not None:
+        random.Random(seed).shuffle(numbers)
+    return [everything[n] for n in numbers if n % size == rank]
+
+
+def _join(url: str, name: str) -> str:
+    return f"{url.rstrip('/')}/{name}"
+
+
+class SplitFiles:
+    """A split's files on the filesystem its URL names (local path, ``file://`` or ``s3://``)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.fs, self.root = _filesystem_and_path(url)
+
+    def read_bytes(self, name: str) -> bytes | None:
+        import pyarrow.fs as pafs
+
+        path = _join(self.root, name)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError:  # pyarrow's S3 reports a missing key as OSError
+            if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+                return None
+            raise
+
+    def parquet(self, name: str):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.fs.open_input_file(_join(self.root, name)))
+
+
+def _filesystem_and_path(url: str):
+    """A pyarrow filesystem and the path in it. ``s3://`` uses the endpoint, region and
+    credentials of the standard AWS variables, as ``hvdflow.infra.storage.access`` reads them."""
+    import pyarrow.fs as pafs
+
+    parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        access = S3Access.from_env()
+        options = {"region": access.region}
+        if access.endpoint_url:
+            endpoint = urlparse(access.endpoint_url)
+            options["endpoint_override"] = endpoint.netloc or endpoint.path
+            options["scheme"] = endpoint.scheme or "https"
+        if access.access_key_id:
+            options.update(
+                access_key=access.access_key_id,
+                secret_key=access.secret_access_key,
+                session_token=access.session_token,
+            )
+        return pafs.S3FileSystem(**options), f"{parsed.netloc}{parsed.path}".rstrip("/")
+    if parsed.scheme == "file":
+        return pafs.LocalFileSystem(), parsed.path.rstrip("/") or "/"
+    if parsed.scheme:
+        raise ValueError(f"{url}: not a local path, file:// or s3:// URL")
+    return pafs.LocalFileSystem(), url.rstrip("/") or "/"
+
+
+def read_description(url: str, files: SplitFiles | None = None) -> SplitDescription:
+    """The split's ``_hvdflow_schema.json``; RuntimeError naming the file and the fix when it is
+    missing or bad."""
+    files = files or SplitFiles(url)
+    where = _join(url, SCHEMA_FILE)
+    data = files.read_bytes(SCHEMA_FILE)
+    if data is None:
+        raise RuntimeError(
+            f"{where} does not exist: the split was written before hvdflow described its splits "
+            f"in JSON, or the file was deleted; {_HOW_TO_FIX}"
+        )
+    return SplitDescription.from_json(data, where)
+
+
+class ShardReader:
+    """One rank's shard of a split, row group by row group, decoded to numpy arrays."""
+
+    def __init__(self, url: str, *, rank: int = 0, size: int = 1, fields=("image", "label")):
+        self.files = SplitFiles(url)
+        self.description = read_description(url, self.files)
+        self.fields = tuple(self.description.field(name) for name in fields)
+        self.rank, self.size = rank, size
+        self._local = threading.local()  # each reading thread's open files
+
+    def pieces(self, seed: int | None = None) -> list[tuple[str, int]]:
+        return shard_pieces(self.description.row_groups, self.rank, self.size, seed)
+
+    def read_piece(self, piece: tuple[str, int]) -> tuple[np.ndarray, ...]:
+        """One row group's columns, decoded: one array per field, rows first."""
+        name, index = piece
+        parquet = self._file(name)
+        table = parquet.read_row_group(index, columns=[f.name for f in self.fields])
+        return tuple(_decoded(f, table.column(f.name)) for f in self.fields)
+
+    def _file(self, name: str):
+        opened = self._local.__dict__.setdefault("files", {})
+        parquet = opened.get(name)
+        if parquet is None:
+            parquet = self.files.parquet(name)
+            expected = self.description.row_groups[name]
+            if parquet.num_row_groups != expected:
+                raise RuntimeError(
+                    f"{_join(self.files.url, name)} has {parquet.num_row_groups} row groups, "
+                    f"{SCHEMA_FILE} says {expected}: the split changed after it was written; "
+                    "re-run preprocessing"
+                )
+            opened[name] = parquet
+        return parquet
+
+    def iter_pieces(self, order: list[tuple[str, int]]):
+        """``read_piece`` of each piece in ``order``, READ_AHEAD read and decoded ahead."""
+        with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="hvdflow-parquet") as pool:
+            pending = []
+            for piece in order:
+                pending.append(pool.submit(self.read_piece, piece))
+                if len(pending) > READ_AHEAD:
+                    yield pending.pop(0).result()
+            for future in pending:
+                yield future.result()
+
+
+def _decoded(field: FieldDescription, column) -> np.ndarray:
+    if field.codec == "png":
+        color_mode = "L" if len(field.shape) == 2 else "RGB"
+        size = field.shape[:2]
+        images = [decode(value, size, color_mode) for value in column.to_pylist()]
+        if not images:
+            return np.empty((0, *field.shape), dtype=field.dtype)
+        return np.stack(images).astype(field.dtype, copy=False)
+    return np.asarray(column.to_numpy(zero_copy_only=False)).astype(field.dtype, copy=False)
+
+
+def load_shard(url: str, *, rank: int = 0, size: int = 1, fields=("image", "label")):
+    """This rank's whole shard as numpy arrays, one per field, in the order Petastorm's
+    ``load_shard`` gives (``hvdflow.training.reader``)."""
+    reader = ShardReader(url, rank=rank, size=size, fields=fields)
+    parts = list(reader.iter_pieces(reader.pieces()))
+    if not parts:
+        return tuple(np.empty((0, *f.shape), dtype=f.dtype) for f in reader.fields)
+    return tuple(np.concatenate(columns) for columns in zip(*parts, strict=True))
+
+
+def iter_row_groups(
+    url: str,
+    *,
+    rank: int = 0,
+    size: int = 1,
+    fields=("image", "label"),
+    num_epochs: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+):
+    """This rank's row groups (a tuple of arrays each), epoch after epoch (``num_epochs=None``:
+    forever). The shard is Petastorm's for ``seed``; ``shuffle`` draws a new order of its row
+    groups each epoch from ``seed``."""
+    reader = ShardReader(url, rank=rank, size=size, fields=fields)
+    order = reader.pieces(seed)
+    rng = np.random.default_rng(seed)
+    epoch = 0
+    while num_epochs is None or epoch < num_epochs:
+        epoch_order = [order[i] for i in rng.permutation(len(order))] if shuffle else order
+        yield from reader.iter_pieces(epoch_order)
+        epoch += 1
