@@ -18,12 +18,13 @@ from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import dataset_url, join
 from hvdflow.tasks.images.quarantine import write_quarantine
 from hvdflow.tasks.preprocess.config import DatasetManifest
-from hvdflow.tasks.preprocess.schema import image_schema, image_shape
+from hvdflow.tasks.preprocess.schema import image_fields, image_schema, image_shape
 from hvdflow.tasks.preprocess.write import (
     SPLITS,
     arrow_schema,
     write_empty_split,
     write_petastorm_metadata,
+    write_split_description,
 )
 
 logger = logging.getLogger(__name__)
@@ -33,16 +34,19 @@ ATTEMPT_FILES = ("labels.json", "quarantine.csv")
 
 
 def finish(config, fingerprint, version, attempt, label_index, report):
-    """On the driver, once the part files exist: Petastorm metadata, reports, the manifest."""
+    """On the driver, once the part files exist: Petastorm metadata and the JSON description
+    of each split, reports, the manifest."""
     attempt_url = version.join(attempt)
     files, done = report.files, report.rows
     unischema = image_schema(config.image_size, config.color_mode)
+    fields = image_fields(config.image_size, config.color_mode)
     row_groups = {}
     for split in SPLITS:
         split_url = join(attempt_url, split)
         if not files[split]:  # val_fraction=0: an empty split that still opens
             files[split][write_empty_split(split_url, arrow_schema(), version.access)] = 0
         row_groups[split] = write_petastorm_metadata(split_url, unischema, files[split])
+        write_split_description(split_url, fields, files[split], version.access)
     attempt_dir = Location(attempt_url, version.access)
     write_quarantine(attempt_dir, report.quarantine_parts)
     attempt_dir.write_bytes("labels.json", json.dumps(label_index, indent=2).encode())

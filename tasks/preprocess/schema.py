@@ -1,11 +1,22 @@
-"""The Petastorm Unischema of hvdflow's image datasets."""
+"""The fields of hvdflow's image datasets, as plain values, and the Petastorm Unischema built
+from them.
+
+``image_fields`` is the one source: ``image_schema`` (the Unischema Petastorm pickles into
+``_common_metadata``) and the split's JSON description (``hvdflow.training.parquet_reader``,
+read by ranks without Petastorm) are both built from it, so they cannot drift. Petastorm and
+Spark are imported only by ``image_schema``.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from petastorm.codecs import CompressedImageCodec, ScalarCodec
-from petastorm.unischema import Unischema, UnischemaField
-from pyspark.sql.types import IntegerType, StringType
+
+from hvdflow.training.parquet_reader import FieldDescription
+
+if TYPE_CHECKING:
+    from petastorm.unischema import Unischema
 
 
 def image_shape(image_size: tuple[int, int], color_mode: str) -> tuple[int, ...]:
@@ -13,20 +24,34 @@ def image_shape(image_size: tuple[int, int], color_mode: str) -> tuple[int, ...]
     return (height, width) if color_mode == "L" else (height, width, 3)
 
 
-def image_schema(image_size: tuple[int, int], color_mode: str) -> Unischema:
+def image_fields(image_size: tuple[int, int], color_mode: str) -> tuple[FieldDescription, ...]:
     """image (PNG-compressed uint8), label index, source path, split."""
+    return (
+        FieldDescription("image", "uint8", image_shape(image_size, color_mode), "png"),
+        FieldDescription("label", "int32", (), "scalar"),
+        FieldDescription("source", "str", (), "scalar"),
+        FieldDescription("split", "str", (), "scalar"),
+    )
+
+
+def image_schema(image_size: tuple[int, int], color_mode: str) -> Unischema:
+    """The Petastorm Unischema of ``image_fields``."""
+    # Lazy: only the Unischema needs Petastorm and Spark; the JSON description does not.
+    from petastorm.codecs import CompressedImageCodec, ScalarCodec  # noqa: PLC0415
+    from petastorm.unischema import Unischema, UnischemaField  # noqa: PLC0415
+    from pyspark.sql.types import IntegerType, StringType  # noqa: PLC0415
+
+    scalar_types = {"int32": IntegerType, "str": StringType}
+
+    def codec(field: FieldDescription):
+        if field.codec == "png":
+            return CompressedImageCodec("png")
+        return ScalarCodec(scalar_types[field.dtype]())
+
     return Unischema(
         "HvdflowImages",
         [
-            UnischemaField(
-                "image",
-                np.uint8,
-                image_shape(image_size, color_mode),
-                CompressedImageCodec("png"),
-                False,
-            ),
-            UnischemaField("label", np.int32, (), ScalarCodec(IntegerType()), False),
-            UnischemaField("source", np.str_, (), ScalarCodec(StringType()), False),
-            UnischemaField("split", np.str_, (), ScalarCodec(StringType()), False),
+            UnischemaField(f.name, np.dtype(f.dtype).type, f.shape, codec(f), False)
+            for f in image_fields(image_size, color_mode)
         ],
     )

@@ -13,6 +13,8 @@ once complete (storage.open_for_write).
 Then the driver adds what Petastorm's ``make_reader`` needs, with Petastorm's own utilities
 (what ``materialize_dataset`` does after a Spark write): the pickled Unischema and the row
 groups of every file in ``_common_metadata``, and checks that Petastorm sees every row group.
+Beside it, the same fields and row groups as plain JSON (``write_split_description``), which a
+rank reads with pyarrow alone, unpickling nothing (``hvdflow.training.parquet_reader``).
 
 The part files and the quarantine report are written as scoring writes its own
 (``hvdflow.tasks.images``: ``parquet.ParquetPart``, ``quarantine``).
@@ -39,6 +41,7 @@ from hvdflow.tasks.images.partitions import part_name
 from hvdflow.tasks.images.quarantine import write_quarantine_part
 from hvdflow.tasks.preprocess.decode import decode_records
 from hvdflow.tasks.preprocess.split import is_val
+from hvdflow.training.parquet_reader import SCHEMA_FILE, FieldDescription, SplitDescription
 from hvdflow.training.reader import filesystem_for
 
 SPLITS = ("train", "val")
@@ -300,3 +303,14 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
             "changed while the metadata was written; run the preprocessing again"
         )
     return seen
+
+
+def write_split_description(
+    split_url: str, fields: tuple[FieldDescription, ...], row_groups: dict[str, int], access
+) -> str:
+    """``_hvdflow_schema.json`` in the split: its fields and the row groups of each part file
+    (what ``_common_metadata`` holds, as JSON); returns its URL."""
+    url = join(split_url, SCHEMA_FILE)
+    with open_for_write(url, access) as f:
+        f.write(SplitDescription(tuple(fields), dict(row_groups)).to_json())
+    return url
