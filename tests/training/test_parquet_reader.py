@@ -205,3 +205,19 @@ def test_reads_without_the_pickle_that_petastorm_needs(digits_dataset, tmp_path)
         warnings.simplefilter("ignore", FutureWarning)  # pyarrow 14's, about Petastorm's calls
         images, _ = load_shard(split.as_uri(), rank=1, size=2)
     assert images.dtype.kind == "S" and images.shape == (len(before[0]),)  # PNG bytes, no pixels
+
+
+@pytest.mark.integration
+def test_reads_a_split_in_a_bucket(digits_dataset, store):
+    """From s3:// on the endpoint of the AWS variables: Petastorm's rows, row for row."""
+    folder = local(digits_dataset.val_url)
+    url = store.config.uri(store.config.key("val"))
+    for path in folder.iterdir():
+        store.upload_file(str(path), f"{url}/{path.name}")
+    for rank in range(2):
+        theirs = load_shard(url, rank=rank, size=2, fields=FIELDS)
+        ours = load_shard(url, rank=rank, size=2, fields=FIELDS, reader="pyarrow")
+        for a, b in zip(theirs, ours, strict=True):
+            np.testing.assert_array_equal(b, a)
+    with pytest.raises(RuntimeError, match=rf"{url}-gone/{SCHEMA_FILE} does not exist"):
+        load_shard(f"{url}-gone", reader="pyarrow")
