@@ -1,0 +1,136 @@
+"""Petastorm's reader against the pyarrow reader, side by side in one run.
+
+Two datasets made by the preprocessing step (Spark local[2]) on local disk: the bundled digits
+at 28x28x1, and Caltech101-like photos (``preprocess_throughput.make_caltech_like``) at
+224x224x3. Each round reads each dataset once with each reader, in alternating order: one rank
+of one, streamed through ``open_dataset`` (batched tf.data, shuffled, one epoch: what a rank
+trains on when its shard does not fit in memory) and loaded whole with ``load_shard`` (what
+``in_memory`` does once). A warm-up read of each comes first and is not counted.
+
+Shown: images/s (wall) and images per CPU-second of the whole process (all its threads: the
+reader's and TensorFlow's), the "per core" figure that matters on a rank of one thread; best
+of the rounds (the machine is shared and noisy: the best is the least disturbed).
+
+    .venv/bin/python -m hvdflow.bench.reader_throughput [--rounds 3] [--photos 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+from hvdflow.bench.preprocess_throughput import make_caltech_like
+from hvdflow.training.reader import load_shard, open_dataset
+
+READERS = ("petastorm", "pyarrow")
+
+
+def timed(read) -> tuple[int, float, float]:
+    """(images, wall seconds, CPU seconds of this process) of ``read()``, which returns the
+    images it read."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    images = read()
+    return images, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def stream(url: str, reader: str, batch_size: int) -> int:
+    with open_dataset(url, batch_size=batch_size, num_epochs=1, reader=reader) as dataset:
+        return sum(int(labels.shape[0]) for _, labels in dataset)
+
+
+def load(url: str, reader: str) -> int:
+    return len(load_shard(url, reader=reader)[0])
+
+
+def preprocess(spark, root: Path, out: Path, image_size, color_mode, input_format: str):
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images  # noqa: PLC0415 (lazy: it loads Spark)
+
+    config = PreprocessConfig(
+        input=str(root),
+        input_format=input_format,
+        output=str(out),
+        image_size=image_size,
+        color_mode=color_mode,
+    )
+    return preprocess_images(spark, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--photos", type=int, default=600, help="224x224x3 images to make")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+
+    workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-reader-"))
+    try:
+        make_caltech_like(workdir / "photos", args.photos, classes=10)
+        spark = get_spark("local[2]", "hvdflow-bench", {"spark.ui.showConsoleProgress": "false"})
+        spark.sparkContext.setLogLevel("ERROR")
+        datasets = {
+            "28x28x1": preprocess(
+                spark, workdir / "digits", workdir / "d-out", (28, 28), "L", "digits"
+            ),
+            "224x224x3": preprocess(
+                spark, workdir / "photos", workdir / "p-out", (224, 224), "RGB", "folders"
+            ),
+        }
+        spark.stop()
+        ways = {
+            "stream": lambda url, reader: stream(url, reader, args.batch_size),
+            "load_shard": load,
+        }
+        for manifest in datasets.values():  # warm-up: imports, TensorFlow's start, tracing
+            for reader in READERS:
+                for way in ways.values():
+                    way(manifest.train_url, reader)
+
+        best: dict[tuple[str, str, str], tuple[float, float]] = {}
+        for round_ in range(args.rounds):
+            order = READERS if round_ % 2 == 0 else READERS[::-1]
+            for name, manifest in datasets.items():
+                for way_name, way in ways.items():
+                    for reader in order:
+                        images, wall, cpu = timed(partial(way, manifest.train_url, reader))
+                        key = (name, way_name, reader)
+                        rate, per_cpu = images / wall, images / max(cpu, 1e-9)
+                        old = best.get(key, (0.0, 0.0))
+                        best[key] = (max(old[0], rate), max(old[1], per_cpu))
+                        print(
+                            f"  round {round_ + 1} {name:>9} {way_name:>10} {reader:>9}: "
+                            f"{images} images, {rate:8.1f}/s, {per_cpu:8.1f}/CPU-s",
+                            flush=True,
+                        )
+
+        load_avg = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+        print(f"\nreaders, best of {args.rounds} rounds (one rank of one; load {load_avg}):")
+        header = f"  {'dataset':<10} {'read':<11}"
+        for reader in READERS:
+            header += f" {reader + ' img/s':>16} {reader + ' /CPU-s':>17}"
+        print(header + f" {'ratio /CPU-s':>13}")
+        for name, manifest in datasets.items():
+            for way_name in ways:
+                line = f"  {name:<10} {way_name:<11}"
+                for reader in READERS:
+                    rate, per_cpu = best[(name, way_name, reader)]
+                    line += f" {rate:16.1f} {per_cpu:17.1f}"
+                ours, theirs = (best[(name, way_name, r)][1] for r in ("pyarrow", "petastorm"))
+                ratio = ours / theirs
+                print(line + f" {ratio:13.2f}")
+            print(f"  ({name}: {manifest.train_rows} training images)")
+        print("  ratio: pyarrow's images per CPU-second over Petastorm's")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
