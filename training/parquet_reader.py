@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from hvdflow.infra.storage.access import S3Access
-from hvdflow.serving.images import decode
+from hvdflow.serving.images import UnreadableImage, decode
 
 SCHEMA_FILE = "_hvdflow_schema.json"
 FORMAT = "hvdflow-split"
@@ -238,7 +238,13 @@ class ShardReader:
         name, index = piece
         parquet = self._file(name)
         table = parquet.read_row_group(index, columns=[f.name for f in self.fields])
-        return tuple(_decoded(f, table.column(f.name)) for f in self.fields)
+        try:
+            return tuple(_decoded(f, table.column(f.name)) for f in self.fields)
+        except UnreadableImage as e:
+            raise RuntimeError(
+                f"{_join(self.files.url, name)}, row group {index}: an image is not the PNG "
+                f"{SCHEMA_FILE} describes ({e.reason}): re-run preprocessing"
+            ) from None
 
     def _file(self, name: str):
         opened = self._local.__dict__.setdefault("files", {})
@@ -271,7 +277,9 @@ def _decoded(field: FieldDescription, column) -> np.ndarray:
     if field.codec == "png":
         color_mode = "L" if len(field.shape) == 2 else "RGB"
         size = field.shape[:2]
-        images = [decode(value, size, color_mode) for value in column.to_pylist()]
+        # An image is stored at its field's size: anything larger is refused undecoded.
+        pixels = size[0] * size[1]
+        images = [decode(value, size, color_mode, pixels) for value in column.to_pylist()]
         if not images:
             return np.empty((0, *field.shape), dtype=field.dtype)
         return np.stack(images).astype(field.dtype, copy=False)

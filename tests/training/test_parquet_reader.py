@@ -135,6 +135,43 @@ def test_a_description_that_disagrees_with_the_files_is_refused(tmp_path):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("side, image", [(2, b"not a png"), (2, "4x4"), (4, "4x4")])
+def test_an_image_unlike_its_description_is_refused_naming_the_file(tmp_path, side, image):
+    """Corrupt bytes, or a PNG larger than the field's shape (refused before it is decoded: a
+    decompression bomb in a writable prefix costs a rank nothing), name the file; a PNG of the
+    described size reads."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    if image == "4x4":
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((4, 4), 7, np.uint8), "L").save(buffer, "PNG")
+        image = buffer.getvalue()
+    split = tmp_path / "train"
+    split.mkdir()
+    pq.write_table(pa.table({"image": [image]}), split / "part-00000.parquet")
+    description = {
+        "format": "hvdflow-split",
+        "version": 1,
+        "fields": [{"name": "image", "dtype": "uint8", "shape": [side, side], "codec": "png"}],
+        "row_groups": {"part-00000.parquet": 1},
+    }
+    (split / SCHEMA_FILE).write_text(json.dumps(description))
+    if side == 4:
+        (images,) = load_shard(str(split), fields=("image",), reader="pyarrow")
+        assert images.shape == (1, 4, 4) and (images == 7).all()
+    else:
+        with pytest.raises(RuntimeError) as raised:
+            load_shard(str(split), fields=("image",), reader="pyarrow")
+        message = str(raised.value)
+        assert message.startswith(f"{split}/part-00000.parquet, row group 0: an image is not")
+        assert "re-run preprocessing" in message
+
+
+@pytest.mark.unit
 def test_an_unknown_reader_is_refused():
     with pytest.raises(ValueError, match=r"reader='arrow': expected one of petastorm, pyarrow"):
         load_shard("/nowhere", reader="arrow")
@@ -208,12 +245,17 @@ def test_reads_without_the_pickle_that_petastorm_needs(digits_dataset, tmp_path)
 
 
 @pytest.mark.integration
-def test_reads_a_split_in_a_bucket(digits_dataset, store):
-    """From s3:// on the endpoint of the AWS variables: Petastorm's rows, row for row."""
-    folder = local(digits_dataset.val_url)
-    url = store.config.uri(store.config.key("val"))
-    for path in folder.iterdir():
-        store.upload_file(str(path), f"{url}/{path.name}")
+def test_reads_a_split_that_preprocessing_wrote_to_a_bucket(spark, store, tmp_path):
+    """Preprocessing writes the description to s3:// too, and the reader reads it from there
+    (the endpoint of the AWS variables): Petastorm's rows, row for row."""
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
+
+    output = store.config.uri(store.config.key("datasets"))
+    config = PreprocessConfig(
+        input=str(tmp_path / "images"), input_format="digits", output=output, image_size=(8, 8)
+    )
+    url = preprocess_images(spark, config, store=store).val_url
+    assert url.startswith("s3://")
     for rank in range(2):
         theirs = load_shard(url, rank=rank, size=2, fields=FIELDS)
         ours = load_shard(url, rank=rank, size=2, fields=FIELDS, reader="pyarrow")
