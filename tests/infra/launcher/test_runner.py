@@ -470,7 +470,10 @@ def test_a_rank_that_never_reaches_init_names_start_timeout_s():
 def test_a_run_over_its_time_limit_names_timeout_s_and_stops_its_ranks():
     with pytest.raises(TimeoutError) as err:
         HorovodRunner(np=-1, options=LaunchOptions(timeout_s=2)).run(print_ready_then_wait)
-    assert "did not finish within 2 s (HorovodRunner timeout_s): raise timeout_s" in str(err.value)
+    assert str(err.value) == (
+        "HorovodRunner np=-1 did not finish within 2 s (LaunchOptions.timeout_s): raise "
+        "timeout_s or shorten the run"
+    )
     assert wait_for_no_ranks() == []
 
 
