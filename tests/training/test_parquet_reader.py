@@ -172,6 +172,31 @@ def test_an_image_unlike_its_description_is_refused_naming_the_file(tmp_path, si
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("shape", [(5, 7), (5, 7, 3)])
+def test_opencv_and_pillow_decode_a_stored_image_to_the_same_pixels(monkeypatch, shape):
+    """Stored PNGs of the field's shape take OpenCV's fast path (as Petastorm's codec does),
+    others and machines without OpenCV take Pillow's: the pixels are the same either way,
+    RGB in RGB order."""
+    import io
+
+    import pyarrow as pa
+    from PIL import Image
+
+    from hvdflow.training import parquet_reader
+
+    pixels = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "L" if len(shape) == 2 else "RGB").save(buffer, "PNG")
+    field = parquet_reader.FieldDescription("image", "uint8", shape, "png")
+    column = pa.chunked_array([[buffer.getvalue()]])
+    assert parquet_reader._png_size(buffer.getvalue()) == shape[:2]
+    fast = parquet_reader._decoded(field, column)
+    monkeypatch.setattr(parquet_reader, "_opencv", lambda: None)
+    assert (parquet_reader._decoded(field, column) == fast).all()
+    assert (fast[0] == pixels).all()
+
+
+@pytest.mark.unit
 def test_an_unknown_reader_is_refused():
     with pytest.raises(ValueError, match=r"reader='arrow': expected one of petastorm, pyarrow"):
         load_shard("/nowhere", reader="arrow")
