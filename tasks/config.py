@@ -101,7 +101,13 @@ class TrainingParams(BaseModel):
         default=1024.0,
         ge=0,
         description="a rank whose share of the data decodes to at most this many MB reads it "
-        "once and trains from memory; 0 always streams it from Petastorm",
+        "once and trains from memory; 0 always streams it",
+    )
+    reader: Literal["petastorm", "pyarrow"] = Field(
+        default="petastorm",
+        description="how ranks read the dataset: 'petastorm' (its reader, which unpickles the "
+        "schema in _common_metadata), or 'pyarrow' (the split's _hvdflow_schema.json and its "
+        "row groups, no pickle; the same rows in the same order)",
     )
     mixed_precision: bool = Field(
         default=False,

@@ -71,6 +71,7 @@ class TrainSpec:
     fp16_compression: bool = False
     threads: int | None = None  # TensorFlow threads of the process; None: its share of cores
     in_memory_max_mb: float = 1024.0
+    reader: str = "petastorm"  # training.reader: "petastorm" or "pyarrow"
     chance_margin: float | None = None
     # TensorFlow's profiler over these batches, counted over the whole training from 0, stop
     # excluded (Keras' TensorBoard ``profile_batch``); (0, 0): no profile. With a profile_dir,

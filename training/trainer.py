@@ -205,10 +205,16 @@ def _fit(spec: TrainSpec, engine, model, steps: int, callbacks, resumed):
     if rank == 0:
         log_to_driver(
             f"data: {shard_mb:.0f} MB per rank decoded, "
-            + ("held in memory after the first read" if in_memory else "streamed by Petastorm")
-            + f" (in_memory_max_mb={spec.in_memory_max_mb:g})"
+            + ("held in memory after the first read" if in_memory else "streamed")
+            + f" (in_memory_max_mb={spec.in_memory_max_mb:g}), read by {spec.reader}"
         )
-    read = {"rank": rank, "size": size, "batch_size": spec.batch_size, "in_memory": in_memory}
+    read = {
+        "rank": rank,
+        "size": size,
+        "batch_size": spec.batch_size,
+        "in_memory": in_memory,
+        "reader": spec.reader,
+    }
     with (
         open_dataset(data.train_url, seed=spec.seed, **read) as train,
         open_dataset(data.val_url, shuffle=False, **read) as val,

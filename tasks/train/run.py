@@ -285,6 +285,7 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
         weights_sha256=weights.sha256 if weights else None,
         mixed_precision=training.mixed_precision,
         in_memory_max_mb=training.in_memory_max_mb,
+        reader=training.reader,
         chance_margin=training.chance_margin,
         profile_batches=training.profile_batches,
     )

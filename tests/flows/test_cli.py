@@ -160,7 +160,7 @@ def test_two_runs_started_together_on_a_cold_home_both_finish_and_a_third_works(
             "hvdflow run: invalid parameter training.optimiser='sgd': no such parameter; expected "
             "one of: model, epochs, batch_size, optimizer, learning_rate, lr_scaling, "
             "warmup_epochs, chance_margin, seed, checkpoints, checkpoint_keep, in_memory_max_mb, "
-            "mixed_precision, profile_batches, weights_source",
+            "reader, mixed_precision, profile_batches, weights_source",
         ),
         (["run", "--params", "[1]"], "hvdflow run: --params must be a JSON object, not '[1]'"),
         (
