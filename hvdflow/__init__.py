@@ -21,6 +21,8 @@ Exports are lazy: ``import hvdflow`` costs nothing, and a rank process that impo
 ``hvdflow.training`` never pays for Spark.
 """
 
+import importlib.util
+import os
 from typing import TYPE_CHECKING
 
 from hvdflow.infra import _EXPORTS as _INFRA_EXPORTS
@@ -40,6 +42,13 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and editors (n
     from hvdflow.infra.launcher.runner import HorovodRunner as HorovodRunner
     from hvdflow.infra.spark import get_spark as get_spark
     from hvdflow.tasks.score.udf import score_udf as score_udf
+
+# hvdflow's training code is Keras 2. TensorFlow 2.16+ ship Keras 3 as tf.keras and Keras 2 as
+# tf-keras (a requirement on Python 3.12+), which tf.keras becomes when this variable is set
+# before tf.keras is first touched; rank processes inherit it. TensorFlow 2.15 (the classic
+# profile) has Keras 2 built in and no tf-keras: nothing to set. A user's own value wins.
+if importlib.util.find_spec("tf_keras") is not None:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 _EXPORTS = dict(_INFRA_EXPORTS)
 # Registry consumers: score a DataFrame's column of images with a registered version.

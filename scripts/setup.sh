@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Sets up .venv for hvdflow from the project's own files, on a fresh machine or again.
+# Sets up hvdflow's environment for one profile, from the project's own files, on a fresh
+# machine or again: `scripts/setup.sh [classic|current]` (default: $PROFILE, else classic).
 #
-# The slow part is horovod: it has no wheel on PyPI and must be compiled against the installed
+# - classic: .venv, Python 3.11, requirements/classic.txt (TensorFlow 2.15, Horovod built here,
+#   Petastorm with pyarrow 14, tensorflow-addons): the mission's Horovod path.
+# - current: .venv-current, Python 3.13 (scripts/python.sh finds or builds it, into a cache
+#   outside the clone), requirements/current.txt (the newest releases the index serves): no
+#   Horovod, Petastorm or tensorflow-addons; the engine is tf_collective.
+#
+# The slow part of classic is horovod: it has no wheel on PyPI and must be compiled against the installed
 # TensorFlow (about 9 minutes on 2 cores). The wheel is built once into a cache outside the clone,
 # keyed by horovod, TensorFlow and Python versions, so a second set-up installs it in seconds.
 # A wheel built against another TensorFlow fails at import (HorovodVersionMismatchError), which
@@ -9,16 +16,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3.11}
+PROFILE=${1:-${PROFILE:-classic}}
+log() { printf '[setup] %s\n' "$*" >&2; }
+case "$PROFILE" in
+  classic)
+    PYTHON=${PYTHON:-python3.11}
+    VENV=.venv
+    EXTRAS="dev,profile,petastorm,addons"
+    ;;
+  current)
+    VENV=.venv-current
+    EXTRAS="dev"
+    # PYTHON_CURRENT: a Python 3.13 of the user's own; else found or built (scripts/python.sh).
+    PYTHON=${PYTHON_CURRENT:-$(bash scripts/python.sh 3.13)}
+    ;;
+  *) log "PROFILE=$PROFILE: expected classic or current"; exit 2 ;;
+esac
+CONSTRAINTS="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1
 TF_VERSION=2.15.1
-PY_TAG=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 WHEEL_CACHE=${HVDFLOW_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/wheels}
-WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
-VENV=.venv
 STAMP="$VENV/.hvdflow-setup"
-
-log() { printf '[setup] %s\n' "$*" >&2; }
 
 # The multi-host tests (tests/cluster) simulate hosts with network namespaces: they need root
 # and iproute2's `ip`. Without either they skip (and fail under CI=true).
@@ -100,7 +118,7 @@ if have != want:
 PY
 
 # Everything that decides the environment's content; a change to any of it reinstalls.
-want=$(cat pyproject.toml requirements/constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/python.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "environment up to date ($VENV)"
   exit 0
@@ -112,9 +130,18 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip wheel "setuptools<81"
-log "installing pinned dependencies (requirements/constraints.txt)"
-"${PIP[@]}" install -q -c requirements/constraints.txt -e '.[dev]'
+log "installing the $PROFILE profile's dependencies ($CONSTRAINTS)"
+"${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"
 
+if [ "$PROFILE" = current ]; then
+  "${PIP[@]}" check
+  echo "$want" > "$STAMP"
+  log "ready: $VENV (profile current)"
+  exit 0
+fi
+
+PY_TAG=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
 if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
   log "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (once; about 9 minutes)"
   build_dir=$(mktemp -d)

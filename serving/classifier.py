@@ -31,6 +31,19 @@ import numpy as np
 from hvdflow.serving.images import MAX_PIXELS, UnreadableImage, decode, model_input
 
 KERAS_ARTIFACT = "keras_model"  # the artifacts key of the Keras model file
+
+
+def keras_2():
+    """The Keras 2 that saved the network: tf-keras where it is installed (TensorFlow 2.16+,
+    whose tf.keras is Keras 3 unless TF_USE_LEGACY_KERAS was set before it loaded; a serving
+    environment has no hvdflow to set it), else TensorFlow 2.15's own tf.keras."""
+    try:
+        import tf_keras
+    except ImportError:
+        import tensorflow as tf
+
+        return tf.keras
+    return tf_keras
 PREDICT_CHUNK = 256  # images per forward pass: bounded memory for a large request
 
 
@@ -53,9 +66,9 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         return {**self.__dict__, "network": None}
 
     def load_context(self, context) -> None:
-        import tensorflow as tf
-
-        self.network = tf.keras.models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
+        self.network = keras_2().models.load_model(
+            context.artifacts[KERAS_ARTIFACT], compile=False
+        )
 
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
         """The network's class probabilities for prepared inputs (batch, height, width,

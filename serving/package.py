@@ -24,10 +24,19 @@ REQUIRED = ("mlflow", "cloudpickle", "numpy", "pandas", "pillow")
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-macos")
 
 
+# Keras 2 beside TensorFlow 2.16+ (``classifier.keras_2``); TensorFlow 2.15 has it built in.
+KERAS_2_DISTRIBUTION = "tf-keras"
+
+
 def requirements() -> list[str]:
     """``name==version`` for each distribution the pyfunc imports, as installed here."""
     pins = [f"{name}=={distribution(name).version}" for name in REQUIRED]
-    return [*pins, tensorflow_requirement()]
+    pins.append(tensorflow_requirement())
+    try:
+        pins.append(f"{KERAS_2_DISTRIBUTION}=={distribution(KERAS_2_DISTRIBUTION).version}")
+    except PackageNotFoundError:
+        pass
+    return pins
 
 
 def tensorflow_requirement() -> str:

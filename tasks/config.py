@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hvdflow.infra import constants as c
+from hvdflow.infra import extras
 from hvdflow.infra.launcher.options import HorovodOptions
 from hvdflow.infra.secrets import (
     BY_REFERENCE,
@@ -49,6 +50,16 @@ def model_recipe(model: str):
     if model in GRAPH_MODELS:
         return Recipe("adam", 0.01, 0.0)
     return recipe(model) if model in image_models() else None
+
+
+def default_engine() -> str:
+    """Horovod where it is installed (the classic profile), else TensorFlow's collectives."""
+    return c.HOROVOD if extras.installed(extras.HOROVOD) else c.TF_COLLECTIVE
+
+
+def default_reader() -> str:
+    """Petastorm's reader where it is installed (the classic profile), else pyarrow's."""
+    return "petastorm" if extras.installed(extras.PETASTORM) else "pyarrow"
 
 
 class TrainingParams(BaseModel):
@@ -104,10 +115,11 @@ class TrainingParams(BaseModel):
         "once and trains from memory; 0 always streams it",
     )
     reader: Literal["petastorm", "pyarrow"] = Field(
-        default="petastorm",
+        default_factory=default_reader,
         description="how ranks read the dataset: 'petastorm' (its reader, which unpickles the "
         "schema in _common_metadata), or 'pyarrow' (the split's _hvdflow_schema.json and its "
-        "row groups, no pickle; the same rows in the same order)",
+        "row groups, no pickle; the same rows in the same order); default: petastorm where it "
+        "is installed (hvdflow[petastorm]), else pyarrow",
     )
     mixed_precision: bool = Field(
         default=False,
@@ -170,7 +182,18 @@ class TrainingParams(BaseModel):
             raise ValueError(
                 f"optimizer {optimizer!r} is unknown: expected one of {', '.join(OPTIMIZERS)}"
             )
+        if optimizer.lower() == "radam":
+            extras.require(
+                extras.ADDONS, "training.optimizer='radam'", "adadelta, rmsprop, adam or sgd"
+            )
         return optimizer.lower()
+
+    @field_validator("reader")
+    @classmethod
+    def _reader_installed(cls, reader: str) -> str:
+        if reader == "petastorm":
+            extras.require(extras.PETASTORM, "training.reader='petastorm'", "reader='pyarrow'")
+        return reader
 
     @field_validator("profile_batches")
     @classmethod
@@ -230,9 +253,10 @@ class LauncherParams(BaseModel):
 
     np: int = Field(default=2, description="ranks: > 0 on Spark, < 0 that many on the driver")
     engine: Literal[c.HOROVOD, c.TF_COLLECTIVE] = Field(
-        default=c.HOROVOD,
+        default_factory=default_engine,
         description="what synchronises the ranks: Horovod (Gloo allreduce) or TensorFlow's "
-        "MultiWorkerMirroredStrategy (CollectiveAllReduce), on the same barrier launcher",
+        "MultiWorkerMirroredStrategy (CollectiveAllReduce), on the same barrier launcher; "
+        "default: horovod where it is installed (hvdflow[horovod]), else tf_collective",
     )
     spark_master: str | None = Field(
         default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
@@ -292,6 +316,13 @@ class LauncherParams(BaseModel):
             if what := literal_secret(value, name):
                 raise ValueError(f"horovod.extra_env[{name!r}] {what}: {BY_REFERENCE}")
         return horovod
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_installed(cls, engine: str) -> str:
+        if engine == c.HOROVOD:
+            extras.require(extras.HOROVOD, "launcher.engine='horovod'", "engine='tf_collective'")
+        return engine
 
     @field_validator("np")
     @classmethod

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hvdflow.infra import extras
+
 OPTIMIZERS = ("adadelta", "rmsprop", "adam", "radam", "sgd")
 SCALING_RULES = ("auto", "linear", "sqrt", "none")
 # The rule ``auto`` picks: linear where the literature and Horovod's examples scale linearly,
@@ -140,13 +142,9 @@ def make_optimizer(name: str, learning_rate):
     if key == "sgd":
         return tf.keras.optimizers.SGD(learning_rate, momentum=SGD_MOMENTUM)
     if key == "radam":
-        try:
-            import tensorflow_addons as tfa
-        except ImportError:
-            raise RuntimeError(
-                "optimizer 'radam' needs tensorflow-addons 0.23 (TF 2.15): pip install "
-                "tensorflow-addons==0.23.0, or pick one of adadelta, rmsprop, adam, sgd"
-            ) from None
+        extras.require(extras.ADDONS, "optimizer 'radam'", "adadelta, rmsprop, adam or sgd")
+        import tensorflow_addons as tfa
+
         return tfa.optimizers.RectifiedAdam(learning_rate)
     raise ValueError(f"optimizer {name!r} is unknown: expected one of {OPTIMIZERS}")
 

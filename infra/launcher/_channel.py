@@ -1,5 +1,7 @@
 """Driver side of a HorovodRunner run: the Gloo rendezvous server and the tasks' channel.
 
+The rendezvous server is Horovod's (``_rendezvous``), started only for the horovod engine: a
+tf_collective run's workers meet at the endpoints the tasks gather, and need no Horovod here.
 Both listen only on the address executors use to reach the driver. Tasks must present the run's
 random token before anything they send is believed; the token is never logged. A connection that
 says nothing within HELLO_TIMEOUT_S, or sends a message over its size cap, is closed. The
@@ -19,12 +21,6 @@ from collections.abc import Callable, Mapping
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._decisions import root_failure
 from hvdflow.infra.launcher._placement import host_alloc_plan
-from hvdflow.infra.launcher._rendezvous import (
-    GuardedHandler,
-    RendezvousServer,
-    addresses_of,
-    allowed_clients,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +34,11 @@ HELLO_MAX_BYTES = 1024
 class DriverChannel:
     """Accepts task connections, collects rank output and failures, and can abort every task."""
 
-    def __init__(self, bind_host: str, on_line: Callable[[_wire.LogLine], None]):
+    def __init__(
+        self, bind_host: str, on_line: Callable[[_wire.LogLine], None], *, rendezvous: bool = True
+    ):
+        """``rendezvous``: start Horovod's Gloo rendezvous server (the horovod engine's ranks
+        meet there); without it ``rendezvous_port`` is 0."""
         self.bind_host = bind_host
         self.token = secrets.token_hex(16)
         self._on_line = on_line
@@ -56,16 +56,27 @@ class DriverChannel:
         self.progress = _stall.ProgressTracker()
         self.stacks: dict[int, str] = {}
 
-        self._rendezvous = RendezvousServer((bind_host, 0), GuardedHandler, 0)
-        self.rendezvous_port = self._rendezvous.server_address[1]
+        self._rendezvous = None
+        self.rendezvous_port = 0
         self._server = _ChannelServer((bind_host, 0), self._handler_class())
         self.port = self._server.server_address[1]
+        servers: list[tuple[socketserver.BaseServer, str]] = [(self._server, "driver-channel")]
+        if rendezvous:
+            # Horovod's HTTP server, loaded only where a run uses Horovod (no TensorFlow).
+            from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415
+
+            self._rendezvous = _rendezvous.RendezvousServer(
+                (bind_host, 0), _rendezvous.GuardedHandler, 0
+            )
+            self.rendezvous_port = self._rendezvous.server_address[1]
+            servers.append((self._rendezvous, "rendezvous"))
+        self._servers = [server for server, _ in servers]
         self._threads = [
             # A short poll interval: shutdown() waits up to one interval, at the end of every run.
             threading.Thread(
                 target=s.serve_forever, args=(0.05,), daemon=True, name=f"hvdflow-{name}"
             )
-            for s, name in ((self._rendezvous, "rendezvous"), (self._server, "driver-channel"))
+            for s, name in servers
         ]
         for t in self._threads:
             t.start()
@@ -161,10 +172,14 @@ class DriverChannel:
             hosts = list(message["hosts"])
             # Only a task that presented the token gets here: the plan it sends decides who
             # the rendezvous server answers.
-            self._rendezvous.start_run(
-                host_alloc_plan(hosts), allowed_clients(hosts, self.bind_host, addresses_of)
-            )
-            logger.debug("rendezvous initialised for hosts %s", hosts)
+            if self._rendezvous is not None:
+                from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415 (loaded already)
+
+                self._rendezvous.start_run(
+                    host_alloc_plan(hosts),
+                    _rendezvous.allowed_clients(hosts, self.bind_host, _rendezvous.addresses_of),
+                )
+                logger.debug("rendezvous initialised for hosts %s", hosts)
             self.liveness.plan(hosts)
             conn.send({"type": _wire.PLAN_OK})
         elif kind == _wire.FAILED:
@@ -208,7 +223,7 @@ class DriverChannel:
 
     def close(self) -> None:
         self.abort()
-        for server in (self._server, self._rendezvous):
+        for server in self._servers:
             server.shutdown()
             server.server_close()
         for t in self._threads:

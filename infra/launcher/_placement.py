@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
-from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
 
 from hvdflow.infra import constants as c
 
@@ -58,13 +57,39 @@ def host_of(task_address: str) -> str:
     return host.strip("[]") if host else task_address
 
 
-def host_alloc_plan(task_hosts: Sequence[str]) -> list[SlotInfo]:
-    """Horovod's own allocation for these hosts (one slot per task), for the rendezvous server."""
+def host_alloc_plan(task_hosts: Sequence[str]) -> list[RankSlot]:
+    """Every slot of these hosts (one per task) in rank order, as Horovod's own
+    ``get_host_assignments`` allocates them: hosts in order of first appearance, each host's
+    slots numbered consecutively (so ranks on one host are neighbours), and the ``cross`` ranks
+    of a local rank counted over the hosts that have one. Pure Python, so that a run without
+    Horovod (engine ``tf_collective``) plans its ranks the same way; the Horovod rendezvous
+    server reads this same list (it needs only the fields a ``RankSlot`` has).
+    ``tests/infra/launcher/test_placement.py`` checks it against Horovod's where Horovod is
+    installed."""
     counts: dict[str, int] = {}
     for host in task_hosts:  # dicts keep first-appearance order: the hosts' order is stable
         counts[host] = counts.get(host, 0) + 1
-    hosts = [HostInfo(host, slots) for host, slots in counts.items()]
-    return get_host_assignments(hosts, len(task_hosts), len(task_hosts))
+    # cross_ranks[local_rank][host]: the host's index among the hosts with that local rank.
+    cross_ranks: dict[int, dict[str, int]] = {}
+    for host, slots in counts.items():
+        for local_rank in range(slots):
+            at_local = cross_ranks.setdefault(local_rank, {})
+            at_local[host] = len(at_local)
+    plan = []
+    for host, slots in counts.items():
+        for local_rank in range(slots):
+            plan.append(
+                RankSlot(
+                    rank=len(plan),
+                    size=len(task_hosts),
+                    local_rank=local_rank,
+                    local_size=slots,
+                    cross_rank=cross_ranks[local_rank][host],
+                    cross_size=len(cross_ranks[local_rank]),
+                    hostname=host,
+                )
+            )
+    return plan
 
 
 def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
@@ -75,18 +100,7 @@ def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
     for host in task_hosts:
         local_index = seen.get(host, 0)
         seen[host] = local_index + 1
-        s = by_host_and_local_rank[(host, local_index)]
-        slots.append(
-            RankSlot(
-                rank=s.rank,
-                size=s.size,
-                local_rank=s.local_rank,
-                local_size=s.local_size,
-                cross_rank=s.cross_rank,
-                cross_size=s.cross_size,
-                hostname=s.hostname,
-            )
-        )
+        slots.append(by_host_and_local_rank[(host, local_index)])
     return slots
 
 

@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 import cloudpickle
 
+from hvdflow.infra import extras
+from hvdflow.infra.constants import HOROVOD
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
@@ -124,9 +126,20 @@ class HorovodRunner:
         """How errors name this run: the runner the user called and what was asked of it."""
         return f"{self.display_name} {self.asked or f'np={self.np}'}"
 
+    @property
+    def _uses_horovod(self) -> bool:
+        return self.options.engine == HOROVOD
+
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
         payload = pickle_payload(main, kwargs)
+        if self._uses_horovod:
+            extras.require(
+                extras.HOROVOD,
+                f"{self._name()} with engine='horovod'",
+                "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
+                "MultiWorkerMirroredStrategy)",
+            )
         self.options.horovod.warn_about_costs(self.options.forwarded())
         self.run_id = uuid.uuid4().hex[:12]
         # The log outlives the run where a user looks for it (not in /tmp, which nothing cleans
@@ -207,7 +220,7 @@ class HorovodRunner:
         )
         wait_for_slots(sc, tasks, self.options.slot_wait_s, asked, self.size_argument)
         bind_host = socket.gethostbyname(conf.get("spark.driver.host"))
-        with DriverChannel(bind_host, sink) as channel:
+        with DriverChannel(bind_host, sink, rendezvous=self._uses_horovod) as channel:
             spec = self._spec(payload, channel, ranks_per_task)
             job_group = f"hvdflow-{self.run_id}"
             outcome: dict[str, Any] = {}
@@ -259,7 +272,7 @@ class HorovodRunner:
                 self.np,
                 len(gpus),
             )
-        with DriverChannel("127.0.0.1", sink) as channel:
+        with DriverChannel("127.0.0.1", sink, rendezvous=self._uses_horovod) as channel:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
             spec = self._spec(payload, channel, None if plan.per_task is not None else (n,))
             outcome: dict[str, Any] = {}

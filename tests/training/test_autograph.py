@@ -1,6 +1,10 @@
 import pytest
 
-from hvdflow.training.autograph import (
+# What AutoGraph is told about Horovod's and Petastorm's functions: the classic profile's.
+pytest.importorskip("horovod", reason="horovod is not installed (current profile)")
+pytest.importorskip("petastorm", reason="petastorm is not installed (current profile)")
+
+from hvdflow.training.autograph import (  # noqa: E402
     HOROVOD,
     PETASTORM,
     run_horovod_unconverted,

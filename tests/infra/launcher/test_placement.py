@@ -13,6 +13,7 @@ from hvdflow.infra.launcher._placement import (
     gpu_for_rank,
     gpus_owned,
     has_installed_pyspark,
+    host_alloc_plan,
     host_of,
     hostname_problem,
     plan_ranks,
@@ -51,6 +52,30 @@ def test_interleaved_hosts_get_ranks_host_by_host():
     ]
     assert {s.size for s in slots} == {4}
     assert {s.cross_size for s in slots} == {2}
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        ["a"],
+        ["a", "a"],
+        ["a", "b", "a", "b"],
+        ["a", "a", "a", "b", "c", "c"],
+        ["c", "b", "a", "b", "c", "c", "c"],
+    ],
+)
+def test_the_plan_is_horovods_own_allocation(hosts):
+    # Ours is pure Python (no Horovod in the current profile); Horovod's rendezvous server and
+    # Gloo controller must still see the slots its own get_host_assignments would give.
+    hvd_hosts = pytest.importorskip("horovod.runner.common.util.hosts")
+    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+    theirs = hvd_hosts.get_host_assignments(
+        [hvd_hosts.HostInfo(h, n) for h, n in counts.items()], len(hosts), len(hosts)
+    )
+    assert host_alloc_plan(hosts) == [
+        RankSlot(s.rank, s.size, s.local_rank, s.local_size, s.cross_rank, s.cross_size, s.hostname)
+        for s in theirs
+    ]
 
 
 def env_of(slot: RankSlot, options_env: dict, gpu: str | None) -> dict:
