@@ -1,15 +1,30 @@
-# The two commands a newcomer needs; each one sets up .venv first (fast when already done).
-.PHONY: setup run test test-fast
+# The two commands a newcomer needs; each one sets up its environment first (fast when done).
+# PROFILE picks the stack: classic (the default: Python 3.11, TensorFlow 2.15, Horovod,
+# Petastorm) or current (Python 3.13, the newest TensorFlow with tf-keras, numpy 2, pyarrow 18+;
+# engine tf_collective): `make run PROFILE=current`. `make test` runs both.
+.PHONY: setup setup-current run test test-classic test-current test-fast
+
+PROFILE ?= classic
+VENV_classic := .venv
+VENV_current := .venv-current
+VENV := $(VENV_$(PROFILE))
 
 setup:
-	bash scripts/setup.sh
+	bash scripts/setup.sh $(PROFILE)
+
+setup-current:
+	bash scripts/setup.sh current
 
 # The main job, end to end, on the embedded defaults.
 run: setup
-	.venv/bin/hvdflow run
+	$(VENV)/bin/hvdflow run
 
-# The test suite: lint, then every test (slow ones included). Fails when no test ran.
-test: setup
+# The test suite of both profiles: lint, every classic test (slow ones included), then the
+# current profile's unit tier and the tests marked `current`. Fails when no test ran.
+test: test-classic test-current
+
+test-classic:
+	bash scripts/setup.sh classic
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	@# Bytecode for the checkout's own modules: an editable install is never compiled, and under
@@ -17,7 +32,11 @@ test: setup
 	.venv/bin/python -m compileall -q hvdflow infra training tasks flows bench serving tests
 	.venv/bin/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
 
+test-current: setup-current
+	.venv-current/bin/python -m compileall -q hvdflow infra training tasks flows bench serving tests
+	.venv-current/bin/python -m pytest -n 2 --durations=15 -m "unit or current" $(PYTEST_ARGS)
+
 # The unit tier alone (no JVM, server or subprocess): under a minute, for the edit-test loop.
 test-fast: setup
-	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -m unit $(PYTEST_ARGS)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -m unit $(PYTEST_ARGS)

@@ -87,17 +87,18 @@ def make_caltech_like(root: Path, count: int, classes: int = 101) -> None:
 def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
     """The executors' per-image work in one process: read, decode, fit, PNG-encode."""
     from hvdflow.tasks.images.decode import Good  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.encode import encode_png  # noqa: PLC0415
     from hvdflow.tasks.images.fetch import decode_item  # noqa: PLC0415 (lazy: it loads Spark)
     from hvdflow.tasks.images.listing import list_class_folders  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.preprocess.schema import image_schema  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.preprocess.schema import image_shape  # noqa: PLC0415
 
-    field = image_schema(image_size, color_mode).image
+    shape = image_shape(image_size, color_mode)
     started = time.perf_counter()
     good = 0
     for item in list_class_folders(str(root)).items:
         for record in decode_item(item, image_size, color_mode, 50_000_000):
             if isinstance(record, Good):
-                field.codec.encode(field, record.image)
+                encode_png(record.image, shape)
                 good += 1
     return good, time.perf_counter() - started
 

@@ -1,22 +1,27 @@
 """Petastorm's reader against the pyarrow reader, side by side in one run.
 
-Two datasets made by the preprocessing step (Spark local[2]) on local disk: the bundled digits
-at 28x28x1, and Caltech101-like photos (``preprocess_throughput.make_caltech_like``) at
-224x224x3. Each round reads each dataset once with each reader, in alternating order: one rank
-of one, streamed through ``open_dataset`` (batched tf.data, shuffled, one epoch: what a rank
-trains on when its shard does not fit in memory) and loaded whole with ``load_shard`` (what
-``in_memory`` does once). A warm-up read of each comes first and is not counted.
+Two datasets made by the preprocessing step (Spark local[2]): the bundled digits at 28x28x1,
+and Caltech101-like photos (``preprocess_throughput.make_caltech_like``) at 224x224x3, each
+written twice: to local disk, and to the object store (a SeaweedFS server the script starts on
+loopback, read over S3 as a rank reads a bucket). Each round reads each dataset once with each
+reader, in alternating order: one rank of one, streamed through ``open_dataset`` (batched
+tf.data, shuffled, one epoch: what a rank trains on when its shard does not fit in memory) and
+loaded whole with ``load_shard`` (what ``in_memory`` does once). A warm-up read of each comes
+first and is not counted.
 
 Shown: images/s (wall) and images per CPU-second of the whole process (all its threads: the
 reader's and TensorFlow's), the "per core" figure that matters on a rank of one thread; best
 of the rounds (the machine is shared and noisy: the best is the least disturbed).
 
-    .venv/bin/python -m hvdflow.bench.reader_throughput [--rounds 3] [--photos 600]
+    .venv/bin/python -m hvdflow.bench.reader_throughput [--rounds 3] [--photos 600] [--no-store]
+
+Where Petastorm is not installed (the current profile), the pyarrow reader runs alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import tempfile
@@ -25,9 +30,10 @@ from functools import partial
 from pathlib import Path
 
 from hvdflow.bench.preprocess_throughput import make_caltech_like
+from hvdflow.infra import extras
 from hvdflow.training.reader import load_shard, open_dataset
 
-READERS = ("petastorm", "pyarrow")
+READERS = ("petastorm", "pyarrow") if extras.installed(extras.PETASTORM) else ("pyarrow",)
 
 
 def timed(read) -> tuple[int, float, float]:
@@ -60,29 +66,49 @@ def preprocess(spark, root: Path, out: Path, image_size, color_mode, input_forma
     return preprocess_images(spark, config)
 
 
+def start_store(stack: contextlib.ExitStack, data_dir: Path) -> str:
+    """A SeaweedFS server on loopback for the rest of the run, its AWS variables set: the
+    ``s3://`` prefix to write the datasets under."""
+    from hvdflow.infra._env import temporary_env  # noqa: PLC0415
+    from hvdflow.infra.services.seaweed import SeaweedServer  # noqa: PLC0415
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig  # noqa: PLC0415
+
+    server = SeaweedServer(data_dir).start()
+    stack.callback(server.stop)
+    stack.enter_context(temporary_env(server.env()))
+    config = ObjectStoreConfig(bucket="bench", prefix="readers", endpoint_url=server.endpoint_url)
+    ObjectStore(config).ensure_bucket()
+    return "s3://bench/readers"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--photos", type=int, default=600, help="224x224x3 images to make")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--no-store", dest="store", action="store_false", help="local disk only")
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-reader-"))
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         make_caltech_like(workdir / "photos", args.photos, classes=10)
         spark = get_spark("local[2]", "hvdflow-bench", {"spark.ui.showConsoleProgress": "false"})
         spark.sparkContext.setLogLevel("ERROR")
-        datasets = {
-            "28x28x1": preprocess(
-                spark, workdir / "digits", workdir / "d-out", (28, 28), "L", "digits"
-            ),
-            "224x224x3": preprocess(
-                spark, workdir / "photos", workdir / "p-out", (224, 224), "RGB", "folders"
-            ),
-        }
+        outputs = {"disk": str(workdir)}
+        if args.store:
+            outputs["store"] = start_store(stack, workdir / "seaweed")
+        datasets = {}
+        for where, out in outputs.items():
+            datasets[f"28x28x1 {where}"] = preprocess(
+                spark, workdir / "digits", f"{out}/d-out", (28, 28), "L", "digits"
+            )
+            datasets[f"224x224x3 {where}"] = preprocess(
+                spark, workdir / "photos", f"{out}/p-out", (224, 224), "RGB", "folders"
+            )
         spark.stop()
         ways = {
             "stream": lambda url, reader: stream(url, reader, args.batch_size),
@@ -105,30 +131,30 @@ def main(argv: list[str] | None = None) -> int:
                         old = best.get(key, (0.0, 0.0))
                         best[key] = (max(old[0], rate), max(old[1], per_cpu))
                         print(
-                            f"  round {round_ + 1} {name:>9} {way_name:>10} {reader:>9}: "
+                            f"  round {round_ + 1} {name:>15} {way_name:>10} {reader:>9}: "
                             f"{images} images, {rate:8.1f}/s, {per_cpu:8.1f}/CPU-s",
                             flush=True,
                         )
 
         load_avg = ", ".join(f"{v:.2f}" for v in os.getloadavg())
         print(f"\nreaders, best of {args.rounds} rounds (one rank of one; load {load_avg}):")
-        header = f"  {'dataset':<10} {'read':<11}"
+        header = f"  {'dataset':<16} {'read':<11}"
         for reader in READERS:
             header += f" {reader + ' img/s':>16} {reader + ' /CPU-s':>17}"
-        print(header + f" {'ratio /CPU-s':>13}")
+        print(header + (f" {'ratio /CPU-s':>13}" if len(READERS) > 1 else ""))
         for name, manifest in datasets.items():
             for way_name in ways:
-                line = f"  {name:<10} {way_name:<11}"
+                line = f"  {name:<16} {way_name:<11}"
                 for reader in READERS:
                     rate, per_cpu = best[(name, way_name, reader)]
                     line += f" {rate:16.1f} {per_cpu:17.1f}"
-                ours, theirs = (best[(name, way_name, r)][1] for r in ("pyarrow", "petastorm"))
-                ratio = ours / theirs
-                print(line + f" {ratio:13.2f}")
-            print(f"  ({name}: {manifest.train_rows} training images)")
-        print("  ratio: pyarrow's images per CPU-second over Petastorm's")
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+                if len(READERS) > 1:
+                    ours, theirs = (best[(name, way_name, r)][1] for r in ("pyarrow", "petastorm"))
+                    line += f" {ours / theirs:13.2f}"
+                print(line)
+                print(f"  ({name}: {manifest.train_rows} training images)")
+        if len(READERS) > 1:
+            print("  ratio: pyarrow's images per CPU-second over Petastorm's")
     return 0
 
 

@@ -34,6 +34,7 @@ from hvdflow.tasks.preprocess.config import DataParams, InputFormat
 from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
 from hvdflow.training.models import Recipe, model_names, recipe
 from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES, OPTIMIZERS
+from hvdflow.training.reader import default_reader
 
 # Models trained on graphs rather than images; only the benchmark runs them.
 GRAPH_MODELS = ("gcn",)
@@ -55,11 +56,6 @@ def model_recipe(model: str):
 def default_engine() -> str:
     """Horovod where it is installed (the classic profile), else TensorFlow's collectives."""
     return c.HOROVOD if extras.installed(extras.HOROVOD) else c.TF_COLLECTIVE
-
-
-def default_reader() -> str:
-    """Petastorm's reader where it is installed (the classic profile), else pyarrow's."""
-    return "petastorm" if extras.installed(extras.PETASTORM) else "pyarrow"
 
 
 class TrainingParams(BaseModel):

@@ -59,6 +59,7 @@ SERIAL_GROUPS = {
         "tests/flows/test_pipeline.py::test_a_served_deployment",
         "tests/infra/services/test_local.py",
         "tests/infra/services/test_service.py",
+        "tests/test_current_install.py",
     ),
 }
 # Modules whose tests share a module-scoped fixture (a champion trained by the pipeline, a model

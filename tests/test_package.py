@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import user_project
+from tests.wheel import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLIC_API = [
@@ -77,25 +77,10 @@ def test_the_public_api_is_exported_lazily_from_hvdflow():
 
 @pytest.fixture(scope="module")
 def installed_wheel(tmp_path_factory) -> tuple[Path, list[str]]:
-    """hvdflow's wheel, built from a copy of what the sdist would hold (so the checkout gets no
-    build/ folder) and installed into a folder of its own: the folder and the wheel's files."""
+    """hvdflow's wheel (``tests.wheel.build_wheel``) installed into a folder of its own: the
+    folder and the wheel's files."""
     tmp_path = tmp_path_factory.mktemp("wheel")
-    source = tmp_path / "source"
-    for name in ["pyproject.toml", "README.md", *_setuptools()["package-dir"].values()]:
-        if (ROOT / name).is_dir():
-            shutil.copytree(
-                ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        else:
-            source.mkdir(exist_ok=True)
-            shutil.copy(ROOT / name, source / name)
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(wheels), str(source)],
-        check=True, capture_output=True, timeout=240,
-    )  # fmt: skip
-    (wheel,) = wheels.glob("hvdflow-*.whl")
+    wheel = build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     target = tmp_path / "site"
@@ -132,6 +117,7 @@ def test_type_checkers_see_what_each_lazy_export_is():
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
+@pytest.mark.current
 def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_flows(
     installed_wheel, tmp_path
 ):
@@ -177,6 +163,7 @@ def documented_modules() -> list[str]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
+@pytest.mark.current
 def test_every_documented_python_m_starts_from_the_installed_wheel(installed_wheel, tmp_path):
     target, _ = installed_wheel
     modules = documented_modules()

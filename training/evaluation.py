@@ -16,9 +16,10 @@ import numpy as np
 MAX_IMAGES = 10_000
 
 
-def evaluate_logged(model_info, classifier, val_url: str) -> dict:
+def evaluate_logged(model_info, classifier, val_url: str, reader: str | None = None) -> dict:
     """Evaluate ``classifier`` (the ImageClassifier that ``model_info`` logged, network loaded)
-    on the validation split at ``val_url``, in the active MLflow run. Returns ``{"metrics":
+    on the validation split at ``val_url`` (read by ``reader``, as training read it), in the
+    active MLflow run. Returns ``{"metrics":
     {...}, "artifacts": {name: uri}, "images": n}``."""
     import mlflow
     import pandas as pd
@@ -26,7 +27,7 @@ def evaluate_logged(model_info, classifier, val_url: str) -> dict:
     from hvdflow.training.reader import open_dataset  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     images, targets = [], []
-    with open_dataset(val_url, batch_size=256, num_epochs=1, shuffle=False) as val:
+    with open_dataset(val_url, batch_size=256, num_epochs=1, shuffle=False, reader=reader) as val:
         for batch_images, batch_labels in val:
             images.append(batch_images.numpy())
             targets.append(batch_labels.numpy())

@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from hvdflow.infra import extras
 from hvdflow.infra.storage.access import s3_endpoint
 from hvdflow.training import parquet_reader
 from hvdflow.training.autograph import run_petastorm_unconverted
@@ -34,9 +35,19 @@ Reader = Literal["petastorm", "pyarrow"]
 READERS = ("petastorm", "pyarrow")
 
 
-def _check_reader(reader: str) -> None:
+def default_reader() -> Reader:
+    """Petastorm's reader where it is installed (the classic profile), else pyarrow's."""
+    return "petastorm" if extras.installed(extras.PETASTORM) else "pyarrow"
+
+
+def _checked_reader(reader: str | None) -> Reader:
+    """``reader``, or the default for None; a reader that is not installed fails here."""
+    reader = reader or default_reader()
     if reader not in READERS:
         raise ValueError(f"reader={reader!r}: expected one of {', '.join(READERS)}")
+    if reader == "petastorm":
+        extras.require(extras.PETASTORM, "reader='petastorm'", "reader='pyarrow'")
+    return reader
 
 
 def filesystem_for(url: str):
@@ -82,11 +93,11 @@ def load_shard(
     rank: int = 0,
     size: int = 1,
     fields=("image", "label"),
-    reader: Reader = "petastorm",
+    reader: Reader | None = None,
 ):
     """This rank's whole shard as numpy arrays, one per field, in the stored order; the same
     arrays with either ``reader``."""
-    _check_reader(reader)
+    reader = _checked_reader(reader)
     if reader == "pyarrow":
         return parquet_reader.load_shard(url, rank=rank, size=size, fields=tuple(fields))
     from petastorm import make_reader
@@ -190,7 +201,7 @@ def open_dataset(
     fields: tuple[str, ...] = ("image", "label"),
     normalize: bool = True,
     in_memory: bool = False,
-    reader: Reader = "petastorm",
+    reader: Reader | None = None,
 ):
     """Yield a ``tf.data.Dataset`` of this rank's shard; stops the reader on exit.
 
@@ -201,7 +212,7 @@ def open_dataset(
     """
     import tensorflow as tf
 
-    _check_reader(reader)
+    reader = _checked_reader(reader)
     # Our map functions are graph code as written (their one branch tests a static shape).
     as_written = tf.autograph.experimental.do_not_convert
     if in_memory:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdflow.infra.constants import HOROVOD
+from hvdflow.training.reader import default_reader
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class TrainSpec:
     fp16_compression: bool = False
     threads: int | None = None  # TensorFlow threads of the process; None: its share of cores
     in_memory_max_mb: float = 1024.0
-    reader: str = "petastorm"  # training.reader: "petastorm" or "pyarrow"
+    # training.reader: "petastorm" or "pyarrow"; default: petastorm where it is installed
+    reader: str = field(default_factory=default_reader)
     chance_margin: float | None = None
     # TensorFlow's profiler over these batches, counted over the whole training from 0, stop
     # excluded (Keras' TensorBoard ``profile_batch``); (0, 0): no profile. With a profile_dir,

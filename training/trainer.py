@@ -276,7 +276,7 @@ def _log_model(model, example, spec: TrainSpec) -> tuple[str | None, dict | None
         classifier = ImageClassifier(labels, clean.input_shape[1:])
         classifier.network = clean
         try:
-            evaluation = evaluate_logged(info, classifier, spec.data.val_url)
+            evaluation = evaluate_logged(info, classifier, spec.data.val_url, spec.reader)
         except Exception as e:  # a report about a registered model: never undoes it
             log_to_driver(f"mlflow.models.evaluate failed, the model stays registered: {e!r}")
             evaluation = None

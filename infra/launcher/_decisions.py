@@ -47,6 +47,13 @@ def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None,
     return root, sorted({f["rank"] for f in ordered[1:]} - {root["rank"]})
 
 
+# Where a rank has joined the job, by engine: what the start timeout waits for.
+START_POINTS = {
+    _wire.HOROVOD: "hvd.init()",
+    _wire.TF_COLLECTIVE: "tf.distribute.MultiWorkerMirroredStrategy()",
+}
+
+
 def stop_reason(
     *,
     aborted: bool,
@@ -55,11 +62,12 @@ def stop_reason(
     waited_s: float,
     start_timeout_s: float,
     heartbeat_timeout_s: float,
+    engine: str = _wire.HOROVOD,
 ) -> tuple[str, str] | None:
     """Why a task stops its rank, still running, now, and the cause (``_wire.CAUSE_*``); None
     to let it run. ``aborted``: the driver cancelled the run; ``driver_silent``: nothing heard
     from the driver for ``heartbeat_timeout_s``; ``waited_s``: since the rank started, which
-    counts against ``start_timeout_s`` until it reached ``hvd.init()``."""
+    counts against ``start_timeout_s`` until it reached its engine's start (``START_POINTS``)."""
     if aborted:
         return "stopped: the driver cancelled the run", _wire.CAUSE_STOPPED
     if driver_silent:
@@ -69,10 +77,11 @@ def stop_reason(
             _wire.CAUSE_LOST,
         )
     if not init_reached and waited_s > start_timeout_s:
+        start = START_POINTS[engine]
         return (
-            f"did not reach hvd.init() within {start_timeout_s:g} s "
-            "(HorovodRunner start_timeout_s): raise it if main does slow work before "
-            "hvd.init(), or look for a rank stuck at start in its output",
+            f"did not reach {start} within {start_timeout_s:g} s "
+            f"(HorovodRunner start_timeout_s): raise it if main does slow work before "
+            f"{start}, or look for a rank stuck at start in its output",
             _wire.CAUSE_START_TIMEOUT,
         )
     return None

@@ -420,6 +420,7 @@ def _supervise(
                     waited_s=time.monotonic() - started,
                     start_timeout_s=spec.start_timeout_s,
                     heartbeat_timeout_s=spec.heartbeat_timeout_s,
+                    engine=spec.engine,
                 )
                 if stopped is not None:
                     reason, cause = stopped

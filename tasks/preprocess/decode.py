@@ -16,8 +16,9 @@ from typing import NamedTuple
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3
 from hvdflow.tasks.images.decode import Bad
+from hvdflow.tasks.images.encode import encode_png
 from hvdflow.tasks.images.fetch import Fetcher, check_input_root
-from hvdflow.tasks.preprocess.schema import image_schema
+from hvdflow.tasks.preprocess.schema import image_shape
 from hvdflow.tasks.preprocess.split import split_key
 
 
@@ -48,7 +49,7 @@ def decode_records(items, plan: DecodePlan, client=None):
     ``client``: the partition's boto3 client, if it has one already."""
     if not is_s3(plan.root):
         check_input_root(plan.root)
-    field = image_schema(plan.image_size, plan.color_mode).image
+    shape = image_shape(plan.image_size, plan.color_mode)
     with Fetcher(plan.access, client) as fetcher:
         records = fetcher.records(items, plan.image_size, plan.color_mode, plan.max_pixels)
         for record in records:
@@ -63,5 +64,5 @@ def decode_records(items, plan: DecodePlan, client=None):
                     f"label {record.label!r} is not one of the classes ({known})",
                 )
                 continue
-            image = bytes(field.codec.encode(field, record.image))
+            image = encode_png(record.image, shape)
             yield Row(record.source, label, split_key(plan.seed, record.source), image)

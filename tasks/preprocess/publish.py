@@ -1,4 +1,5 @@
-"""Publishing a dataset version: the Petastorm metadata and reports written after the tasks,
+"""Publishing a dataset version: the splits' descriptions (and Petastorm's metadata, where it is
+installed) and reports written after the tasks,
 then the manifest, the one write that makes an attempt the dataset; and reading it back.
 
 Publication is atomic: readers open the URLs in ``manifest.json`` and nothing else, and it is
@@ -13,6 +14,7 @@ import logging
 import time
 from dataclasses import asdict
 
+from hvdflow.infra import extras
 from hvdflow.infra.storage.attempts import MANIFEST, removable_attempts
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import dataset_url, join
@@ -26,6 +28,7 @@ from hvdflow.tasks.preprocess.write import (
     write_petastorm_metadata,
     write_split_description,
 )
+from hvdflow.training.parquet_reader import SCHEMA_FILE, SplitDescription
 
 logger = logging.getLogger(__name__)
 
@@ -34,18 +37,21 @@ ATTEMPT_FILES = ("labels.json", "quarantine.csv")
 
 
 def finish(config, fingerprint, version, attempt, label_index, report):
-    """On the driver, once the part files exist: Petastorm metadata and the JSON description
-    of each split, reports, the manifest."""
+    """On the driver, once the part files exist: the JSON description of each split, and
+    Petastorm's metadata where Petastorm is installed; reports, the manifest."""
     attempt_url = version.join(attempt)
     files, done = report.files, report.rows
-    unischema = image_schema(config.image_size, config.color_mode)
     fields = image_fields(config.image_size, config.color_mode)
+    with_petastorm = extras.installed(extras.PETASTORM)
     row_groups = {}
     for split in SPLITS:
         split_url = join(attempt_url, split)
         if not files[split]:  # val_fraction=0: an empty split that still opens
             files[split][write_empty_split(split_url, arrow_schema(), version.access)] = 0
-        row_groups[split] = write_petastorm_metadata(split_url, unischema, files[split])
+        row_groups[split] = sum(files[split].values())
+        if with_petastorm:
+            unischema = image_schema(config.image_size, config.color_mode)
+            row_groups[split] = write_petastorm_metadata(split_url, unischema, files[split])
         write_split_description(split_url, fields, files[split], version.access)
     attempt_dir = Location(attempt_url, version.access)
     write_quarantine(attempt_dir, report.quarantine_parts)
@@ -94,28 +100,24 @@ def read_manifest(version: Location) -> DatasetManifest | None:
 
 
 def missing_files(attempt: Location) -> list[str]:
-    """What a published attempt lacks of its reports, of each split's ``_common_metadata``, and
-    of the part files that metadata names (one listing, and a read of each metadata file)."""
+    """What a published attempt lacks of its reports, of each split's JSON description, of the
+    part files that description names, and, where Petastorm is installed here (and so may read
+    it), of each split's ``_common_metadata``: one listing, and a read of each description. A
+    dataset written without Petastorm is built again by a Python that has it."""
     present = attempt.files()
     missing = [name for name in ATTEMPT_FILES if name not in present]
+    with_petastorm = extras.installed(extras.PETASTORM)
     for split in SPLITS:
-        metadata = f"{split}/_common_metadata"
-        if metadata not in present:
-            missing.append(metadata)
+        if with_petastorm and f"{split}/_common_metadata" not in present:
+            missing.append(f"{split}/_common_metadata")
+        description = f"{split}/{SCHEMA_FILE}"
+        if description not in present:
+            missing.append(description)
             continue
-        parts = (f"{split}/{part}" for part in part_files(attempt.read_bytes(metadata)))
-        missing += [part for part in parts if part not in present]
+        data = attempt.read_bytes(description) or b""
+        parts = SplitDescription.from_json(data, attempt.join(description)).row_groups
+        missing += [f"{split}/{part}" for part in sorted(parts) if f"{split}/{part}" not in present]
     return missing
-
-
-def part_files(common_metadata: bytes) -> list[str]:
-    """The part files a split's ``_common_metadata`` names (Petastorm's row groups per file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY
-
-    metadata = pq.read_metadata(pa.BufferReader(common_metadata)).metadata or {}
-    return sorted(json.loads(metadata.get(ROW_GROUPS_PER_FILE_KEY, b"{}")))
 
 
 def publish(version: Location, attempt: str, manifest: DatasetManifest, config) -> DatasetManifest:

@@ -59,6 +59,7 @@ def tracking(mlflow_server, monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.current
 def test_the_champion_scores_held_out_images_and_the_run_is_recorded(champion, tracking, tmp_path):
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
@@ -114,6 +115,7 @@ def test_the_champion_scores_held_out_images_and_the_run_is_recorded(champion, t
 
 
 @pytest.mark.slow
+@pytest.mark.current
 def test_a_missing_alias_fails_the_flow_naming_the_aliases_the_model_has(
     champion, tracking, tmp_path
 ):
@@ -181,6 +183,7 @@ def test_the_scoring_flow_deploys_with_its_parameters(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.current
 def test_the_champion_served_by_mlflow_alone_or_as_a_udf_answers_as_hvdflow_score(
     champion, tracking, spark, tmp_path
 ):
@@ -189,6 +192,7 @@ def test_the_champion_served_by_mlflow_alone_or_as_a_udf_answers_as_hvdflow_scor
     image files POSTed as base64; and ``hvdflow.score_udf`` on a DataFrame of image bytes the
     consumer built (joined with their own metadata)."""
     import base64
+    import importlib.metadata
     import json
     import subprocess
     import time
@@ -198,6 +202,7 @@ def test_the_champion_served_by_mlflow_alone_or_as_a_udf_answers_as_hvdflow_scor
 
     from hvdflow.flows.score import score
     from hvdflow.infra.ports import unclaimed_port
+    from hvdflow.serving.package import tensorflow_requirement
     from tests.model_env import model_env
 
     version, heldout, good = champion
@@ -205,7 +210,12 @@ def test_the_champion_served_by_mlflow_alone_or_as_a_udf_answers_as_hvdflow_scor
         artifact_uri=f"models:/{MODEL}/{version}", dst_path=str(tmp_path / "model")
     )
     requirements = (tmp_path / "model" / "requirements.txt").read_text().split()
-    assert [r for r in requirements if r.startswith("tensorflow")] == ["tensorflow-cpu==2.15.1"]
+    # One TensorFlow distribution, the one that trained it (tensorflow-cpu 2.15 in the classic
+    # profile; tensorflow and its Keras 2, tf-keras, in the current one).
+    trained_with = [tensorflow_requirement()]
+    if tensorflow_requirement().startswith("tensorflow=="):
+        trained_with.append(f"tf-keras=={importlib.metadata.version('tf-keras')}")
+    assert [r for r in requirements if r.startswith(("tensorflow", "tf-keras"))] == trained_with
     env_dir = model_env(tmp_path / "model" / "requirements.txt")
     python = str(env_dir / "bin" / "python")
     assert subprocess.run([python, "-c", "import hvdflow"], capture_output=True).returncode == 1

@@ -85,6 +85,7 @@ def test_horovod_timeline_set_on_the_driver_records_a_timeline(tmp_path, monkeyp
 
 
 @pytest.mark.integration
+@pytest.mark.current
 def test_use_gpu_on_a_cluster_without_gpu_scheduling_is_refused_as_the_original_does(spark):
     # spark-tensorflow-distributor raises when spark.task.resource.gpu.amount is unset.
     with pytest.raises(GpuSchedulingNotEnabled, match="spark.task.resource.gpu.amount"):

@@ -47,6 +47,10 @@ def test_a_rank_that_never_reached_init_is_stopped_after_the_start_timeout():
         "main does slow work before hvd.init(), or look for a rank stuck at start in its output",
         _wire.CAUSE_START_TIMEOUT,
     )
+    late = {**RUNNING, "init_reached": False, "waited_s": 300.5, "engine": _wire.TF_COLLECTIVE}
+    assert stop_reason(**late)[0].startswith(
+        "did not reach tf.distribute.MultiWorkerMirroredStrategy() within 300 s"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,31 @@
+"""Images into the bytes a dataset stores: PNG, encoded exactly as Petastorm's
+``CompressedImageCodec("png")`` encodes it (OpenCV, RGB swapped to OpenCV's BGR), so that
+Petastorm's reader, the pyarrow reader and ``serving.images`` all read back the same pixels,
+whether or not Petastorm is installed where the dataset was written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Petastorm passes a JPEG quality to every encoder; PNG ignores it. Passed too, for the same
+# call and so the same bytes.
+_PETASTORM_QUALITY = 80
+
+
+def encode_png(image: np.ndarray, shape: tuple[int, ...]) -> bytes:
+    """``image`` (uint8, ``shape``: (height, width) or (height, width, 3) RGB) as PNG bytes."""
+    import cv2  # noqa: TID253 (OpenCV: loaded by the executors that write images)
+
+    if image.dtype != np.uint8:
+        raise ValueError(f"expected a uint8 image, got {image.dtype}")
+    if tuple(image.shape) != tuple(shape):
+        raise ValueError(f"expected an image of shape {tuple(shape)}, got {tuple(image.shape)}")
+    if image.ndim == 3 and image.shape[2] == 3:
+        image = image[:, :, (2, 1, 0)]  # RGB to BGR, as OpenCV writes it
+    elif image.ndim != 2:
+        raise ValueError(f"expected (H, W) or (H, W, 3), got {tuple(image.shape)}")
+    ok, contents = cv2.imencode(".png", image, [int(cv2.IMWRITE_JPEG_QUALITY), _PETASTORM_QUALITY])
+    if not ok:
+        raise ValueError(f"OpenCV could not encode an image of shape {tuple(image.shape)} as PNG")
+    return contents.tobytes()
