@@ -44,6 +44,8 @@ def keras_2():
 
         return tf.keras
     return tf_keras
+
+
 PREDICT_CHUNK = 256  # images per forward pass: bounded memory for a large request
 
 
@@ -66,9 +68,7 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         return {**self.__dict__, "network": None}
 
     def load_context(self, context) -> None:
-        self.network = keras_2().models.load_model(
-            context.artifacts[KERAS_ARTIFACT], compile=False
-        )
+        self.network = keras_2().models.load_model(context.artifacts[KERAS_ARTIFACT], compile=False)
 
     def probabilities(self, batch: np.ndarray) -> np.ndarray:
         """The network's class probabilities for prepared inputs (batch, height, width,
