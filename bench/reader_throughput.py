@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     ours, theirs = (best[(name, way_name, r)][1] for r in ("pyarrow", "petastorm"))
                     line += f" {ours / theirs:13.2f}"
                 print(line)
-                print(f"  ({name}: {manifest.train_rows} training images)")
+            print(f"  ({name}: {manifest.train_rows} training images)")
         if len(READERS) > 1:
             print("  ratio: pyarrow's images per CPU-second over Petastorm's")
     return 0

@@ -84,6 +84,9 @@ def _dump(archive: Path) -> None:
         **os.environ,
         "JDK_JAVA_OPTIONS": f"{C1_ONLY} -XX:ArchiveClassesAtExit={partial} {QUIET_CDS}",
         "SPARK_LOCAL_IP": "127.0.0.1",
+        # Spark's Python workers: this Python, not the first python3 on PATH (another version
+        # in the current profile, which Spark refuses).
+        "PYSPARK_PYTHON": sys.executable,
     }
     subprocess.run(
         [sys.executable, "-c", _DUMP_JOB],
