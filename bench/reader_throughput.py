@@ -1,13 +1,14 @@
 """Petastorm's reader against the pyarrow reader, side by side in one run.
 
-Two datasets made by the preprocessing step (Spark local[2]): the bundled digits at 28x28x1,
-and Caltech101-like photos (``preprocess_throughput.make_caltech_like``) at 224x224x3, each
-written twice: to local disk, and to the object store (a SeaweedFS server the script starts on
-loopback, read over S3 as a rank reads a bucket). Each round reads each dataset once with each
-reader, in alternating order: one rank of one, streamed through ``open_dataset`` (batched
-tf.data, shuffled, one epoch: what a rank trains on when its shard does not fit in memory) and
-loaded whole with ``load_shard`` (what ``in_memory`` does once). A warm-up read of each comes
-first and is not counted.
+Two datasets made by the preprocessing step (Spark local[2]): the bundled digits at 28x28x1, and
+Caltech101-like photos (``preprocess_throughput.make_caltech_like``) at 224x224x3, each written
+twice: to local disk, and to the object store (a SeaweedFS server the script starts on loopback,
+read over S3 as a rank reads a bucket). The photos are also written as raw pixels
+(``data.image_encoding='raw'``), which only the pyarrow reader reads. Each round reads each
+dataset once with each reader, in alternating order: one rank of one, streamed through
+``open_dataset`` (batched tf.data, shuffled, one epoch: what a rank trains on when its shard
+does not fit in memory) and loaded whole with ``load_shard`` (what ``in_memory`` does once). A
+warm-up read of each comes first and is not counted.
 
 Shown: images/s (wall) and images per CPU-second of the whole process (all its threads: the
 reader's and TensorFlow's), the "per core" figure that matters on a rank of one thread; best
@@ -53,7 +54,14 @@ def load(url: str, reader: str) -> int:
     return len(load_shard(url, reader=reader)[0])
 
 
-def preprocess(spark, root: Path, out: Path, image_size, color_mode, input_format: str):
+def readers_for(name: str) -> tuple[str, ...]:
+    """Petastorm's reader cannot read raw pixels (``data.image_encoding``): pyarrow's alone."""
+    return ("pyarrow",) if name.endswith(" raw") else READERS
+
+
+def preprocess(
+    spark, root: Path, out: Path, image_size, color_mode, input_format: str, encoding="png"
+):
     from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images  # noqa: PLC0415 (lazy: it loads Spark)
 
     config = PreprocessConfig(
@@ -62,6 +70,7 @@ def preprocess(spark, root: Path, out: Path, image_size, color_mode, input_forma
         output=str(out),
         image_size=image_size,
         color_mode=color_mode,
+        image_encoding=encoding,
     )
     return preprocess_images(spark, config)
 
@@ -109,13 +118,16 @@ def main(argv: list[str] | None = None) -> int:
             datasets[f"224x224x3 {where}"] = preprocess(
                 spark, workdir / "photos", f"{out}/p-out", (224, 224), "RGB", "folders"
             )
+            datasets[f"224x224x3 {where} raw"] = preprocess(
+                spark, workdir / "photos", f"{out}/r-out", (224, 224), "RGB", "folders", "raw"
+            )
         spark.stop()
         ways = {
             "stream": lambda url, reader: stream(url, reader, args.batch_size),
             "load_shard": load,
         }
-        for manifest in datasets.values():  # warm-up: imports, TensorFlow's start, tracing
-            for reader in READERS:
+        for name, manifest in datasets.items():  # warm-up: imports, TensorFlow, tracing
+            for reader in readers_for(name):
                 for way in ways.values():
                     way(manifest.train_url, reader)
 
@@ -124,31 +136,34 @@ def main(argv: list[str] | None = None) -> int:
             order = READERS if round_ % 2 == 0 else READERS[::-1]
             for name, manifest in datasets.items():
                 for way_name, way in ways.items():
-                    for reader in order:
+                    for reader in (r for r in order if r in readers_for(name)):
                         images, wall, cpu = timed(partial(way, manifest.train_url, reader))
                         key = (name, way_name, reader)
                         rate, per_cpu = images / wall, images / max(cpu, 1e-9)
                         old = best.get(key, (0.0, 0.0))
                         best[key] = (max(old[0], rate), max(old[1], per_cpu))
                         print(
-                            f"  round {round_ + 1} {name:>15} {way_name:>10} {reader:>9}: "
+                            f"  round {round_ + 1} {name:>19} {way_name:>10} {reader:>9}: "
                             f"{images} images, {rate:8.1f}/s, {per_cpu:8.1f}/CPU-s",
                             flush=True,
                         )
 
         load_avg = ", ".join(f"{v:.2f}" for v in os.getloadavg())
         print(f"\nreaders, best of {args.rounds} rounds (one rank of one; load {load_avg}):")
-        header = f"  {'dataset':<16} {'read':<11}"
+        header = f"  {'dataset':<20} {'read':<11}"
         for reader in READERS:
             header += f" {reader + ' img/s':>16} {reader + ' /CPU-s':>17}"
         print(header + (f" {'ratio /CPU-s':>13}" if len(READERS) > 1 else ""))
         for name, manifest in datasets.items():
             for way_name in ways:
-                line = f"  {name:<16} {way_name:<11}"
+                line = f"  {name:<20} {way_name:<11}"
                 for reader in READERS:
+                    if reader not in readers_for(name):
+                        line += f" {'-':>16} {'-':>17}"
+                        continue
                     rate, per_cpu = best[(name, way_name, reader)]
                     line += f" {rate:16.1f} {per_cpu:17.1f}"
-                if len(READERS) > 1:
+                if readers_for(name) == READERS and len(READERS) > 1:
                     ours, theirs = (best[(name, way_name, r)][1] for r in ("pyarrow", "petastorm"))
                     line += f" {ours / theirs:13.2f}"
                 print(line)

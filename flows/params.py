@@ -29,6 +29,20 @@ AUGMENTED_DIGITS = "augmented_digits"
 BENCH_DATA, BENCH_TRAINING = STUDY_DATA, STUDY_TRAINING
 
 
+def reader_for(data: DataParams, training: TrainingParams) -> TrainingParams:
+    """``training`` with a reader that can read ``data``: Petastorm's cannot read raw pixels,
+    so a raw dataset gets the pyarrow reader unless one was asked for, and a request for
+    Petastorm's is refused."""
+    if data.image_encoding != "raw" or training.reader == "pyarrow":
+        return training
+    if "reader" in training.model_fields_set:
+        raise ValueError(
+            "training.reader='petastorm' cannot read data.image_encoding='raw' (Petastorm "
+            "decodes PNG only): use training.reader='pyarrow', or image_encoding='png'"
+        )
+    return training.model_copy(update={"reader": "pyarrow"})
+
+
 class PipelineParams(BaseModel):
     """Everything one pipeline run needs; the defaults train on the bundled digits."""
 
@@ -48,6 +62,15 @@ class PipelineParams(BaseModel):
                 "image models; run it with `hvdflow bench --model gcn`"
             )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reader_reads_the_encoding(cls, values):
+        if isinstance(values, dict) and "data" in values:
+            data = DataParams.model_validate(values["data"])
+            training = TrainingParams.model_validate(values.get("training") or {})
+            values = {**values, "data": data, "training": reader_for(data, training)}
+        return values
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(training=self.training, launcher=self.launcher, tracking=self.tracking)

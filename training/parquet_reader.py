@@ -35,7 +35,7 @@ from hvdflow.serving.images import UnreadableImage, decode
 SCHEMA_FILE = "_hvdflow_schema.json"
 FORMAT = "hvdflow-split"
 FORMAT_VERSION = 1
-CODECS = ("png", "scalar")
+CODECS = ("png", "raw", "scalar")
 # Row groups read ahead of the one being decoded, and the threads that read them (pyarrow
 # releases the GIL while it reads; Petastorm's reader used two worker threads here too).
 READ_AHEAD = 2
@@ -45,7 +45,8 @@ _HOW_TO_FIX = "re-run preprocessing to write it (or read this split with reader=
 @dataclass(frozen=True)
 class FieldDescription:
     """One column: its name, numpy dtype name, shape of one value and codec (``png``: a
-    PNG-compressed uint8 image; ``scalar``: the Parquet value as it is)."""
+    PNG-compressed uint8 image; ``raw``: its pixels as they are, C order; ``scalar``: the
+    Parquet value as it is)."""
 
     name: str
     dtype: str
@@ -309,6 +310,18 @@ def _decode_stored(value: bytes, field: FieldDescription, color_mode: str, cv2) 
 
 
 def _decoded(field: FieldDescription, column) -> np.ndarray:
+    if field.codec == "raw":
+        values = column.to_pylist()
+        expected = int(np.prod(field.shape)) * np.dtype(field.dtype).itemsize
+        if any(len(value) != expected for value in values):
+            wrong = next(len(value) for value in values if len(value) != expected)
+            raise ValueError(
+                f"field {field.name!r} stores raw {field.dtype} pixels of shape {field.shape} "
+                f"({expected} bytes), but a value has {wrong} bytes: the split is damaged; "
+                "re-run preprocessing"
+            )
+        pixels = np.frombuffer(b"".join(values), dtype=field.dtype)
+        return pixels.reshape(len(values), *field.shape)
     if field.codec == "png":
         color_mode = "L" if len(field.shape) == 2 else "RGB"
         cv2 = _opencv()

@@ -1,7 +1,9 @@
-"""Images into the bytes a dataset stores: PNG, encoded exactly as Petastorm's
-``CompressedImageCodec("png")`` encodes it (OpenCV, RGB swapped to OpenCV's BGR), so that
-Petastorm's reader, the pyarrow reader and ``serving.images`` all read back the same pixels,
-whether or not Petastorm is installed where the dataset was written.
+"""Images into the bytes a dataset stores (``data.image_encoding``).
+
+PNG, encoded exactly as Petastorm's ``CompressedImageCodec("png")`` encodes it (OpenCV, RGB
+swapped to OpenCV's BGR), so that Petastorm's reader, the pyarrow reader and ``serving.images``
+all read back the same pixels, whether or not Petastorm is installed where the dataset was
+written. Or raw pixels, which cost no decoding (BENCHMARKS.md, "Stored image formats").
 """
 
 from __future__ import annotations
@@ -13,14 +15,29 @@ import numpy as np
 _PETASTORM_QUALITY = 80
 
 
-def encode_png(image: np.ndarray, shape: tuple[int, ...]) -> bytes:
-    """``image`` (uint8, ``shape``: (height, width) or (height, width, 3) RGB) as PNG bytes."""
-    import cv2  # noqa: TID253 (OpenCV: loaded by the executors that write images)
+def encode_image(image: np.ndarray, shape: tuple[int, ...], encoding: str) -> bytes:
+    """``image`` as a dataset stores it: ``png`` (``encode_png``) or ``raw``: its uint8 pixels
+    in C order, which the pyarrow reader reshapes to the field's shape."""
+    if encoding == "raw":
+        _check(image, shape)
+        return np.ascontiguousarray(image).tobytes()
+    if encoding == "png":
+        return encode_png(image, shape)
+    raise ValueError(f"image encoding {encoding!r}: expected png or raw")
 
+
+def _check(image: np.ndarray, shape: tuple[int, ...]) -> None:
     if image.dtype != np.uint8:
         raise ValueError(f"expected a uint8 image, got {image.dtype}")
     if tuple(image.shape) != tuple(shape):
         raise ValueError(f"expected an image of shape {tuple(shape)}, got {tuple(image.shape)}")
+
+
+def encode_png(image: np.ndarray, shape: tuple[int, ...]) -> bytes:
+    """``image`` (uint8, ``shape``: (height, width) or (height, width, 3) RGB) as PNG bytes."""
+    import cv2  # noqa: TID253 (OpenCV: loaded by the executors that write images)
+
+    _check(image, shape)
     if image.ndim == 3 and image.shape[2] == 3:
         image = image[:, :, (2, 1, 0)]  # RGB to BGR, as OpenCV writes it
     elif image.ndim != 2:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3
 from hvdflow.tasks.images.decode import Bad
-from hvdflow.tasks.images.encode import encode_png
+from hvdflow.tasks.images.encode import encode_image
 from hvdflow.tasks.images.fetch import Fetcher, check_input_root
 from hvdflow.tasks.preprocess.schema import image_shape
 from hvdflow.tasks.preprocess.split import split_key
@@ -42,6 +42,7 @@ class DecodePlan:
     label_index: dict[str, int]
     root: str  # the input folder (checked on every executor) or s3:// prefix
     access: S3Access | None  # for s3:// inputs
+    encoding: str = "png"  # data.image_encoding
 
 
 def decode_records(items, plan: DecodePlan, client=None):
@@ -64,5 +65,5 @@ def decode_records(items, plan: DecodePlan, client=None):
                     f"label {record.label!r} is not one of the classes ({known})",
                 )
                 continue
-            image = encode_png(record.image, shape)
+            image = encode_image(record.image, shape, plan.encoding)
             yield Row(record.source, label, split_key(plan.seed, record.source), image)

@@ -41,8 +41,9 @@ def finish(config, fingerprint, version, attempt, label_index, report):
     Petastorm's metadata where Petastorm is installed; reports, the manifest."""
     attempt_url = version.join(attempt)
     files, done = report.files, report.rows
-    fields = image_fields(config.image_size, config.color_mode)
-    with_petastorm = extras.installed(extras.PETASTORM)
+    fields = image_fields(config.image_size, config.color_mode, config.image_encoding)
+    # Petastorm's reader decodes PNG only: a raw dataset gets no Petastorm metadata.
+    with_petastorm = extras.installed(extras.PETASTORM) and config.image_encoding == "png"
     row_groups = {}
     for split in SPLITS:
         split_url = join(attempt_url, split)
@@ -108,14 +109,16 @@ def missing_files(attempt: Location) -> list[str]:
     missing = [name for name in ATTEMPT_FILES if name not in present]
     with_petastorm = extras.installed(extras.PETASTORM)
     for split in SPLITS:
-        if with_petastorm and f"{split}/_common_metadata" not in present:
-            missing.append(f"{split}/_common_metadata")
         description = f"{split}/{SCHEMA_FILE}"
         if description not in present:
             missing.append(description)
             continue
         data = attempt.read_bytes(description) or b""
-        parts = SplitDescription.from_json(data, attempt.join(description)).row_groups
+        described = SplitDescription.from_json(data, attempt.join(description))
+        png = all(f.codec != "raw" for f in described.fields)
+        if with_petastorm and png and f"{split}/_common_metadata" not in present:
+            missing.append(f"{split}/_common_metadata")
+        parts = described.row_groups
         missing += [f"{split}/{part}" for part in sorted(parts) if f"{split}/{part}" not in present]
     return missing
 

@@ -24,10 +24,12 @@ def image_shape(image_size: tuple[int, int], color_mode: str) -> tuple[int, ...]
     return (height, width) if color_mode == "L" else (height, width, 3)
 
 
-def image_fields(image_size: tuple[int, int], color_mode: str) -> tuple[FieldDescription, ...]:
-    """image (PNG-compressed uint8), label index, source path, split."""
+def image_fields(
+    image_size: tuple[int, int], color_mode: str, encoding: str = "png"
+) -> tuple[FieldDescription, ...]:
+    """image (uint8, PNG-compressed or raw: ``encoding``), label index, source path, split."""
     return (
-        FieldDescription("image", "uint8", image_shape(image_size, color_mode), "png"),
+        FieldDescription("image", "uint8", image_shape(image_size, color_mode), encoding),
         FieldDescription("label", "int32", (), "scalar"),
         FieldDescription("source", "str", (), "scalar"),
         FieldDescription("split", "str", (), "scalar"),

@@ -37,6 +37,7 @@ def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, at
             label_index=split.label_index,
             root=listing.root,
             access=version.access if is_s3(listing.root) else None,
+            encoding=config.image_encoding,
         ),
         attempt_url=version.join(attempt),
         access=version.access,
