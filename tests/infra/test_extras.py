@@ -1,0 +1,44 @@
+"""A feature whose optional extra is missing fails at once, in one line that says what to
+install. Horovod, Petastorm and tensorflow-addons are absent for real in the current profile;
+where one is installed (the classic profile), its case skips."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdflow import HorovodRunner
+from hvdflow.infra import extras
+from hvdflow.tasks.config import LauncherParams, TrainingParams
+
+pytestmark = pytest.mark.unit
+
+
+def absent(extra: extras.Extra) -> None:
+    if extras.installed(extra):
+        pytest.skip(f"{extra.module} is installed here (the classic profile)")
+
+
+def test_the_horovod_engine_without_horovod_fails_before_any_task_saying_what_to_install():
+    absent(extras.HOROVOD)
+    with pytest.raises(extras.MissingExtra) as raised:
+        HorovodRunner(np=2).run(print)  # np=2 on no Spark: it fails before Spark is asked
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("HorovodRunner np=2 with engine='horovod' needs horovod")
+    assert "pip install 'hvdflow[horovod]'" in message and "engine='tf_collective'" in message
+    with pytest.raises(extras.MissingExtra, match=r"launcher.engine='horovod' needs horovod"):
+        LauncherParams(engine="horovod")
+    assert LauncherParams().engine == "tf_collective"
+
+
+def test_petastorms_reader_without_petastorm_fails_saying_what_to_install():
+    absent(extras.PETASTORM)
+    with pytest.raises(extras.MissingExtra, match=r"pip install 'hvdflow\[petastorm\]'"):
+        TrainingParams(reader="petastorm")
+    assert TrainingParams().reader == "pyarrow"
+
+
+def test_radam_without_tensorflow_addons_fails_saying_what_to_install():
+    absent(extras.ADDONS)
+    with pytest.raises(extras.MissingExtra, match=r"pip install 'hvdflow\[addons\]'"):
+        TrainingParams(optimizer="radam")
