@@ -211,7 +211,8 @@ def _add_bench(commands: Commands, handlers: Mapping[str, Handler]) -> None:
     bench.add_argument("--model", help="mnist_cnn (default), digits_mlp, vgg16, inceptionv3")
     bench.add_argument(
         "--conditions",
-        help="comma-separated (default keras,keras1,ceiling2,hvd1,hvd2,tf2): keras (one process, "
+        help="comma-separated (default keras,keras1,ceiling2,hvd1,hvd2,tf2; without Horovod "
+        "keras,keras1,ceiling2,tf1,tf2): keras (one process, "
         "every core), kerasN (N threads), ceilingN (N Keras processes at once), hvdN "
         "(HorovodRunner, N ranks), tfN (the tf_collective engine)",
     )

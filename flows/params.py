@@ -10,8 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hvdflow.bench.conditions import HOROVOD as HOROVOD_CONDITION
 from hvdflow.bench.conditions import parse_condition
 from hvdflow.bench.study import STUDY_DATA, STUDY_TRAINING
+from hvdflow.infra import extras
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.tasks.config import (
     GRAPH_MODELS,
@@ -76,6 +78,15 @@ class PipelineParams(BaseModel):
         return TrainConfig(training=self.training, launcher=self.launcher, tracking=self.tracking)
 
 
+def default_conditions() -> list[str]:
+    """The paper's sweep: Keras on every core and on one, the machine's ceiling, np=1 and np=2
+    with Horovod where it is installed (the classic profile) and np=2 with TensorFlow's
+    collectives; where Horovod is not, np=1 and np=2 with TensorFlow's collectives."""
+    if extras.installed(extras.HOROVOD):
+        return ["keras", "keras1", "ceiling2", "hvd1", "hvd2", "tf2"]
+    return ["keras", "keras1", "ceiling2", "tf1", "tf2"]
+
+
 class BenchParams(BaseModel):
     """The study: one model and dataset, conditions x repetitions x epochs.
 
@@ -88,7 +99,7 @@ class BenchParams(BaseModel):
     data: DataParams = DataParams(**BENCH_DATA)
     training: TrainingParams = TrainingParams(**BENCH_TRAINING)
     launcher: LauncherParams = LauncherParams()
-    conditions: list[str] = ["keras", "keras1", "ceiling2", "hvd1", "hvd2", "tf2"]
+    conditions: list[str] = Field(default_factory=default_conditions)
     repetitions: int = Field(default=3, ge=1)
     threads_per_rank: int = Field(
         default=1,
@@ -133,7 +144,10 @@ class BenchParams(BaseModel):
         if not conditions:
             raise ValueError("conditions is empty: expected e.g. ['keras', 'hvd1', 'hvd2']")
         for condition in conditions:
-            parse_condition(condition)
+            if parse_condition(condition).kind == HOROVOD_CONDITION:
+                extras.require(
+                    extras.HOROVOD, f"condition {condition!r}", "tfN (the tf_collective engine)"
+                )
         return conditions
 
     @model_validator(mode="after")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hvdflow import HorovodRunner
+from hvdflow.flows.params import BenchParams
 from hvdflow.infra import extras
 from hvdflow.tasks.config import LauncherParams, TrainingParams
 
@@ -29,6 +30,9 @@ def test_the_horovod_engine_without_horovod_fails_before_any_task_saying_what_to
     with pytest.raises(extras.MissingExtra, match=r"launcher.engine='horovod' needs horovod"):
         LauncherParams(engine="horovod")
     assert LauncherParams().engine == "tf_collective"
+    with pytest.raises(extras.MissingExtra, match=r"condition 'hvd2' needs horovod"):
+        BenchParams(conditions=["keras", "hvd2"])
+    assert BenchParams().conditions == ["keras", "keras1", "ceiling2", "tf1", "tf2"]
 
 
 def test_petastorms_reader_without_petastorm_fails_saying_what_to_install():
