@@ -27,6 +27,19 @@ from pathlib import Path
 from hvdflow.bench.conditions import CEILING, HOROVOD, KERAS, TF, Measurement
 
 REFERENCE = "hvd1"
+# Where Horovod is not installed (the current profile), one rank of TensorFlow's collectives.
+REFERENCE_WITHOUT_HOROVOD = "tf1"
+
+
+def reference_of(measurements: list[Measurement]) -> str:
+    """The condition the others are tested against: np=1 with Horovod, else with TensorFlow's
+    collectives where the study has no Horovod condition."""
+    names = {m.condition for m in measurements}
+    if REFERENCE not in names and REFERENCE_WITHOUT_HOROVOD in names:
+        return REFERENCE_WITHOUT_HOROVOD
+    return REFERENCE
+
+
 _KIND_ORDER = {KERAS: 0, CEILING: 1, HOROVOD: 2, TF: 3}
 
 
@@ -70,13 +83,14 @@ def anova(
 
 def tukey_against(
     measurements: list[Measurement],
-    reference: str = REFERENCE,
+    reference: str | None = None,
     samples: dict[str, list[float]] | None = None,
 ) -> dict[str, float]:
     """Tukey HSD p-value of each condition's per-repetition values (default: steady epoch
-    times) against ``reference``'s."""
+    times) against ``reference``'s (default: ``reference_of``)."""
     from scipy.stats import tukey_hsd
 
+    reference = reference or reference_of(measurements)
     samples = repetition_means(measurements) if samples is None else samples
     names = [c for c in order(measurements) if len(samples.get(c, [])) >= 2]
     if reference not in names or len(names) < 2:
@@ -91,10 +105,11 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def summary_table(
-    measurements: list[Measurement], reference: str = REFERENCE, target: float | None = None
+    measurements: list[Measurement], reference: str | None = None, target: float | None = None
 ) -> list[dict]:
     """One row per condition, shaped like the paper's tables, steady state first; with a
     ``target`` accuracy, the time to reach it last."""
+    reference = reference or reference_of(measurements)
     groups: dict[str, list[Measurement]] = defaultdict(list)
     for m in measurements:
         groups[m.condition].append(m)
@@ -185,6 +200,7 @@ def markdown(
     rows: list[dict],
     anova_result: tuple[float, float] | None,
     anova_time_to_target: tuple[float, float] | None = None,
+    reference: str = REFERENCE,
 ) -> str:
     def fmt(value, spec, suffix=""):
         return "n/a" if value is None else format(value, spec) + suffix
@@ -194,9 +210,9 @@ def markdown(
 
     lines = [
         "| condition | processes x threads | warm-up epoch (s) | steady epoch mean ± std (s) "
-        "| Tukey p vs hvd1 | steady images/s | scaling efficiency | of machine ceiling "
+        f"| Tukey p vs {reference} | steady images/s | scaling efficiency | of machine ceiling "
         "| vs Keras (all cores) | launch overhead (s) | wall-clock images/s "
-        "| final val_accuracy | time to target ± std (s) | Tukey p (time) | time vs hvd1 |",
+        f"| final val_accuracy | time to target ± std (s) | Tukey p (time) | time vs {reference} |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -154,7 +154,7 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     rows = stats.summary_table(measurements, target=target)
     anova = stats.anova(measurements)
     anova_time = stats.anova(measurements, stats.times_to_target(measurements, target))
-    table = stats.markdown(rows, anova, anova_time)
+    table = stats.markdown(rows, anova, anova_time, stats.reference_of(measurements))
     model = params.training.model
     # The plots and tables stay where the result points, beside the other runs' (not in /tmp).
     out_dir = hvdflow_home() / "benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{model}"
