@@ -17,6 +17,7 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._decisions import root_failure
@@ -57,6 +58,7 @@ class DriverChannel:
         self.stacks: dict[int, str] = {}
 
         self._rendezvous = None
+        self._allowed_clients = None  # the rendezvous module's, with the server
         self.rendezvous_port = 0
         self._server = _ChannelServer((bind_host, 0), self._handler_class())
         self.port = self._server.server_address[1]
@@ -67,6 +69,9 @@ class DriverChannel:
 
             self._rendezvous = _rendezvous.RendezvousServer(
                 (bind_host, 0), _rendezvous.GuardedHandler, 0
+            )
+            self._allowed_clients = partial(
+                _rendezvous.allowed_clients, resolve=_rendezvous.addresses_of
             )
             self.rendezvous_port = self._rendezvous.server_address[1]
             servers.append((self._rendezvous, "rendezvous"))
@@ -173,11 +178,8 @@ class DriverChannel:
             # Only a task that presented the token gets here: the plan it sends decides who
             # the rendezvous server answers.
             if self._rendezvous is not None:
-                from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415 (loaded already)
-
                 self._rendezvous.start_run(
-                    host_alloc_plan(hosts),
-                    _rendezvous.allowed_clients(hosts, self.bind_host, _rendezvous.addresses_of),
+                    host_alloc_plan(hosts), self._allowed_clients(hosts, self.bind_host)
                 )
                 logger.debug("rendezvous initialised for hosts %s", hosts)
             self.liveness.plan(hosts)
