@@ -66,7 +66,18 @@ class TrainingParams(BaseModel):
 
     model: str = "digits_mlp"
     epochs: int = Field(default=3, ge=1)
-    batch_size: int = Field(default=32, ge=1, description="per rank")
+    batch_size: int = Field(
+        default=32,
+        ge=1,
+        description="images a step: of each rank, or with global_batch of all ranks together",
+    )
+    global_batch: bool | None = Field(
+        default=None,
+        description="true: batch_size is the global batch, split among the np ranks, and the "
+        "learning rate stays the one-rank rate (no scaling, no warm-up); false: every rank "
+        "trains batch_size, and the rate follows lr_scaling; None: the model's "
+        "(docs/learning-rate.md)",
+    )
     optimizer: str = Field(
         default="",
         description=f"one of {', '.join(OPTIMIZERS)}; '' the model's own (with its learning "
@@ -95,6 +106,16 @@ class TrainingParams(BaseModel):
         le=1,
         description="a run whose final val_accuracy is not above chance (1/classes) by this "
         "much is marked failed and its model not registered",
+    )
+    eval_every: float = Field(
+        default=0.0,
+        ge=0,
+        description="evaluate a fixed subset of eval_images validation images every this "
+        "fraction of an epoch (0.1: ten times an epoch), logged as 'Evaluation at step ...' "
+        "lines; 0: at epoch ends only",
+    )
+    eval_images: int = Field(
+        default=1024, ge=1, description="the validation subset's size for eval_every"
     )
     seed: int = 0
     checkpoints: str = Field(
@@ -161,6 +182,8 @@ class TrainingParams(BaseModel):
             data["learning_rate"] = DEFAULT_LEARNING_RATES.get(optimizer.lower(), 0.001)
         if data.get("warmup_epochs") is None:
             data["warmup_epochs"] = defaults.warmup_epochs
+        if data.get("global_batch") is None:
+            data["global_batch"] = defaults.global_batch
         return data
 
     @field_validator("model")

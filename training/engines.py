@@ -69,6 +69,24 @@ class Engine:
             self._hvd.callbacks.MetricAverageCallback(),  # validation metrics over ranks
         ]
 
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        """``values`` summed element-wise over every rank (call it on all ranks, in the same
+        order, as any collective): Horovod's allreduce, or the strategy's all-reduce."""
+        if self._hvd is None and self.strategy is None:
+            return [float(v) for v in values]
+        import tensorflow as tf
+
+        tensor = tf.constant(values, tf.float64)
+        if self._hvd is not None:
+            summed = self._hvd.allreduce(tensor, op=self._hvd.Sum, name="hvdflow_sum")
+        else:
+            sum_ = tf.distribute.ReduceOp.SUM
+            per_replica = self.strategy.run(
+                lambda: tf.distribute.get_replica_context().all_reduce(sum_, tensor)
+            )
+            summed = self.strategy.experimental_local_results(per_replica)[0]
+        return [float(v) for v in summed.numpy()]
+
     def distribute(self, dataset):
         """This rank's dataset (already sharded and batched per rank) as Keras takes it."""
         if self.strategy is None:

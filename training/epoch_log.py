@@ -13,6 +13,10 @@ from collections.abc import Iterable, Mapping
 
 _EPOCH = re.compile(r"Epoch (\d+)/(\d+)")
 _DONE = re.compile(r"Epoch (\d+)/(\d+) done")
+_EVALUATION = re.compile(
+    r"Evaluation at step (\d+) \((\d+) images trained\): val_accuracy=([0-9.]+) on (\d+) "
+    r"validation images in ([0-9.]+)s"
+)
 
 
 def epoch_started_line(epoch: int, epochs: int | None) -> str:
@@ -23,6 +27,26 @@ def epoch_started_line(epoch: int, epochs: int | None) -> str:
 def epoch_done_line(epoch: int, epochs: int | None, seconds: float, metrics: Mapping) -> str:
     """``Epoch y/z done in Ns: name=value, ...``; ``epoch`` counts from 1."""
     return f"Epoch {epoch}/{epochs} done in {seconds:.2f}s: {format_metrics(metrics)}"
+
+
+def evaluation_line(step: int, images: int, accuracy: float, subset: int, seconds: float) -> str:
+    """``Evaluation at step S (N images trained): val_accuracy=A on M validation images ...``:
+    one evaluation of the fixed validation subset (``training.interval_eval``)."""
+    return (
+        f"Evaluation at step {step} ({images} images trained): val_accuracy={accuracy:.4f} "
+        f"on {subset} validation images in {seconds:.2f}s"
+    )
+
+
+def evaluations(lines: Iterable) -> list[tuple[float, int, float, float]]:
+    """``(time, images trained, val_accuracy, seconds it took)`` of every evaluation line, in
+    the order seen, each step once (its first ``.time``)."""
+    seen: dict[int, tuple[float, int, float, float]] = {}
+    for line in sorted(lines, key=lambda line: line.time):
+        if match := _EVALUATION.search(line.text):
+            step, images, accuracy, _, took = match.groups()
+            seen.setdefault(int(step), (line.time, int(images), float(accuracy), float(took)))
+    return list(seen.values())
 
 
 def format_metrics(metrics: Mapping | None) -> str:

@@ -1,8 +1,12 @@
 """Optimizers the paper compared, built by name, and how their learning rate follows the ranks.
 
-More ranks mean a larger global batch (the per-rank batch stays): ``ranks x batch_size``. The
-learning rate must follow, or the model trains on fewer, equally cautious steps; but followed
-naively it diverges in the first steps. Two rules from the literature, each with its warm-up:
+Two ways to add ranks. With ``global_batch`` the global batch stays the one-rank batch, split
+among the ranks (``rank_batch_size``): every rank computes a share of the same step, the model
+takes the same steps at the same rate as on one rank, and nothing needs rescaling. Without it
+(Horovod's and Databricks' convention), the per-rank batch stays and the global batch grows to
+``ranks x batch_size``. The learning rate must then follow, or the model trains on fewer,
+equally cautious steps; but followed naively it diverges in the first steps. Two rules from
+the literature, each with its warm-up:
 
 - ``linear`` (Goyal et al., 2017, "Accurate, Large Minibatch SGD"): ``lr x ranks``, reached by a
   gradual warm-up from ``lr`` over the first epochs. Proven for SGD with momentum; Horovod's own
@@ -85,6 +89,13 @@ class LearningRatePlan:
         return self.base + (self.target - self.base) * step / self.warmup_steps
 
 
+def rank_batch_size(batch_size: int, ranks: int, global_batch: bool) -> int:
+    """Images each rank trains per step. ``global_batch``: ``batch_size`` is split among the
+    ranks (at least one image each; np must divide it for the global batch to stay exact),
+    else every rank trains ``batch_size``."""
+    return max(1, batch_size // max(1, abs(ranks))) if global_batch else batch_size
+
+
 def resolve_scaling(optimizer: str, rule: str = "auto") -> str:
     """The rule ``rule`` means for ``optimizer``: ``auto`` picks by optimizer."""
     if rule not in SCALING_RULES:
@@ -116,9 +127,11 @@ def learning_rate_plan(
     rule: str = "auto",
     warmup_epochs: float = 0.0,
     steps_per_epoch: int = 1,
+    global_batch: bool = False,
 ) -> LearningRatePlan:
-    """The plan for ``ranks`` ranks; no warm-up where there is nothing to warm up to."""
-    resolved = resolve_scaling(optimizer, rule)
+    """The plan for ``ranks`` ranks; no warm-up where there is nothing to warm up to. A global
+    batch kept whatever the ranks keeps the one-rank rate (rule ``none``)."""
+    resolved = "none" if global_batch else resolve_scaling(optimizer, rule)
     plan = LearningRatePlan(learning_rate, abs(ranks), resolved, 0)
     if plan.target == plan.base or warmup_epochs <= 0:
         return plan

@@ -58,7 +58,10 @@ class TrainSpec:
     data: DataSpec
     model_name: str
     epochs: int = 2
-    batch_size: int = 32  # per rank
+    batch_size: int = 32  # per rank; with global_batch, of all ranks together
+    # True: batch_size is the global batch, split among the ranks, and the learning rate stays
+    # the one-rank rate (training.optimizers.rank_batch_size)
+    global_batch: bool = False
     seed: int = 0
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     weights_uri: str | None = None
@@ -75,6 +78,10 @@ class TrainSpec:
     # training.reader: "petastorm" or "pyarrow"; default: petastorm where it is installed
     reader: str = field(default_factory=default_reader)
     chance_margin: float | None = None
+    # An evaluation of a fixed subset of eval_images validation images every eval_every of an
+    # epoch (training.interval_eval); 0: at epoch ends only, as Keras does
+    eval_every: float = 0.0
+    eval_images: int = 1024
     # TensorFlow's profiler over these batches, counted over the whole training from 0, stop
     # excluded (Keras' TensorBoard ``profile_batch``); (0, 0): no profile. With a profile_dir,
     # every rank writes into ``<profile_dir>/rank<N>`` on its own host; without one, rank 0

@@ -15,10 +15,14 @@ from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.checkpoints import CheckpointStore
 from hvdflow.training.engines import NONE, start_engine
 from hvdflow.training.models import build_model, model_input_shape
-from hvdflow.training.optimizers import learning_rate_plan, make_planned_optimizer
+from hvdflow.training.optimizers import (
+    learning_rate_plan,
+    make_planned_optimizer,
+    rank_batch_size,
+)
 from hvdflow.training.profiling import log_profile, profile_folder
 from hvdflow.training.quality import rejection
-from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
+from hvdflow.training.reader import load_shard, open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 
@@ -66,13 +70,24 @@ def train_classifier(spec: TrainSpec) -> RankResult:
         fp16_compression=spec.fp16_compression,
         threads=spec.threads,
     )
-    steps = steps_per_epoch(data.train_rows, engine.size, spec.batch_size)
+    batch = rank_batch_size(spec.batch_size, engine.size, spec.global_batch)
+    steps = steps_per_epoch(data.train_rows, engine.size, batch)
     opt = spec.optimizer
     plan = learning_rate_plan(
-        opt.name, opt.learning_rate, engine.size, opt.lr_scaling, opt.warmup_epochs, steps
+        opt.name,
+        opt.learning_rate,
+        engine.size,
+        opt.lr_scaling,
+        opt.warmup_epochs,
+        steps,
+        spec.global_batch,
     )
     if engine.rank == 0:
-        log_to_driver(f"learning rate: {plan.describe()}")
+        log_to_driver(
+            f"batch: {batch * engine.size} = {engine.size} rank(s) x {batch}"
+            + (" (global_batch: the one-rank batch, split)" if spec.global_batch else "")
+            + f"; learning rate: {plan.describe()}"
+        )
     model = _compiled_model(spec, engine, plan)
     checkpoints, checkpoint, resumed = _resume(spec, model, engine.rank)
     timer = EpochTimer()
@@ -81,7 +96,10 @@ def train_classifier(spec: TrainSpec) -> RankResult:
     callbacks = _callbacks(
         spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
     )
-    history, train_s, example = _fit(spec, engine, model, steps, callbacks, resumed)
+    if spec.eval_every > 0 and data.val_rows:
+        first_step = (resumed.epoch if resumed else 0) * steps
+        callbacks.append(_interval_evaluation(spec, engine, steps, batch, first_step))
+    history, train_s, example = _fit(spec, engine, model, steps, batch, callbacks, resumed)
     if checkpoints is not None:
         checkpoints.close()
     profiled = log_profile(profile, spec) if profile and not spec.profile_dir else None
@@ -104,7 +122,7 @@ def train_classifier(spec: TrainSpec) -> RankResult:
         epoch_times=tuple((resumed.epoch_times if resumed else []) + timer.epoch_times),
         train_seconds=train_s,
         steps_per_epoch=steps,
-        images_per_epoch=steps * spec.batch_size * engine.size,
+        images_per_epoch=steps * batch * engine.size,
         resumed_from_epoch=resumed.epoch if resumed else 0,
         scaled_learning_rate=plan.target,
         warmup_steps=plan.warmup_steps,
@@ -195,11 +213,35 @@ def _callbacks(
     return callbacks
 
 
-def _fit(spec: TrainSpec, engine, model, steps: int, callbacks, resumed):
-    """``model.fit`` on this rank's shards; the history, the seconds it took, and a few
-    validation images for the registered model's input example."""
+def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, first_step: int):
+    """The evaluation of a fixed validation subset every ``spec.eval_every`` of an epoch, with
+    this rank's part of the subset (``training.interval_eval``)."""
+    from hvdflow.training.interval_eval import (  # noqa: PLC0415 (lazy: it loads TensorFlow)
+        IntervalEvaluation,
+        eval_interval_steps,
+        subset_rows,
+    )
+
+    # pyarrow's reader whatever spec.reader: its order is the stored one, so the subset is the
+    # same images in every run (Petastorm's workers may hand row groups over in any order).
+    images, labels = load_shard(spec.data.val_url, reader="pyarrow")
+    rows = subset_rows(len(labels), spec.eval_images, spec.seed)[engine.rank :: engine.size]
+    return IntervalEvaluation(
+        engine,
+        images[rows],
+        labels[rows],
+        subset=min(spec.eval_images, len(labels)),
+        every_steps=eval_interval_steps(steps, spec.eval_every),
+        images_per_step=batch * engine.size,
+        first_step=first_step,
+    )
+
+
+def _fit(spec: TrainSpec, engine, model, steps: int, batch: int, callbacks, resumed):
+    """``model.fit`` on this rank's shards of ``batch`` images a step; the history, the seconds
+    it took, and a few validation images for the registered model's input example."""
     data, rank, size = spec.data, engine.rank, engine.size
-    val_steps = steps_per_epoch(data.val_rows, size, spec.batch_size) if data.val_rows else None
+    val_steps = steps_per_epoch(data.val_rows, size, batch) if data.val_rows else None
     shard_mb = shard_megabytes(data.train_rows + data.val_rows, size, data.input_shape)
     in_memory = 0 < shard_mb <= spec.in_memory_max_mb
     if rank == 0:
@@ -211,7 +253,7 @@ def _fit(spec: TrainSpec, engine, model, steps: int, callbacks, resumed):
     read = {
         "rank": rank,
         "size": size,
-        "batch_size": spec.batch_size,
+        "batch_size": batch,
         "in_memory": in_memory,
         "reader": spec.reader,
     }

@@ -31,7 +31,7 @@ from hvdflow.tasks.train.resume import (
     run_to_resume,
 )
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG, REJECTED_TAG
-from hvdflow.training.optimizers import resolve_scaling, scaled_learning_rate
+from hvdflow.training.optimizers import rank_batch_size, resolve_scaling, scaled_learning_rate
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
 
@@ -274,6 +274,7 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
         model_name=training.model,
         epochs=training.epochs,
         batch_size=training.batch_size,
+        global_batch=bool(training.global_batch),
         seed=training.seed,
         optimizer=OptimizerSpec(
             name=training.optimizer,
@@ -288,12 +289,18 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
         reader=training.reader,
         chance_margin=training.chance_margin,
         profile_batches=training.profile_batches,
+        eval_every=training.eval_every,
+        eval_images=training.eval_images,
     )
 
 
 def _params(config: TrainConfig, dataset, weights) -> dict:
     training, launcher = config.training, config.launcher
-    rule = resolve_scaling(training.optimizer, training.lr_scaling)
+    rule = (
+        "none"
+        if training.global_batch
+        else resolve_scaling(training.optimizer, training.lr_scaling)
+    )
     params = {
         "model": training.model,
         "np": launcher.np,
@@ -301,6 +308,10 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
         "mixed_precision": training.mixed_precision,
         "epochs": training.epochs,
         "batch_size": training.batch_size,
+        "global_batch": bool(training.global_batch),
+        "rank_batch_size": rank_batch_size(
+            training.batch_size, launcher.np, bool(training.global_batch)
+        ),
         "base_learning_rate": training.learning_rate,
         "scaled_learning_rate": scaled_learning_rate(training.learning_rate, launcher.np, rule),
         "optimizer": training.optimizer,

@@ -5,6 +5,7 @@ import pytest
 from hvdflow.training.optimizers import (
     LearningRatePlan,
     learning_rate_plan,
+    rank_batch_size,
     resolve_scaling,
     scaled_learning_rate,
 )
@@ -112,3 +113,14 @@ def test_a_plan_says_how_its_rate_was_made():
     sqrt = learning_rate_plan("adam", 0.01, 4, "auto")
     assert sqrt.describe() == "0.02 (0.01 x sqrt(4) ranks, lr_scaling 'sqrt'; no warm-up)"
     assert learning_rate_plan("sgd", 0.1, 1).describe() == "0.1 (lr_scaling 'linear', 1 rank(s))"
+
+
+@pytest.mark.unit
+def test_a_global_batch_is_split_among_the_ranks_and_keeps_the_one_rank_rate():
+    assert [rank_batch_size(128, n, global_batch=True) for n in (1, 2, 4, 3)] == [128, 64, 32, 42]
+    assert rank_batch_size(2, 4, global_batch=True) == 1  # never an empty batch
+    assert rank_batch_size(128, 4, global_batch=False) == 128
+    plan = learning_rate_plan(
+        "adadelta", 1.0, 2, "linear", warmup_epochs=1, steps_per_epoch=50, global_batch=True
+    )
+    assert (plan.rule, plan.target, plan.warmup_steps) == ("none", 1.0, 0)

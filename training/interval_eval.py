@@ -1,0 +1,108 @@
+"""Evaluation every few steps on a fixed validation subset: time to accuracy finer than an epoch.
+
+Keras evaluates at epoch ends only, so a time to a target accuracy read from its logs jumps by a
+whole epoch on which side of the target one evaluation falls (BENCHMARKS.md, "Time to accuracy
+in every repetition"). MLPerf Training evaluates at fixed intervals of samples instead, and
+counts the evaluations' time in the time to train; so does this.
+
+The subset is the same images whatever the number of ranks: ``subset_rows`` picks them from the
+whole validation split with the training seed, and rank r of n evaluates every n-th of them, so
+each rank's evaluation costs its share (1/n), as its training does; the ranks' counts are summed
+(``Engine.sum_over_ranks``) and rank 0 logs the accuracy (``epoch_log.evaluation_line``). The
+interval is a fraction of an epoch, that is a number of images trained whatever the global batch,
+so that every condition of a study pays the same share of its time for evaluating.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.training.epoch_log import evaluation_line
+
+EVAL_BATCH = 256
+
+
+def subset_rows(val_rows: int, images: int, seed: int) -> np.ndarray:
+    """Indices of ``images`` rows (all of them, if fewer) of a split of ``val_rows``, sorted:
+    the same for the same seed, whatever the ranks."""
+    if images >= val_rows:
+        return np.arange(val_rows)
+    return np.sort(np.random.default_rng(seed).permutation(val_rows)[:images])
+
+
+def eval_interval_steps(steps_per_epoch: int, every_epochs: float) -> int:
+    """Optimizer steps between two evaluations: ``every_epochs`` of an epoch, at least one."""
+    return max(1, round(steps_per_epoch * every_epochs))
+
+
+class IntervalEvaluation(tf.keras.callbacks.Callback):
+    """Evaluates ``images`` (this rank's part of the subset, uint8, and their labels) every
+    ``every_steps`` optimizer steps; put it on every rank. ``subset`` is the whole subset's
+    size, ``images_per_step`` the global batch; ``first_step`` the steps a resumed training has
+    behind it."""
+
+    def __init__(
+        self,
+        engine,
+        images: np.ndarray,
+        labels: np.ndarray,
+        subset: int,
+        every_steps: int,
+        images_per_step: int,
+        first_step: int = 0,
+    ):
+        super().__init__()
+        self.engine = engine
+        self.images = images
+        self.labels = labels.astype(np.int64)
+        self.subset = subset
+        self.every_steps = every_steps
+        self.images_per_step = images_per_step
+        self.step = first_step
+        self.accuracies: list[tuple[int, float]] = []  # (step, accuracy)
+        self._predict = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if self.step % self.every_steps == 0:
+            self.evaluate()
+
+    def evaluate(self) -> float:
+        started = time.perf_counter()
+        correct = self._correct()
+        correct, seen = self.engine.sum_over_ranks([correct, float(len(self.labels))])
+        accuracy = correct / max(seen, 1.0)
+        self.accuracies.append((self.step, accuracy))
+        if self.engine.rank == 0:
+            log_to_driver(
+                evaluation_line(
+                    self.step,
+                    self.step * self.images_per_step,
+                    accuracy,
+                    int(seen),
+                    time.perf_counter() - started,
+                )
+            )
+        return accuracy
+
+    def _correct(self) -> float:
+        if self._predict is None:
+            model = self.model
+
+            @tf.function(reduce_retracing=True)
+            def predict(batch):
+                images = tf.cast(batch, tf.float32) / 255.0
+                if len(images.shape) == 3:  # grayscale: the channel axis the models take
+                    images = images[..., tf.newaxis]
+                return tf.argmax(model(images, training=False), axis=-1)
+
+            self._predict = predict
+        correct = 0
+        for start in range(0, len(self.labels), EVAL_BATCH):
+            predicted = self._predict(self.images[start : start + EVAL_BATCH]).numpy()
+            correct += int(np.sum(predicted == self.labels[start : start + EVAL_BATCH]))
+        return float(correct)
