@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from hvdflow.infra import LaunchOptions, LogLine, constants
-from hvdflow.training.epoch_log import epoch_done_times, epoch_times_from_log
+from hvdflow.training.epoch_log import epoch_done_times, epoch_times_from_log, evaluations
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 
@@ -98,24 +98,44 @@ class Measurement:
     # Seconds from the launch until the driver's log showed each epoch done (the first process
     # of a ceiling); empty where the log had no such lines.
     epoch_done_s: list[float] = field(default_factory=list)
+    # The evaluations of the fixed validation subset every few steps (``eval_every``), as the
+    # driver's log showed them: [seconds since the launch, images trained, val_accuracy, seconds
+    # the evaluation took].
+    evaluations: list[list[float]] = field(default_factory=list)
 
     @property
     def final_val_accuracy(self) -> float | None:
         return self.val_accuracy[-1] if self.val_accuracy else None
 
     def seconds_to(self, target: float) -> float | None:
-        """Wall clock from the launch to the end of the first epoch whose val_accuracy reached
-        ``target`` (MLPerf's time to train, launch included); None if none did.
+        """Wall clock from the launch to the first evaluation that reached ``target`` (MLPerf's
+        time to train, launch and evaluations included); None if none did.
 
-        The end is when the driver's log showed that epoch done, so that nothing the process does
-        after it (the rest of the training, saving, exiting) counts. Without those lines: the
-        launch overhead plus the epochs up to it, which counts what follows ``model.fit`` too."""
+        With evaluations every few steps, the first of them that reached it, when the driver's
+        log showed it. Without, the end of the first epoch whose val_accuracy reached it: when
+        the driver's log showed that epoch done, so that nothing the process does after it (the
+        rest of the training, saving, exiting) counts; without those lines, the launch overhead
+        plus the epochs up to it, which counts what follows ``model.fit`` too."""
+        if self.evaluations:
+            return next((e[0] for e in self.evaluations if e[2] >= target), None)
         for epoch, accuracy in enumerate(self.val_accuracy):
             if accuracy >= target:
                 if epoch < len(self.epoch_done_s):
                     return self.epoch_done_s[epoch]
                 return self.launch_s + sum(self.epoch_times[: epoch + 1])
         return None
+
+    def images_to(self, target: float) -> int | None:
+        """Images trained (by all processes together) up to the first evaluation that reached
+        ``target``; None without evaluations every few steps, or if none did."""
+        return next((int(e[1]) for e in self.evaluations if e[2] >= target), None)
+
+    @property
+    def evaluation_share(self) -> float | None:
+        """The share of the training's time (model.fit) spent on evaluations every few steps."""
+        if not self.evaluations or not self.train_seconds:
+            return None
+        return sum(e[3] for e in self.evaluations) / self.train_seconds
 
     @property
     def images_per_epoch(self) -> float:
@@ -219,6 +239,10 @@ def measure(
         # A ceiling's processes each train the whole model alike: the first one's accuracy.
         val_accuracy=[float(a) for a in results[0].history.get("val_accuracy", ())],
         epoch_done_s=seconds_since(launched, epoch_done_times(lines)),
+        evaluations=[
+            [round(at - launched, 3), images, accuracy, took]
+            for at, images, accuracy, took in evaluations(lines)
+        ],
     )
 
 

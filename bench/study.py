@@ -21,6 +21,8 @@ STUDY_TRAINING = {
     "optimizer": "adadelta",
     # '' trains from scratch; a source is staged once and loaded by every rank.
     "weights_source": "",
+    # Time to accuracy at a tenth of an epoch's resolution (training.interval_eval).
+    "eval_every": 0.1,
 }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from hvdflow.bench import stats
+from hvdflow.bench import stats, time_to_target
 from hvdflow.bench.conditions import dataset_readers, measure
 from hvdflow.bench.workloads import write_augmented_digits_idx
 from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
@@ -154,12 +154,19 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     rows = stats.summary_table(measurements, target=target)
     anova = stats.anova(measurements)
     anova_time = stats.anova(measurements, stats.times_to_target(measurements, target))
-    table = stats.markdown(rows, anova, anova_time, stats.reference_of(measurements))
+    reference = stats.reference_of(measurements)
+    table = stats.markdown(rows, anova, anova_time, reference)
+    per_round = time_to_target.rows(measurements, target, reference, stats.order(measurements))
+    table += f"\n\n{_interval_note(params.training)}\n\n" + time_to_target.markdown(
+        per_round, target, reference
+    )
     model = params.training.model
     # The plots and tables stay where the result points, beside the other runs' (not in /tmp).
     out_dir = hvdflow_home() / "benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{model}"
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = stats.plot(rows, out_dir, model)
+    curves = time_to_target.plot_curves(measurements, out_dir, model, target)
+    plots += [curves] if curves else []
     (out_dir / "table.md").write_text(table + "\n")
     (out_dir / "measurements.json").write_text(
         json.dumps([{**m.__dict__} for m in measurements], indent=2)
@@ -205,6 +212,7 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
     logger.info("benchmark table:\n%s", table)
     return {
         "rows": rows,
+        "time_to_target": per_round,
         "anova": anova,
         "anova_time_to_target": anova_time,
         "table": table,
@@ -212,6 +220,17 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
         "mlflow_run_id": run.info.run_id,
         "dataset": dataset_info,
     }
+
+
+def _interval_note(training) -> str:
+    """How the table below read the time to the target: every few steps, or at epoch ends."""
+    if training.eval_every > 0:
+        return (
+            f"Time to target: the first evaluation that reached it, launch and evaluations "
+            f"included; {training.eval_images} fixed validation images evaluated every "
+            f"{training.eval_every:g} of an epoch, split among the ranks."
+        )
+    return "Time to target: the end of the first epoch whose val_accuracy reached it."
 
 
 def plots_markdown(paths: list[Path]) -> str:

@@ -107,6 +107,7 @@ BENCH_FLAGS = {
     "images": "images",
     "conditions": "conditions",
     "target_accuracy": "target_accuracy",
+    "eval_every": "training.eval_every",
 }
 SCORE_FLAGS = {
     "input": "data.input",

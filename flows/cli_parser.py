@@ -227,6 +227,12 @@ def _add_bench(commands: Commands, handlers: Mapping[str, Handler]) -> None:
         type=float,
         help="val_accuracy whose time to reach the table reports per condition (default 0.97)",
     )
+    bench.add_argument(
+        "--eval-every",
+        type=float,
+        help="evaluate a fixed validation subset every this fraction of an epoch, for the time "
+        "to the target (default 0.1; 0: at epoch ends only)",
+    )
     bench.add_argument("--optimizer", help="adadelta (default), rmsprop, adam, radam, sgd")
     bench.add_argument("--input")
     bench.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
