@@ -11,12 +11,13 @@ Conditions (``--conditions keras,keras1,ceiling2,hvd1,hvd2,tf2``):
 - ``hvdN`` (also ``N`` or ``np=N``): HorovodRunner with N ranks of ``threads_per_rank`` threads.
 - ``tfN``: the same launcher with the tf_collective engine (MultiWorkerMirroredStrategy).
 
-Every condition trains the same model on the same data with the same per-process batch, and
-reports each epoch's time measured inside the process: the first epoch (graph tracing, reader
+Every condition trains the same model on the same data, each rank and each ceiling process the
+same per-process batch (its share of a global batch, ``global_batch``), and reports each epoch's
+time measured inside the process: the first epoch (graph tracing, reader
 start-up) is the warm-up, the others are steady state. Launch overhead (process and Spark start,
 rendezvous, model build, data opening) is the wall clock minus the training itself. Time to a
-target accuracy is read where a user would see it: when the driver's log showed the first epoch
-that reached it.
+target accuracy is read where a user would see it: when the driver's log showed the first
+evaluation that reached it (every ``eval_every`` of an epoch; else at epoch ends).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from hvdflow.infra import LaunchOptions, LogLine, constants
 from hvdflow.training.epoch_log import epoch_done_times, epoch_times_from_log, evaluations
+from hvdflow.training.optimizers import rank_batch_size
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 
@@ -126,8 +128,9 @@ class Measurement:
         return None
 
     def images_to(self, target: float) -> int | None:
-        """Images trained (by all processes together) up to the first evaluation that reached
-        ``target``; None without evaluations every few steps, or if none did."""
+        """Images trained up to the first evaluation that reached ``target`` (by all ranks
+        together; by one process of a ceiling); None without evaluations every few steps, or if
+        none did."""
         return next((int(e[1]) for e in self.evaluations if e[2] >= target), None)
 
     @property
@@ -205,6 +208,11 @@ def measure(
         ]
     elif c.kind == CEILING:
         one = with_options(trainer, kwargs, threads=threads_per_rank)
+        if trainer == "classifier" and one["spec"].global_batch:
+            # Each process does what one of N ranks does: its share of the global batch.
+            spec = one["spec"]
+            share = rank_batch_size(spec.batch_size, c.n, global_batch=True)
+            one = {"spec": spec.replace(batch_size=share, global_batch=False)}
         results = _run_baselines(trainer, one, c.n, lines)
     else:
         if trainer == "classifier":

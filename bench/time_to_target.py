@@ -33,7 +33,8 @@ def rows(
     rounds = by_repetition(measurements)
     ref = rounds.get(reference, {})
     ref_times = {r: m.seconds_to(target) for r, m in ref.items()}
-    ref_median = _median([t for t in ref_times.values() if t is not None])
+    # As for every row: a median only where every round got there.
+    ref_median = _median(list(ref_times.values())) if None not in ref_times.values() else None
     ref_final = _mean([m.final_val_accuracy for m in ref.values()])
     table = []
     for condition in conditions:

@@ -25,7 +25,7 @@ from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import tracking_uri
-from hvdflow.tasks.config import LauncherParams
+from hvdflow.tasks.config import GRAPH_MODELS, LauncherParams
 from hvdflow.tasks.preprocess.steps import preprocessed
 from hvdflow.tasks.results import shared_result_storage
 from hvdflow.tasks.spark_slots import spark_slots
@@ -224,11 +224,12 @@ def _report(params: BenchParams, measurements, dataset_info: dict, uri: str, log
 
 def _interval_note(training) -> str:
     """How the table below read the time to the target: every few steps, or at epoch ends."""
-    if training.eval_every > 0:
+    if training.eval_every > 0 and training.model not in GRAPH_MODELS:
         return (
             f"Time to target: the first evaluation that reached it, launch and evaluations "
-            f"included; {training.eval_images} fixed validation images evaluated every "
-            f"{training.eval_every:g} of an epoch, split among the ranks."
+            f"included; a fixed subset of up to {training.eval_images} validation images "
+            f"evaluated every {training.eval_every:g} of an epoch and at its end, split among "
+            "the ranks."
         )
     return "Time to target: the end of the first epoch whose val_accuracy reached it."
 

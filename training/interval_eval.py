@@ -39,36 +39,52 @@ def eval_interval_steps(steps_per_epoch: int, every_epochs: float) -> int:
     return max(1, round(steps_per_epoch * every_epochs))
 
 
+def evaluates_after(step_in_epoch: int, every_steps: int, steps_per_epoch: int) -> bool:
+    """Whether the evaluation follows this step (counted from 1 in its epoch): every
+    ``every_steps`` from the epoch's start, and after its last step, so that the training's
+    end is always evaluated and the intervals do not drift from the epochs."""
+    return step_in_epoch % every_steps == 0 or step_in_epoch == steps_per_epoch
+
+
 class IntervalEvaluation(tf.keras.callbacks.Callback):
     """Evaluates ``images`` (this rank's part of the subset, uint8, and their labels) every
-    ``every_steps`` optimizer steps; put it on every rank. ``subset`` is the whole subset's
-    size, ``images_per_step`` the global batch; ``first_step`` the steps a resumed training has
-    behind it."""
+    ``every_steps`` optimizer steps of an epoch and after its last (``evaluates_after``); put it
+    on every rank. ``images_per_step`` is the global batch. Steps count from the optimizer's
+    own counter, so a resumed training goes on from the checkpoint's."""
 
     def __init__(
         self,
         engine,
         images: np.ndarray,
         labels: np.ndarray,
-        subset: int,
         every_steps: int,
+        steps_per_epoch: int,
         images_per_step: int,
-        first_step: int = 0,
     ):
         super().__init__()
         self.engine = engine
         self.images = images
         self.labels = labels.astype(np.int64)
-        self.subset = subset
         self.every_steps = every_steps
+        self.steps_per_epoch = steps_per_epoch
         self.images_per_step = images_per_step
-        self.step = first_step
+        self.step = 0  # optimizer steps, over the whole training
         self.accuracies: list[tuple[int, float]] = []  # (step, accuracy)
+        self._in_epoch = 0
         self._predict = None
+
+    def on_train_begin(self, logs=None):
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            self.step = int(tf.keras.backend.get_value(optimizer.iterations))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._in_epoch = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
-        if self.step % self.every_steps == 0:
+        self._in_epoch += 1
+        if evaluates_after(self._in_epoch, self.every_steps, self.steps_per_epoch):
             self.evaluate()
 
     def evaluate(self) -> float:

@@ -97,8 +97,7 @@ def train_classifier(spec: TrainSpec) -> RankResult:
         spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
     )
     if spec.eval_every > 0 and data.val_rows:
-        first_step = (resumed.epoch if resumed else 0) * steps
-        callbacks.append(_interval_evaluation(spec, engine, steps, batch, first_step))
+        callbacks.append(_interval_evaluation(spec, engine, steps, batch))
     history, train_s, example = _fit(spec, engine, model, steps, batch, callbacks, resumed)
     if checkpoints is not None:
         checkpoints.close()
@@ -213,7 +212,7 @@ def _callbacks(
     return callbacks
 
 
-def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, first_step: int):
+def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int):
     """The evaluation of a fixed validation subset every ``spec.eval_every`` of an epoch, with
     this rank's part of the subset (``training.interval_eval``)."""
     from hvdflow.training.interval_eval import (  # noqa: PLC0415 (lazy: it loads TensorFlow)
@@ -230,10 +229,9 @@ def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, first_
         engine,
         images[rows],
         labels[rows],
-        subset=min(spec.eval_images, len(labels)),
         every_steps=eval_interval_steps(steps, spec.eval_every),
+        steps_per_epoch=steps,
         images_per_step=batch * engine.size,
-        first_step=first_step,
     )
 
 

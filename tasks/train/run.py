@@ -316,7 +316,10 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
         "scaled_learning_rate": scaled_learning_rate(training.learning_rate, launcher.np, rule),
         "optimizer": training.optimizer,
         "lr_scaling": rule,
-        "warmup_epochs": training.warmup_epochs,
+        # A global batch kept whatever np needs no warm-up, and gets none.
+        "warmup_epochs": 0.0 if training.global_batch else training.warmup_epochs,
+        "eval_every": training.eval_every,
+        "eval_images": training.eval_images,
         "seed": training.seed,
         "profile_batches": list(training.profile_batches),
         "dataset_fingerprint": dataset.fingerprint,

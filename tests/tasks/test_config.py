@@ -68,6 +68,10 @@ def test_names_are_case_insensitive_and_stored_lower_case():
 def test_each_model_brings_its_optimizer_rate_and_warm_up_unless_told_otherwise():
     cnn = TrainingParams(model="mnist_cnn")
     assert (cnn.optimizer, cnn.learning_rate, cnn.warmup_epochs) == ("adam", 0.001, 1.0)
+    # The CNN keeps its global batch across ranks (docs/learning-rate.md); the MLP, whose step
+    # is all exchange, grows it.
+    assert cnn.global_batch is True and TrainingParams().global_batch is False
+    assert TrainingParams(model="mnist_cnn", global_batch=False).global_batch is False
     mlp = TrainingParams()
     assert (mlp.model, mlp.optimizer, mlp.learning_rate, mlp.lr_scaling) == (
         "digits_mlp",

@@ -10,6 +10,7 @@ from hvdflow.training.epoch_log import evaluations
 from hvdflow.training.interval_eval import (
     IntervalEvaluation,
     eval_interval_steps,
+    evaluates_after,
     subset_rows,
 )
 
@@ -32,6 +33,9 @@ def test_the_interval_is_a_fraction_of_an_epoch_of_at_least_one_step():
     assert eval_interval_steps(469, 0.1) == 47
     assert eval_interval_steps(234, 0.1) == 23  # np=2 with a per-rank batch: twice as often
     assert eval_interval_steps(5, 0.1) == 1
+    # Every 3 steps of a 26-step epoch, and after its last: 9 evaluations, none drifting.
+    assert [s for s in range(1, 27) if evaluates_after(s, 3, 26)] == [*range(3, 25, 3), 26]
+    assert [s for s in range(1, 7) if evaluates_after(s, 3, 6)] == [3, 6]
 
 
 class _TwoRanksSummed(Engine):
@@ -69,12 +73,21 @@ def test_an_evaluation_counts_this_ranks_part_and_rank_0_logs_the_sum(
     images = np.zeros((4, 2, 2), np.uint8)  # grayscale, as stored: the channel axis is added
     labels = np.array([3, 3, 3, 1])
     callback = IntervalEvaluation(
-        engine, images, labels, subset=seen, every_steps=2, images_per_step=64, first_step=10
+        engine, images, labels, every_steps=2, steps_per_epoch=3, images_per_step=64
     )
     callback.set_model(_always_three())
+    callback.step = 10  # where a resumed training's optimizer counter would start it
     with caplog.at_level(logging.INFO):
-        for batch in range(3):
+        callback.on_epoch_begin(0)
+        for batch in range(3):  # evaluated after the second step and after the last
             callback.on_train_batch_end(batch)
-    assert callback.accuracies == [(12, pytest.approx(expected))]
-    lines = [type("Line", (), {"time": 1.0, "text": r.getMessage()})() for r in caplog.records]
-    assert [(i, a) for _, i, a, _ in evaluations(lines)] == [(12 * 64, round(expected, 4))]
+    assert callback.accuracies == [(12, pytest.approx(expected)), (13, pytest.approx(expected))]
+    lines = [
+        type("Line", (), {"time": float(i), "text": r.getMessage()})()
+        for i, r in enumerate(caplog.records)
+    ]
+    assert [(i, a) for _, i, a, _ in evaluations(lines)] == [
+        (12 * 64, round(expected, 4)),
+        (13 * 64, round(expected, 4)),
+    ]
+    assert f"on {seen} validation images" in caplog.records[0].getMessage()
