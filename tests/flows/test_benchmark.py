@@ -64,7 +64,7 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
         assert len(m.epoch_done_s) == 2
         assert len(m.evaluations) >= 2 * 9  # about ten an epoch, the last after its last step
         images = [e[1] for e in m.evaluations]
-        assert all(a < b for a, b in zip(images, images[1:]))  # in the order they were trained
+        assert images == sorted(set(images))  # each once, in the order they were trained
         assert images[-1] == m.images // (m.processes if m.kind == "ceiling" else 1)
         reached = next(e for e in m.evaluations if e[2] >= 0.5)
         assert m.seconds_to(0.5) == reached[0] <= m.wall_clock_s
