@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
 from hvdflow.training.epoch_log import evaluation_line
+from hvdflow.training.reader import normalized_batch
 
 EVAL_BATCH = 256
 
@@ -111,9 +112,7 @@ class IntervalEvaluation(tf.keras.callbacks.Callback):
 
             @tf.function(reduce_retracing=True)
             def predict(batch):
-                images = tf.cast(batch, tf.float32) / 255.0
-                if len(images.shape) == 3:  # grayscale: the channel axis the models take
-                    images = images[..., tf.newaxis]
+                images, _ = normalized_batch(batch, tf.zeros([0], tf.int32))  # as trained
                 return tf.argmax(model(images, training=False), axis=-1)
 
             self._predict = predict

@@ -121,7 +121,7 @@ def steps_per_epoch(rows: int, size: int, batch_size: int) -> int:
     return max(1, rows // (size * batch_size))
 
 
-def _normalized_batch(images, labels):
+def normalized_batch(images, labels):
     import tensorflow as tf
 
     images = tf.cast(images, tf.float32) / 255.0
@@ -225,7 +225,7 @@ def open_dataset(
             dataset = dataset.batch(batch_size)
         if normalize:
             dataset = dataset.map(
-                as_written(_normalized_batch), num_parallel_calls=tf.data.AUTOTUNE
+                as_written(normalized_batch), num_parallel_calls=tf.data.AUTOTUNE
             )
         yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
         return
