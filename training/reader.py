@@ -224,9 +224,7 @@ def open_dataset(
         if batch_size:  # batch first: one vectorised normalisation per batch, not per image
             dataset = dataset.batch(batch_size)
         if normalize:
-            dataset = dataset.map(
-                as_written(normalized_batch), num_parallel_calls=tf.data.AUTOTUNE
-            )
+            dataset = dataset.map(as_written(normalized_batch), num_parallel_calls=tf.data.AUTOTUNE)
         yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
         return
     if reader == "pyarrow":
