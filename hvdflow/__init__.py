@@ -6,6 +6,7 @@ stands in for::
 
     from hvdflow import HorovodRunner            # was: from sparkdl import HorovodRunner
     from hvdflow import MirroredStrategyRunner   # was: from spark_tensorflow_distributor import ...
+    from hvdflow import TorchDistributor         # was: from pyspark.ml.torch.distributor import ...
     from hvdflow import score_udf                # like pyspark.ml.functions.predict_batch_udf
 
 The rooms below, lowest first; each imports only from the ones before it:
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and editors (n
     from hvdflow.infra.launcher.rank_events import log_to_driver as log_to_driver
     from hvdflow.infra.launcher.rank_events import report_progress as report_progress
     from hvdflow.infra.launcher.runner import HorovodRunner as HorovodRunner
+    from hvdflow.infra.launcher.torch_distributor import TorchDistributor as TorchDistributor
     from hvdflow.infra.spark import get_spark as get_spark
     from hvdflow.tasks.score.udf import score_udf as score_udf
 

@@ -11,6 +11,28 @@ its C++ core and Python layer look up. hvdflow's own variables carry the ``HVDFL
 HOROVOD = "horovod"
 TF_COLLECTIVE = "tf_collective"
 ENGINES = (HOROVOD, TF_COLLECTIVE)
+# The launcher has a third: torch.distributed, whose ranks meet at rank 0's MASTER_ADDR and
+# MASTER_PORT (the environment torchrun gives its processes), for hvdflow.TorchDistributor.
+TORCH = "torch"
+LAUNCH_ENGINES = (*ENGINES, TORCH)
+
+# --- torch.distributed: what torchrun sets in each process it starts (torch/distributed/run.py
+# and elastic/agent/server/local_elastic_agent.py); init_process_group() reads the first four.
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ROLE_NAME = "ROLE_NAME"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 # --- Horovod: the rank's place in the job (read by horovod/common/gloo/gloo_context.cc) ---
 HOROVOD_RANK = "HOROVOD_RANK"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Sets up hvdflow's environment for one profile, from the project's own files, on a fresh
-# machine or again: `scripts/setup.sh [classic|current]` (default: $PROFILE, else classic).
+# machine or again: `scripts/setup.sh [classic|current|torch]` (default: $PROFILE, else classic).
 #
 # - classic: .venv, Python 3.11, requirements/classic.txt (TensorFlow 2.15, Horovod built here,
 #   Petastorm with pyarrow 14, tensorflow-addons): the mission's Horovod path.
 # - current: .venv-current, Python 3.13 (scripts/python.sh finds or builds it, into a cache
 #   outside the clone), requirements/current.txt (the newest releases the index serves): no
 #   Horovod, Petastorm or tensorflow-addons; the engine is tf_collective.
+# - torch: .venv-torch, Python 3.11, requirements/torch.txt: classic's pins plus PyTorch's CPU
+#   build, without Petastorm, Horovod or tensorflow-addons (torch needs setuptools>=77,
+#   petastorm setuptools<70).
 #
 # The slow part of classic is horovod: it has no wheel on PyPI and must be compiled against the installed
 # TensorFlow (about 9 minutes on 2 cores). The wheel is built once into a cache outside the clone,
@@ -24,13 +27,20 @@ case "$PROFILE" in
     VENV=.venv
     EXTRAS="dev,profile,petastorm,addons"
     ;;
+  torch)
+    # PyTorch beside the classic stack less Petastorm and Horovod (their pins conflict with
+    # torch's: pyproject.toml, the torch extra); the TorchDistributor and torch tests run here.
+    PYTHON=${PYTHON:-python3.11}
+    VENV=.venv-torch
+    EXTRAS="dev,torch"
+    ;;
   current)
     VENV=.venv-current
     EXTRAS="dev"
     # PYTHON_CURRENT: a Python 3.13 of the user's own; else found or built (scripts/python.sh).
     PYTHON=${PYTHON_CURRENT:-$(bash scripts/python.sh 3.13)}
     ;;
-  *) log "PROFILE=$PROFILE: expected classic or current"; exit 2 ;;
+  *) log "PROFILE=$PROFILE: expected classic, current or torch"; exit 2 ;;
 esac
 CONSTRAINTS="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1
@@ -133,10 +143,10 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 log "installing the $PROFILE profile's dependencies ($CONSTRAINTS)"
 "${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"
 
-if [ "$PROFILE" = current ]; then
+if [ "$PROFILE" != classic ]; then
   "${PIP[@]}" check
   echo "$want" > "$STAMP"
-  log "ready: $VENV (profile current)"
+  log "ready: $VENV (profile $PROFILE)"
   exit 0
 fi
 

@@ -21,6 +21,7 @@ PUBLIC_API = [
     "HorovodOptions",
     "LaunchOptions",
     "MirroredStrategyRunner",
+    "TorchDistributor",
     "RankFailed",
     "SparkJobFailed",
     "EncryptionRequired",
@@ -63,7 +64,7 @@ def test_the_public_api_is_exported_lazily_from_hvdflow():
             sys.executable,
             "-c",
             "import sys, hvdflow; print(sorted(m for m in sys.modules "
-            "if m.split('.')[0] in ('pyspark', 'tensorflow', 'prefect', 'mlflow')))",
+            "if m.split('.')[0] in ('pyspark', 'tensorflow', 'prefect', 'mlflow', 'torch')))",
         ],
         capture_output=True,
         text=True,

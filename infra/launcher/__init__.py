@@ -2,8 +2,11 @@
 
 Split where the processes split:
 
-- ``runner``: the public ``HorovodRunner``, on the driver (engine ``horovod`` or ``tf_collective``)
+- ``runner``: the public ``HorovodRunner``, on the driver (engine ``horovod``, ``tf_collective``
+  or ``torch``)
 - ``mirrored``: ``MirroredStrategyRunner``, spark-tensorflow-distributor's API on the same launcher
+- ``torch_distributor``: ``TorchDistributor``, pyspark's PyTorch launcher's API on it (engine
+  ``torch``: each rank gets torchrun's environment)
 - ``options``: ``LaunchOptions``, hvdflow's extras to both runners (timeouts, logs, engine,
   ``HorovodOptions``: Horovod's knobs as each rank's environment)
 - ``errors``: what the runners raise, as classes to catch
@@ -32,6 +35,7 @@ EXPORTS = {
     "HorovodRunner": "hvdflow.infra.launcher.runner",
     "HorovodOptions": "hvdflow.infra.launcher.options",
     "MirroredStrategyRunner": "hvdflow.infra.launcher.mirrored",
+    "TorchDistributor": "hvdflow.infra.launcher.torch_distributor",
     "LaunchOptions": "hvdflow.infra.launcher.options",
     # What the runners raise, as classes a user can catch (the originals raise plain ones).
     "RankFailed": "hvdflow.infra.launcher.errors",

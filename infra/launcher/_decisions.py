@@ -51,6 +51,7 @@ def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None,
 START_POINTS = {
     _wire.HOROVOD: "hvd.init()",
     _wire.TF_COLLECTIVE: "tf.distribute.MultiWorkerMirroredStrategy()",
+    _wire.TORCH: "torch.distributed.init_process_group()",
 }
 
 

@@ -202,6 +202,54 @@ def tf_config(workers: Sequence[Mapping], rank: int) -> str:
     )
 
 
+def torch_env(
+    slot: RankSlot,
+    *,
+    local_rank: int,
+    local_world_size: int,
+    group_rank: int,
+    group_world_size: int,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    host_cores: int | None = None,
+) -> dict[str, str]:
+    """What torchrun sets in each process it starts, for a rank of the torch engine.
+
+    Each barrier task is one torchrun "node": ``local_rank`` is the rank's index among its
+    task's ranks, which share the task's GPUs (CUDA_VISIBLE_DEVICES), so
+    ``torch.cuda.set_device(LOCAL_RANK)`` picks a GPU the rank can see, as under torchrun; two
+    tasks on one host are two nodes, each rank LOCAL_RANK 0, as in pyspark's TorchDistributor.
+    The run id is the launcher's own, unique per run (pyspark's is always 0).
+
+    A CPU rank's OMP_NUM_THREADS is its share of the host's cores (``host_cores`` over the
+    ranks the plan puts on that host), unless set already: torchrun sets 1 only when a node
+    runs several processes, and pyspark's one-process nodes leave it unset, so two ranks on one
+    host each start a thread per core and fight for them.
+    """
+    env = {
+        c.RANK: str(slot.rank),
+        c.WORLD_SIZE: str(slot.size),
+        c.LOCAL_RANK: str(local_rank),
+        c.LOCAL_WORLD_SIZE: str(local_world_size),
+        c.GROUP_RANK: str(group_rank),
+        c.GROUP_WORLD_SIZE: str(group_world_size),
+        c.ROLE_RANK: str(slot.rank),
+        c.ROLE_WORLD_SIZE: str(slot.size),
+        c.ROLE_NAME: "default",
+        c.MASTER_ADDR: master_addr,
+        c.MASTER_PORT: str(master_port),
+        c.TORCHELASTIC_RUN_ID: run_id,
+        c.TORCHELASTIC_RESTART_COUNT: "0",
+        c.TORCHELASTIC_MAX_RESTARTS: "0",
+    }
+    if host_cores is None:
+        host_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if c.OMP_NUM_THREADS not in os.environ:
+        env[c.OMP_NUM_THREADS] = str(max(1, host_cores // max(1, slot.local_size)))
+    return env
+
+
 def gpu_for_rank(index_in_task: int, gpu_addresses: Sequence[str]) -> str | None:
     """The one GPU a HorovodRunner rank may see: its own among those its task holds.
 

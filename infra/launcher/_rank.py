@@ -39,6 +39,8 @@ _ORPHANED_EXIT = 128 + signal.SIGKILL
 STACKS_SIGNAL = signal.SIGUSR1
 # Where TensorFlow defines MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy).
 _STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+# Where torch defines init_process_group (torch.distributed re-exports it).
+_C10D_MODULE = "torch.distributed.distributed_c10d"
 # How long a tf_collective worker that finished waits for the others to finish (the driver's own
 # timeouts stop a run that hangs long before this).
 _EXIT_BARRIER_MS = 24 * 3600 * 1000
@@ -160,6 +162,37 @@ def _report_strategy_created() -> None:
     patch_on_import(_STRATEGY_MODULE, patch)
 
 
+def _report_process_group_initialised() -> None:
+    """The torch engine's start: the rank returned from ``init_process_group()``.
+
+    Patched where torch defines it when torch loads; ``torch.distributed`` re-exports the
+    module's function at import, so the package's name is patched too. Not imported here, for
+    the same reason as TensorFlow above (torch's import takes a second of CPU).
+    """
+
+    def wrap(original):
+        if getattr(original, "_hvdflow_wrapped", False):
+            return original
+
+        def init_process_group(*args, **kwargs):
+            result = original(*args, **kwargs)
+            emit_event(_wire.EVENT_INIT)
+            return result
+
+        init_process_group._hvdflow_wrapped = True
+        return init_process_group
+
+    def patch_c10d(module) -> None:
+        module.init_process_group = wrap(module.init_process_group)
+
+    def patch_package(module) -> None:
+        if hasattr(module, "init_process_group"):  # absent where torch has no distributed
+            module.init_process_group = wrap(module.init_process_group)
+
+    patch_on_import(_C10D_MODULE, patch_c10d)
+    patch_on_import("torch.distributed", patch_package)
+
+
 def _wait_for_the_other_tf_workers() -> None:
     """Hold this tf_collective worker until every worker has returned from main.
 
@@ -190,6 +223,8 @@ def main(argv: list[str]) -> int:
         _report_strategy_created()
         # fit's end would wait up to a minute for tf.data's autotuning thread (tf_datasets).
         patch_on_import(tf_datasets.DEVICE_DATASETS_MODULE, tf_datasets.wrap_device_datasets)
+    elif os.environ.get(HVDFLOW_ENGINE) == _wire.TORCH:
+        _report_process_group_initialised()
     else:
         _report_init_reached()
     _task_context.install_in_rank(patch_on_import)

@@ -244,6 +244,8 @@ def run_task(
             ranks.append((slot, who, env, link))
         if spec.engine == _wire.TF_COLLECTIVE:
             _set_tf_configs(ranks, all_gather)
+        elif spec.engine == _wire.TORCH:
+            _set_torch_envs(ranks, all_gather, partition, len(task_hosts), spec.run_id)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
             return _supervise(slot.rank, who, env, spec, link, task_context)
@@ -284,6 +286,39 @@ def _set_tf_configs(ranks: list, all_gather: Callable[[str], list[str]] | None) 
     workers = [worker for message in all_gather(json.dumps(mine)) for worker in json.loads(message)]
     for slot, _who, env, _link in ranks:
         env[TF_CONFIG] = _placement.tf_config(workers, slot.rank)
+
+
+def _set_torch_envs(
+    ranks: list,
+    all_gather: Callable[[str], list[str]] | None,
+    partition: int,
+    task_count: int,
+    run_id: str,
+) -> None:
+    """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
+    (GROUP_RANK its partition), its ranks that node's local processes, and every rank meets at
+    the port rank 0's task reserved (one exchange, as pyspark's TorchDistributor does)."""
+    if all_gather is None:
+        raise RuntimeError("the torch engine needs the tasks' all_gather")
+    first = ranks[0][0]
+    master = ""
+    if first.rank == 0:
+        master = f"{first.hostname}:{_free_port(first.hostname)}"
+    master = next(m for m in all_gather(master) if m)
+    host, _, port = master.rpartition(":")
+    for index, (slot, _who, env, _link) in enumerate(ranks):
+        torchrun = _placement.torch_env(
+            slot,
+            local_rank=index,
+            local_world_size=len(ranks),
+            group_rank=partition,
+            group_world_size=task_count,
+            master_addr=host,
+            master_port=int(port),
+            run_id=run_id,
+        )
+        # The options' own choices (extra_env) win: a thread count, or the attempt's number.
+        env.update({name: value for name, value in torchrun.items() if name not in env})
 
 
 def _supervise_together(ranks: list, spec: TaskSpec) -> bytes | None:

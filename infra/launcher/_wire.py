@@ -69,7 +69,8 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
 MAX_HOSTNAME_CHARS = 64
 
 # --- Engines: what the ranks synchronise with (named in infra.constants) ---
-HOROVOD, TF_COLLECTIVE, ENGINES = c.HOROVOD, c.TF_COLLECTIVE, c.ENGINES
+HOROVOD, TF_COLLECTIVE, TORCH = c.HOROVOD, c.TF_COLLECTIVE, c.TORCH
+ENGINES = c.LAUNCH_ENGINES
 
 # --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
 # The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start

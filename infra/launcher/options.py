@@ -124,11 +124,14 @@ class LaunchOptions:
         engine: ``"horovod"`` (Gloo rendezvous on the driver) or ``"tf_collective"``: each rank
             gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
             MultiWorkerMirroredStrategy; rank r is its worker r, rank 0 its chief
-            (``MirroredStrategyRunner`` always uses it).
+            (``MirroredStrategyRunner`` always uses it); or ``"torch"``: each rank gets the
+            environment torchrun gives its processes (RANK, WORLD_SIZE, LOCAL_RANK,
+            MASTER_ADDR, MASTER_PORT, ...), so ``torch.distributed.init_process_group()``
+            needs no arguments (``TorchDistributor`` always uses it).
         horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
         spark: the session to run on; default: the active one, else ``hvdflow.get_spark()``.
-        start_timeout_s: a rank that has not reached ``hvd.init()`` (or created its strategy)
-            by then is stopped and the run fails.
+        start_timeout_s: a rank that has not reached ``hvd.init()`` (or created its strategy,
+            or returned from ``init_process_group()``) by then is stopped and the run fails.
         slot_wait_s: how long to wait for executors to offer the task slots before failing.
         heartbeat_timeout_s: a task the driver hears nothing from for this long (its host cut
             off or frozen) fails the run, named with its host; a task that hears nothing from

@@ -117,6 +117,9 @@ class HorovodRunner:
         self.options = options
         # How GPUs are handed to ranks; MirroredStrategyRunner sets its own.
         self.gpu_plan = GpuPlan()
+        # How many ranks each barrier task runs, when a wrapper (TorchDistributor) decides it;
+        # None: one per task slot (a task holding k GPUs runs k) or, on the driver, all of them.
+        self.layout: tuple[int, ...] | None = None
         # What errors say was asked for, when a wrapper (MirroredStrategyRunner) knows better.
         self.asked: str | None = None
         self.log_path: str | None = None
@@ -214,7 +217,10 @@ class HorovodRunner:
         sc = spark.sparkContext
         conf = sc.getConf()
         refuse_unencrypted(conf, self.display_name, self.ignore_ssl_conf)
-        tasks, ranks_per_task = self._task_layout(conf)
+        if self.layout is not None:
+            tasks, ranks_per_task = len(self.layout), self.layout
+        else:
+            tasks, ranks_per_task = self._task_layout(conf)
         asked = self.asked or (
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
@@ -274,7 +280,8 @@ class HorovodRunner:
             )
         with DriverChannel("127.0.0.1", sink, rendezvous=self._uses_horovod) as channel:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
-            spec = self._spec(payload, channel, None if plan.per_task is not None else (n,))
+            layout = self.layout or (None if plan.per_task is not None else (n,))
+            spec = self._spec(payload, channel, layout)
             outcome: dict[str, Any] = {}
             done = threading.Event()
 

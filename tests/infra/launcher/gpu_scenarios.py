@@ -20,7 +20,7 @@ import traceback
 import cloudpickle
 from pyspark.sql import SparkSession
 
-from hvdflow import HorovodRunner, LaunchOptions, MirroredStrategyRunner
+from hvdflow import HorovodRunner, LaunchOptions, MirroredStrategyRunner, TorchDistributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -40,6 +40,9 @@ def report_what_this_worker_sees():
         "size": int(os.environ.get("HOROVOD_SIZE", "-1")),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "tf_workers": len(tf_config.get("cluster", {}).get("worker", [])),
+        # torchrun's, where the torch engine set them (TorchDistributor)
+        "torch_local_rank": os.environ.get("LOCAL_RANK"),
+        "torch_world_size": os.environ.get("WORLD_SIZE"),
         "pid": os.getpid(),
     }
     print("SEEN " + json.dumps(seen), flush=True)
@@ -180,6 +183,21 @@ def on_gpu_cluster(master_url: str, driver_gpu_script: str) -> dict:
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = before
 
+    def torch(num_processes: int, **options) -> dict:
+        distributor = TorchDistributor(num_processes=num_processes, **options)
+        rank_0 = distributor.run(report_what_this_worker_sees)
+        return {
+            "num_processes": distributor.num_processes,
+            "num_tasks": distributor.num_tasks,
+            "rank_0": rank_0,
+            "processes": seen_by_workers(distributor.log_path),
+        }
+
+    results["torch_gpu_3"] = attempt(lambda: torch(3, local_mode=False))
+    results["torch_cpu_2"] = attempt(lambda: torch(2, local_mode=False, use_gpu=False))
+    results["torch_local_gpu_2"] = attempt(lambda: torch(2))
+    results["torch_local_gpu_5"] = attempt(lambda: torch(5))
+
     results["local_gpu_2"] = attempt(lambda: local(2))
     results["local_gpu_2_visible"] = attempt(lambda: local(2, visible="10,11,12,13"))
     results["local_gpu_5"] = attempt(lambda: local(5))
@@ -193,8 +211,10 @@ def on_encrypted_cluster(override: bool) -> dict:
     """A cluster with spark.ssl.enabled, with or without the runners' overrides."""
     builder = SparkSession.builder.master("local[2]").config("spark.ssl.enabled", "true")
     if override:
-        builder = builder.config("tensorflow.spark.distributor.ignoreSsl", "true").config(
-            "databricks.horovod.ignoreSsl", "true"
+        builder = (
+            builder.config("tensorflow.spark.distributor.ignoreSsl", "true")
+            .config("databricks.horovod.ignoreSsl", "true")
+            .config("pytorch.spark.distributor.ignoreSsl", "true")
         )
     spark = builder.config("spark.ui.enabled", "false").getOrCreate()
     results = {
@@ -204,6 +224,11 @@ def on_encrypted_cluster(override: bool) -> dict:
             ).run(report_what_this_worker_sees)["tf_workers"]
         ),
         "horovod": attempt(lambda: HorovodRunner(np=2).run(report_what_this_worker_sees)["size"]),
+        "torch": attempt(
+            lambda: TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                report_what_this_worker_sees
+            )["size"]
+        ),
     }
     spark.stop()
     return results

@@ -146,9 +146,40 @@ def test_a_cluster_with_ssl_is_refused_unless_the_override_conf_is_set(seen):
     for runner, override in (
         ("mirrored", "tensorflow.spark.distributor.ignoreSsl"),
         ("horovod", "databricks.horovod.ignoreSsl"),
+        ("torch", "pytorch.spark.distributor.ignoreSsl"),
     ):
         assert refused[runner]["error"] == "EncryptionRequired"
         assert "spark.ssl.enabled=true" in refused[runner]["message"]
         assert f"set {override}=true" in refused[runner]["message"]
     allowed = seen["with_override"]
-    assert allowed == {"mirrored": {"ok": 2}, "horovod": {"ok": 2}}
+    assert allowed == {"mirrored": {"ok": 2}, "horovod": {"ok": 2}, "torch": {"ok": 2}}
+
+
+def test_torch_distributor_runs_ceil_n_over_task_gpus_tasks_whose_processes_share_them(seen):
+    # pyspark's: ceil(num_processes / spark.task.resource.gpu.amount) tasks, each process
+    # seeing its task's GPUs and picking one by LOCAL_RANK (torchrun's contract). pyspark
+    # starts one process per task there, with WORLD_SIZE=num_processes, which never meets.
+    result = seen["gpu_cluster"]["torch_gpu_3"]["ok"]
+    assert result["num_tasks"] == 2 and result["rank_0"]["rank"] == 0
+    processes = result["processes"]
+    assert [p["torch_world_size"] for p in processes] == ["3"] * 3
+    assert [p["torch_local_rank"] for p in processes] == ["0", "1", "0"]
+    assert [len(devices(p)) for p in processes] == [2, 2, 1]
+    assert processes[0]["cuda_visible_devices"] == processes[1]["cuda_visible_devices"]
+    assert not set(devices(processes[0])) & set(devices(processes[2]))
+
+
+def test_torch_distributor_without_gpus_hides_them(seen):
+    result = seen["gpu_cluster"]["torch_cpu_2"]["ok"]
+    assert result["num_tasks"] == 2
+    assert [p["cuda_visible_devices"] for p in result["processes"]] == ["", ""]
+
+
+def test_torch_local_mode_shares_the_drivers_gpus_and_cuts_num_processes_to_them(seen):
+    two = seen["gpu_cluster"]["torch_local_gpu_2"]["ok"]
+    assert [p["cuda_visible_devices"] for p in two["processes"]] == ["0,1", "0,1"]
+    assert [p["torch_local_rank"] for p in two["processes"]] == ["0", "1"]
+    # More than the driver's 4 GPUs: cut to 4 with a warning, as the original does.
+    five = seen["gpu_cluster"]["torch_local_gpu_5"]["ok"]
+    assert five["num_processes"] == 4 and len(five["processes"]) == 4
+    assert {p["cuda_visible_devices"] for p in five["processes"]} == {"0,1,2,3"}
