@@ -190,6 +190,30 @@ def test_a_sigkilled_process_is_named_within_seconds_and_nothing_is_left(spark):
     assert wait_for_no_ranks() == []
 
 
+def _init_then_sleep(seconds: float, init: bool) -> str:
+    import time
+
+    import torch.distributed as dist
+
+    if init:
+        dist.init_process_group("gloo")
+    time.sleep(seconds)
+    return "done"
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+def test_the_start_timeout_ends_at_init_process_group(spark):
+    _needs_torch()
+    options = LaunchOptions(spark=spark, start_timeout_s=4)
+    distributor = TorchDistributor(num_processes=2, use_gpu=False, options=options)
+    # Past the start timeout, but after init_process_group(): the processes run on.
+    assert distributor.run(_init_then_sleep, 6, init=True) == "done"
+    with pytest.raises(RankFailed, match=r"did not reach torch.distributed.init_process_group\(\)"):
+        distributor.run(_init_then_sleep, 6, init=False)
+    assert wait_for_no_ranks() == []
+
+
 @pytest.mark.slow
 @pytest.mark.torch
 def test_with_max_restarts_a_killed_process_restarts_every_process_from_the_checkpoint(
