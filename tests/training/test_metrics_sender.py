@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from hvdflow.training.callbacks import EpochMetricsSender
+from hvdflow.training.metrics_sender import EpochMetricsSender
 
 
 class _Tracker:

@@ -1,0 +1,274 @@
+"""The PyTorch training function: the same ``TrainSpec`` and ``RankResult`` as
+``training.trainer``'s Keras one, with DistributedDataParallel over gloo (nccl on GPUs).
+
+Run by the launcher's ``torch`` engine (``HorovodRunner(np, options=LaunchOptions(engine=
+"torch"))``, or ``TorchDistributor``), which gives each rank torchrun's environment; without it
+(one process, the benchmark's baseline) it trains alone. What matches the Keras trainer, so that
+a run reads the same whichever framework trained it: each rank reads its shard of the Parquet
+dataset (pyarrow's reader), the batch and learning-rate rules (``training.optimizers``: scaling,
+warm-up, global batch), the epoch lines (``training.epoch_log``), rank 0's metrics to MLflow,
+the checkpoint after every epoch and the resume from it (``training.checkpoints``, the same
+store and ``latest.json``), the divergence and chance-level verdicts (``training.quality``).
+
+Not here yet: registering the model (a torch champion), the interval evaluations, and the
+pipeline's ``training.framework`` parameter that would choose this function.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+
+from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
+from hvdflow.training.checkpoints import CheckpointState, CheckpointStore, epoch_folder
+from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
+from hvdflow.training.optimizers import learning_rate_plan, rank_batch_size
+from hvdflow.training.quality import divergence, rejection
+from hvdflow.training.reader import load_shard, steps_per_epoch
+from hvdflow.training.result import RankResult
+from hvdflow.training.spec import TrainSpec
+from hvdflow.training.torch_models import build_torch_model, make_torch_optimizer, torch_images
+
+# What torch.save writes into a checkpoint folder (the store names the folder).
+_CHECKPOINT_FILE = "torch.pt"
+
+
+def train_classifier_torch(spec: TrainSpec) -> RankResult:
+    """Train ``spec`` on this rank with PyTorch; rank 0 logs its epochs (and to MLflow when
+    ``spec.tracking``) and writes the checkpoints. Returns what ``train_classifier`` returns."""
+    import torch  # noqa: PLC0415 (lazy: the driver imports this module to send the function)
+    import torch.distributed as dist  # noqa: PLC0415
+
+    distributed = spec.use_horovod and "WORLD_SIZE" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    size = dist.get_world_size() if distributed else 1
+    # The launcher sets OMP_NUM_THREADS to the rank's share of its host; alone, every core.
+    threads = spec.threads or int(os.environ.get("OMP_NUM_THREADS") or 0)
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    data = spec.data
+    batch = rank_batch_size(spec.batch_size, size, spec.global_batch)
+    steps = steps_per_epoch(data.train_rows, size, batch)
+    opt = spec.optimizer
+    plan = learning_rate_plan(
+        opt.name,
+        opt.learning_rate,
+        size,
+        opt.lr_scaling,
+        opt.warmup_epochs,
+        steps,
+        spec.global_batch,
+    )
+    if rank == 0:
+        log_to_driver(
+            f"batch: {batch * size} = {size} rank(s) x {batch}; learning rate: "
+            f"{plan.describe()}; PyTorch {torch.__version__}"
+        )
+    model = build_torch_model(spec.model_name, data.input_shape, data.num_classes, seed=spec.seed)
+    optimizer = make_torch_optimizer(opt.name, model.parameters(), plan.base)
+    checkpoints, resumed = _resume(spec, model, optimizer, rank)
+    network = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+
+    images, labels = load_shard(data.train_url, rank=rank, size=size, reader="pyarrow")
+    train_x, train_y = torch_images(images), torch.from_numpy(labels.astype(np.int64))
+    val_x = val_y = None
+    if data.val_rows:
+        images, labels = load_shard(data.val_url, rank=rank, size=size, reader="pyarrow")
+        val_x, val_y = torch_images(images), torch.from_numpy(labels.astype(np.int64))
+
+    history = {k: list(v) for k, v in (resumed.history if resumed else {}).items()}
+    epoch_times = list(resumed.epoch_times) if resumed else []
+    first = min(resumed.epoch if resumed else 0, spec.epochs)
+    metrics = _metrics_sender(spec) if rank == 0 else None
+    stopped = None
+    started = time.perf_counter()
+    for epoch in range(first, spec.epochs):
+        if rank == 0:
+            log_to_driver(epoch_started_line(epoch + 1, spec.epochs))
+        began = time.perf_counter()
+        logs = _train_epoch(
+            network, optimizer, plan, train_x, train_y, epoch, steps, batch, spec.seed + rank
+        )
+        if val_x is not None:
+            logs.update(_evaluate(network, val_x, val_y))
+        logs = _summed_over_ranks(logs, distributed)
+        took = time.perf_counter() - began
+        logs["lr"] = plan.at_step((epoch + 1) * steps - 1)
+        logs["epoch_time_s"] = took
+        for key, value in logs.items():
+            history.setdefault(key, []).append(value)
+        epoch_times.append(took)
+        if rank == 0:
+            log_to_driver(epoch_done_line(epoch + 1, spec.epochs, took, logs))
+            if metrics is not None:
+                metrics.put(epoch, logs)
+            if checkpoints is not None:
+                _save(checkpoints, model, optimizer, epoch + 1, history, epoch_times)
+        if distributed:
+            dist.barrier()  # no rank begins an epoch its checkpoint does not cover yet
+        stopped = divergence(epoch + 1, logs, data.num_classes, plan.describe())
+        if stopped:
+            if rank == 0:
+                log_to_driver(f"stopping: {stopped}")
+            break
+    train_s = time.perf_counter() - started
+    report_progress(0, 0, watch=False)
+    if metrics is not None:
+        metrics.close(flush_s=60.0)
+    if distributed:
+        dist.destroy_process_group()
+
+    rejected = None
+    if spec.chance_margin is not None:
+        rejected = rejection(history, data.num_classes, spec.chance_margin, plan.describe())
+    if rank == 0 and rejected:
+        log_to_driver(f"not registering the model: {rejected}")
+    return RankResult(
+        size=size,
+        history={key: tuple(values) for key, values in history.items()},
+        epoch_times=tuple(epoch_times),
+        train_seconds=train_s,
+        steps_per_epoch=steps,
+        images_per_epoch=steps * batch * size,
+        resumed_from_epoch=resumed.epoch if resumed else 0,
+        scaled_learning_rate=plan.target,
+        warmup_steps=plan.warmup_steps,
+        stopped=stopped,
+        rejected=rejected,
+    )
+
+
+def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: int, seed: int):
+    """One epoch of ``steps`` batches from this rank's shard, in an order seeded by the epoch;
+    the sums of loss and correct predictions over the images trained, and their count."""
+    import torch  # noqa: PLC0415
+
+    network.train()
+    order = np.random.default_rng((seed, epoch)).permutation(len(y))
+    # A shard a little smaller than the average still gives every rank the same steps.
+    order = np.resize(order, steps * batch)
+    loss_sum, correct = 0.0, 0
+    for step in range(steps):
+        rows = torch.from_numpy(order[step * batch : (step + 1) * batch])
+        images, labels = x[rows], y[rows]
+        for group in optimizer.param_groups:
+            group["lr"] = plan.at_step(epoch * steps + step)
+        report_progress(epoch * steps + step + 1, epoch * steps + step)
+        optimizer.zero_grad(set_to_none=True)
+        logits = network(images)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        report_progress(epoch * steps + step + 1, epoch * steps + step + 1)
+        loss_sum += float(loss.detach()) * len(labels)
+        correct += int((logits.detach().argmax(1) == labels).sum())
+    return {"loss": loss_sum, "accuracy": float(correct), "count": float(steps * batch)}
+
+
+def _evaluate(network, x, y, batch: int = 1024) -> dict[str, float]:
+    """Sums of loss and correct predictions over this rank's whole validation shard."""
+    import torch  # noqa: PLC0415
+
+    network.eval()
+    loss_sum, correct = 0.0, 0
+    module = getattr(network, "module", network)  # no gradient sync to wait for here
+    with torch.no_grad():
+        for start in range(0, len(y), batch):
+            logits = module(x[start : start + batch])
+            labels = y[start : start + batch]
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+            correct += int((logits.argmax(1) == labels).sum())
+    return {"val_loss": loss_sum, "val_accuracy": float(correct), "val_count": float(len(y))}
+
+
+def _summed_over_ranks(sums: dict[str, float], distributed: bool) -> dict[str, float]:
+    """The epoch's metrics over every rank's images: the sums added up, then divided."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    keys = sorted(sums)
+    values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(values)
+    total = dict(zip(keys, values.tolist(), strict=True))
+    logs = {
+        "loss": total["loss"] / total["count"],
+        "accuracy": total["accuracy"] / total["count"],
+    }
+    if "val_count" in total and total["val_count"]:
+        logs["val_loss"] = total["val_loss"] / total["val_count"]
+        logs["val_accuracy"] = total["val_accuracy"] / total["val_count"]
+    if not math.isfinite(logs["loss"]):
+        logs["loss"] = float("nan")
+    return logs
+
+
+def _metrics_sender(spec: TrainSpec):
+    """Rank 0's epoch metrics to the tracking run, as the Keras trainer's callback sends them."""
+    if not spec.tracking:
+        return None
+    import mlflow  # noqa: PLC0415 (lazy: only a tracked run needs it)
+
+    from hvdflow.training.metrics_sender import EpochMetricsSender  # noqa: PLC0415
+
+    # Explicit: the driver's mlflow.set_tracking_uri() does not reach this process.
+    if spec.tracking.tracking_uri:
+        mlflow.set_tracking_uri(spec.tracking.tracking_uri)
+    return EpochMetricsSender(spec.tracking.run_id)
+
+
+class _TorchCheckpoint:
+    """The model and optimizer as ``CheckpointStore`` writes and reads a checkpoint: a file
+    prefix to write to and read from (a ``tf.train.Checkpoint``'s contract, minus TensorFlow)."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def write(self, prefix: str) -> None:
+        import torch  # noqa: PLC0415
+
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        torch.save(state, os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE))
+
+    def read(self, prefix: str):
+        import torch  # noqa: PLC0415
+
+        state = torch.load(os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        return self
+
+    def expect_partial(self) -> None:
+        """Everything saved is restored: nothing to excuse."""
+
+
+def _resume(spec: TrainSpec, model, optimizer, rank: int):
+    """The checkpoint store and the checkpoint resumed from (None, None where checkpoints are
+    off): every rank loads it, so they start equal."""
+    if not spec.checkpoint_url:
+        return None, None
+    checkpoints = CheckpointStore(spec.checkpoint_url, keep=spec.checkpoint_keep)
+    resumed = checkpoints.latest()
+    if resumed is not None:
+        checkpoints.restore(_TorchCheckpoint(model, optimizer), resumed)
+        checkpoints.close()
+        if rank == 0:
+            log_to_driver(
+                f"resuming after epoch {resumed.epoch} from the checkpoint at "
+                f"{checkpoints.url}/{resumed.folder}"
+            )
+    return checkpoints, resumed
+
+
+def _save(checkpoints, model, optimizer, epochs_done: int, history, epoch_times) -> None:
+    state = CheckpointState(
+        epoch=epochs_done,
+        folder=epoch_folder(epochs_done),
+        history={k: list(v) for k, v in history.items()},
+        epoch_times=list(epoch_times),
+    )
+    checkpoints.save(_TorchCheckpoint(model, optimizer), state)
