@@ -30,10 +30,10 @@ BATCH = 64
 def train(epochs: int = 4, die_in_epoch: int | None = None, marks: str | None = None) -> dict:
     """DDP training as a pyspark TorchDistributor user writes it (init from the environment)."""
     # In the function, as its users write it: it runs in the training processes only.
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
-    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: PLC0415
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

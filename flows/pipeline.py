@@ -37,7 +37,8 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
         data = params.data.preprocess_config(ranks=params.launcher.np)
         dataset = preprocessed(data, master, storage)
         weights = None
-        if params.training.weights_source:
+        # Staged weights are Keras files; a PyTorch model trains from its seeded start.
+        if params.training.weights_source and params.training.framework == "tensorflow":
             # A reference (env:NAME, secret:block-name) is resolved inside the task, on the driver.
             weights = stage_weights_for(
                 params.training.model, params.training.weights_source, dataset, storage

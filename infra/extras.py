@@ -32,6 +32,11 @@ HOROVOD = Extra(
 )
 PETASTORM = Extra("petastorm", "pip install 'hvdflow[petastorm]' (it needs pyarrow < 15)")
 ADDONS = Extra("tensorflow_addons", "pip install 'hvdflow[addons]' (TensorFlow 2.15 only)")
+TORCH = Extra(
+    "torch",
+    "pip install 'hvdflow[torch]' (not beside hvdflow[petastorm]; on a CPU machine, PyTorch's CPU "
+    "build: --index-url https://download.pytorch.org/whl/cpu)",
+)
 
 
 def installed(extra: Extra) -> bool:

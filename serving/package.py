@@ -1,4 +1,5 @@
-"""Packing a trained Keras network into the registered model a consumer can use alone.
+"""Packing a trained network (Keras, or PyTorch as TorchScript) into the registered model a
+consumer can use alone.
 
 ``log_classifier`` logs an ``ImageClassifier`` pyfunc (``hvdflow.serving.classifier``): the
 network as a ``.keras`` file, the class names and the input shape inside the model, the
@@ -86,33 +87,76 @@ def png_bytes(prepared: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def torch_requirements() -> list[str]:
+    """What a PyTorch classifier imports, pinned as installed here: one torch, no TensorFlow."""
+    return [*(f"{name}=={distribution(name).version}" for name in REQUIRED), torch_requirement()]
+
+
+def torch_requirement() -> str:
+    return f"torch=={distribution('torch').version}"
+
+
+def log_torch_classifier(
+    scripted_path: str, input_shape, labels, example: np.ndarray, registered_model_name=None
+):
+    """Log a TorchScript network (the file at ``scripted_path``) as a TorchImageClassifier to
+    the active MLflow run, as ``log_classifier`` logs a Keras one. Returns MLflow's ModelInfo."""
+    from hvdflow.serving import torch_classifier  # noqa: PLC0415 (it names torch's artifact)
+
+    shape = tuple(int(d) for d in input_shape)
+    python_model = torch_classifier.TorchImageClassifier(labels, shape)
+    return _log(
+        python_model,
+        {torch_classifier.TORCHSCRIPT_ARTIFACT: scripted_path},
+        example,
+        torch_requirements(),
+        shape,
+        labels,
+        registered_model_name,
+        (images, classifier, torch_classifier),
+    )
+
+
+def _log(python_model, artifacts, example, pip_requirements, shape, labels, name, modules):
+    import mlflow
+    import pandas as pd
+
+    input_example = pd.DataFrame({"image": [png_bytes(example[0])]})
+    # By value: the consumer's environment has no hvdflow to import these modules from.
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return mlflow.pyfunc.log_model(
+            name="model",
+            python_model=python_model,
+            artifacts=artifacts,
+            signature=signature(),
+            input_example=input_example,
+            pip_requirements=pip_requirements,
+            metadata={METADATA_KEY: {"input_shape": list(shape), "labels": list(labels)}},
+            registered_model_name=name,
+        )
+    finally:
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
 def log_classifier(network, labels, example: np.ndarray, registered_model_name=None):
     """Log ``network`` (Keras, uncompiled) as an ImageClassifier to the active MLflow run;
     ``example`` is a prepared input batch, whose first image becomes the input example.
     Returns MLflow's ModelInfo."""
-    import mlflow
-    import pandas as pd
-
     shape = tuple(int(d) for d in network.input_shape[1:])
     python_model = classifier.ImageClassifier(labels, shape)
-    input_example = pd.DataFrame({"image": [png_bytes(example[0])]})
     with tempfile.TemporaryDirectory(prefix="hvdflow-model-") as scratch:
         path = os.path.join(scratch, "network.keras")
         network.save(path)
-        # By value: the consumer's environment has no hvdflow to import these modules from.
-        for module in (images, classifier):
-            cloudpickle.register_pickle_by_value(module)
-        try:
-            return mlflow.pyfunc.log_model(
-                name="model",
-                python_model=python_model,
-                artifacts={classifier.KERAS_ARTIFACT: path},
-                signature=signature(),
-                input_example=input_example,
-                pip_requirements=requirements(),
-                metadata={METADATA_KEY: {"input_shape": list(shape), "labels": list(labels)}},
-                registered_model_name=registered_model_name,
-            )
-        finally:
-            for module in (classifier, images):
-                cloudpickle.unregister_pickle_by_value(module)
+        return _log(
+            python_model,
+            {classifier.KERAS_ARTIFACT: path},
+            example,
+            requirements(),
+            shape,
+            labels,
+            registered_model_name,
+            (images, classifier),
+        )

@@ -65,6 +65,12 @@ class TrainingParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     model: str = "digits_mlp"
+    framework: Literal["tensorflow", "torch"] = Field(
+        default="tensorflow",
+        description="what trains the model: 'tensorflow' (Keras, on launcher.engine) or "
+        "'torch' (PyTorch DistributedDataParallel on the launcher's torch engine, "
+        "hvdflow[torch]; digits_mlp and mnist_cnn)",
+    )
     epochs: int = Field(default=3, ge=1)
     batch_size: int = Field(
         default=32,
@@ -185,6 +191,31 @@ class TrainingParams(BaseModel):
         if data.get("global_batch") is None:
             data["global_batch"] = defaults.global_batch
         return data
+
+    @model_validator(mode="after")
+    def _torch_can_train_it(self) -> TrainingParams:
+        if self.framework != "torch":
+            return self
+        extras.require(extras.TORCH, "training.framework='torch'", "framework='tensorflow'")
+        from hvdflow.training.torch_models import TORCH_MODELS  # noqa: PLC0415 (no torch import)
+
+        if self.model not in TORCH_MODELS:
+            raise ValueError(
+                f"training.framework='torch' with model {self.model!r}: PyTorch trains "
+                f"{' or '.join(TORCH_MODELS)}; train {self.model} with framework 'tensorflow'"
+            )
+        unsupported = {
+            "mixed_precision": self.mixed_precision,
+            "eval_every": self.eval_every,
+            "profile_batches": self.profile_batches != (0, 0),
+        }
+        for name, asked in unsupported.items():
+            if asked:
+                raise ValueError(
+                    f"training.{name} is TensorFlow's only: leave it at its default with "
+                    "training.framework='torch'"
+                )
+        return self
 
     @field_validator("model")
     @classmethod

@@ -68,6 +68,7 @@ SERIAL_GROUPS = {
 # 40 CPU-s). `_check_module_fixtures` keeps this list complete.
 MODULE_UNITS = (
     "tests/flows/test_score.py",
+    "tests/flows/test_torch_champion.py",
     "tests/tasks/score/test_job.py",
     "tests/tasks/weights/test_stage.py",
     "tests/training/test_scaling.py",

@@ -57,6 +57,8 @@ class TrainSpec:
 
     data: DataSpec
     model_name: str
+    # "tensorflow" (training.trainer) or "torch" (training.torch_trainer)
+    framework: str = "tensorflow"
     epochs: int = 2
     batch_size: int = 32  # per rank; with global_batch, of all ranks together
     # True: batch_size is the global batch, split among the ranks, and the learning rate stays

@@ -18,7 +18,7 @@ TORCH_MODELS = ("digits_mlp", "mnist_cnn")
 
 def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None = None):
     """An initialised ``torch.nn.Module``; ``seed`` makes its initial weights reproducible."""
-    import torch  # noqa: PLC0415 (lazy: the driver imports this module without torch)
+    import torch
 
     key = name.lower()
     if key not in TORCH_MODELS:
@@ -58,7 +58,7 @@ def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None
 def torch_images(images):
     """Stored images (uint8 ``(n, height, width)`` or ``(n, height, width, channels)``) as the
     models take them: float32 in [0, 1], ``(n, channels, height, width)``."""
-    import torch  # noqa: PLC0415
+    import torch
 
     tensor = torch.from_numpy(images).float().div_(255.0)
     if tensor.dim() == 3:
@@ -69,7 +69,7 @@ def torch_images(images):
 def make_torch_optimizer(name: str, parameters, learning_rate: float):
     """The optimizer ``training.optimizers.make_optimizer`` makes in Keras, in torch, with
     Keras' defaults where torch's differ (Adam's epsilon)."""
-    import torch  # noqa: PLC0415
+    import torch
 
     key = name.lower()
     if key == "adam":

@@ -10,21 +10,26 @@ warm-up, global batch), the epoch lines (``training.epoch_log``), rank 0's metri
 the checkpoint after every epoch and the resume from it (``training.checkpoints``, the same
 store and ``latest.json``), the divergence and chance-level verdicts (``training.quality``).
 
-Not here yet: registering the model (a torch champion), the interval evaluations, and the
-pipeline's ``training.framework`` parameter that would choose this function.
+Rank 0 registers the model as ``serving.torch_classifier.TorchImageClassifier`` (TorchScript
+inside, the same pyfunc interface as the Keras champion). Not here: the interval evaluations
+(``training.eval_every``), mixed precision and the profiler, which the parameters refuse with
+framework 'torch'.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 
 import numpy as np
 
 from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
+from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.checkpoints import CheckpointState, CheckpointStore, epoch_folder
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
+from hvdflow.training.models import model_input_shape
 from hvdflow.training.optimizers import learning_rate_plan, rank_batch_size
 from hvdflow.training.quality import divergence, rejection
 from hvdflow.training.reader import load_shard, steps_per_epoch
@@ -39,8 +44,8 @@ _CHECKPOINT_FILE = "torch.pt"
 def train_classifier_torch(spec: TrainSpec) -> RankResult:
     """Train ``spec`` on this rank with PyTorch; rank 0 logs its epochs (and to MLflow when
     ``spec.tracking``) and writes the checkpoints. Returns what ``train_classifier`` returns."""
-    import torch  # noqa: PLC0415 (lazy: the driver imports this module to send the function)
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch
+    import torch.distributed as dist
 
     distributed = spec.use_horovod and "WORLD_SIZE" in os.environ
     if distributed:
@@ -125,8 +130,15 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
     rejected = None
     if spec.chance_margin is not None:
         rejected = rejection(history, data.num_classes, spec.chance_margin, plan.describe())
+    version, evaluation = None, None
     if rank == 0 and rejected:
         log_to_driver(f"not registering the model: {rejected}")
+    if rank == 0 and spec.tracking and spec.tracking.registered_model_name and not rejected:
+        import mlflow
+
+        wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
+        example = (val_x if val_x is not None else train_x)[:4].permute(0, 2, 3, 1).numpy()
+        version, evaluation = _log_model(model, example, spec)
     return RankResult(
         size=size,
         history={key: tuple(values) for key, values in history.items()},
@@ -139,13 +151,47 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
         warmup_steps=plan.warmup_steps,
         stopped=stopped,
         rejected=rejected,
+        model_version=version,
+        evaluation=evaluation,
     )
+
+
+def _log_model(model, example: np.ndarray, spec: TrainSpec) -> tuple[str | None, dict | None]:
+    """Log and register the TorchImageClassifier of ``model`` (as TorchScript, so consumers
+    need no hvdflow code); evaluate it on the validation split. As ``trainer._log_model``."""
+    import mlflow
+    import torch
+
+    from hvdflow.serving.package import log_torch_classifier  # noqa: PLC0415 (lazy: MLflow)
+    from hvdflow.serving.torch_classifier import TorchImageClassifier  # noqa: PLC0415
+    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: MLflow)
+
+    model.eval()
+    labels = spec.data.labels or tuple(str(i) for i in range(spec.data.num_classes))
+    shape = model_input_shape(spec.data.input_shape)
+    with tempfile.TemporaryDirectory(prefix="hvdflow-model-") as scratch:
+        path = f"{scratch}/network.pt"
+        scripted = torch.jit.script(model)
+        scripted.save(path)
+        with mlflow.start_run(run_id=spec.tracking.run_id):
+            info = log_torch_classifier(
+                path, shape, labels, example, spec.tracking.registered_model_name
+            )
+            classifier = TorchImageClassifier(labels, shape)
+            classifier.network = scripted
+            try:
+                evaluation = evaluate_logged(info, classifier, spec.data.val_url, "pyarrow")
+            except Exception as e:  # a report about a registered model: never undoes it
+                log_to_driver(f"mlflow.models.evaluate failed, the model stays registered: {e!r}")
+                evaluation = None
+    version = getattr(info, "registered_model_version", None)
+    return (str(version) if version is not None else None), evaluation
 
 
 def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: int, seed: int):
     """One epoch of ``steps`` batches from this rank's shard, in an order seeded by the epoch;
     the sums of loss and correct predictions over the images trained, and their count."""
-    import torch  # noqa: PLC0415
+    import torch
 
     network.train()
     order = np.random.default_rng((seed, epoch)).permutation(len(y))
@@ -171,7 +217,7 @@ def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: 
 
 def _evaluate(network, x, y, batch: int = 1024) -> dict[str, float]:
     """Sums of loss and correct predictions over this rank's whole validation shard."""
-    import torch  # noqa: PLC0415
+    import torch
 
     network.eval()
     loss_sum, correct = 0.0, 0
@@ -187,8 +233,8 @@ def _evaluate(network, x, y, batch: int = 1024) -> dict[str, float]:
 
 def _summed_over_ranks(sums: dict[str, float], distributed: bool) -> dict[str, float]:
     """The epoch's metrics over every rank's images: the sums added up, then divided."""
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch
+    import torch.distributed as dist
 
     keys = sorted(sums)
     values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
@@ -229,13 +275,13 @@ class _TorchCheckpoint:
         self.model, self.optimizer = model, optimizer
 
     def write(self, prefix: str) -> None:
-        import torch  # noqa: PLC0415
+        import torch
 
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         torch.save(state, os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE))
 
     def read(self, prefix: str):
-        import torch  # noqa: PLC0415
+        import torch
 
         state = torch.load(os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE))
         self.model.load_state_dict(state["model"])

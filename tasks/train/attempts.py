@@ -21,6 +21,7 @@ from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
+from hvdflow.training.torch_trainer import train_classifier_torch
 from hvdflow.training.trainer import train_classifier
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class Attempts:
                     start_timeout_s=launcher.start_timeout_s,
                     heartbeat_timeout_s=launcher.heartbeat_timeout_s,
                     stall_timeout_s=launcher.stall_timeout_s,
-                    engine=launcher.engine,
+                    engine=spec.engine,
                     # Each attempt's log of its own: a retry must not append to the one that
                     # failed.
                     log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
@@ -83,7 +84,7 @@ class Attempts:
             )
             started = time.perf_counter()
             try:
-                return runner.run(train_classifier, spec=spec)
+                return runner.run(training_function(spec), spec=spec)
             except Exception as e:
                 if not may_retry(e, self.count, launcher.retries):
                     raise
@@ -180,3 +181,8 @@ def _tee(*consumers):
             consumer(line)
 
     return consume
+
+
+def training_function(spec: TrainSpec):
+    """The function every rank runs: the Keras trainer, or the PyTorch one."""
+    return train_classifier_torch if spec.framework == "torch" else train_classifier

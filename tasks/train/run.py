@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 import hvdflow
+from hvdflow.infra.constants import TORCH
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import TRACKER_WAIT_S, check_reachable, wait_until_reachable
@@ -169,9 +170,14 @@ def _run_spec(
         tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),
         checkpoint_url=checkpoint_url,
         checkpoint_keep=training.checkpoint_keep,
-        engine=launcher.engine,
+        engine=training_engine(config),
         fp16_compression=launcher.horovod.fp16_compression,
     )
+
+
+def training_engine(config: TrainConfig) -> str:
+    """What synchronises the ranks: the launcher's engine, or torch's for a PyTorch training."""
+    return TORCH if config.training.framework == "torch" else config.launcher.engine
 
 
 def _log_metrics(
@@ -244,7 +250,7 @@ def _publish(
         dataset_fingerprint=dataset.fingerprint,
         # What really trained: fewer ranks than np after an elastic resume.
         np=result.size if launcher.np > 0 else launcher.np,
-        engine=getattr(launcher, "engine", model_card.DEFAULT_ENGINE),
+        engine=training_engine(config),
         flow_run_url=model_card.flow_run_url(flow_run_id),
         flow_run_id=flow_run_id,
         run_id=run_id,
@@ -272,6 +278,7 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
             labels=dataset.class_names,
         ),
         model_name=training.model,
+        framework=training.framework,
         epochs=training.epochs,
         batch_size=training.batch_size,
         global_batch=bool(training.global_batch),
@@ -303,8 +310,9 @@ def _params(config: TrainConfig, dataset, weights) -> dict:
     )
     params = {
         "model": training.model,
+        "framework": training.framework,
         "np": launcher.np,
-        "engine": launcher.engine,
+        "engine": training_engine(config),
         "mixed_precision": training.mixed_precision,
         "epochs": training.epochs,
         "batch_size": training.batch_size,
