@@ -91,6 +91,7 @@ PIPELINE_FLAGS = {
     "spark_master": "launcher.spark_master",
     "epochs": "training.epochs",
     "model": "training.model",
+    "framework": "training.framework",
     "input": "data.input",
     "input_format": "data.input_format",
     "output": "data.output",

@@ -145,6 +145,11 @@ def _pipeline_command(
     command.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
     command.add_argument("--output", help="dataset root: a path or s3://bucket/prefix")
     command.add_argument("--model", help="digits_mlp, mnist_cnn, vgg16, inceptionv3")
+    command.add_argument(
+        "--framework",
+        choices=["tensorflow", "torch"],
+        help="what trains the model (default tensorflow; torch needs hvdflow[torch])",
+    )
     command.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
     command.add_argument(
         "--params",

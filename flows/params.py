@@ -138,6 +138,16 @@ class BenchParams(BaseModel):
             return {**defaults, **value}
         return value
 
+    @field_validator("training")
+    @classmethod
+    def _tensorflow_study(cls, training: TrainingParams) -> TrainingParams:
+        if training.framework != "tensorflow":
+            raise ValueError(
+                "the study's conditions train with TensorFlow: leave training.framework at "
+                "'tensorflow' (python -m hvdflow.bench.torch_engine measures the PyTorch trainer)"
+            )
+        return training
+
     @field_validator("conditions")
     @classmethod
     def _valid_conditions(cls, conditions: list[str]) -> list[str]:

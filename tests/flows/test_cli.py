@@ -158,7 +158,7 @@ def test_two_runs_started_together_on_a_cold_home_both_finish_and_a_third_works(
         (
             ["run", "--params", '{"training": {"optimiser": "sgd"}}'],
             "hvdflow run: invalid parameter training.optimiser='sgd': no such parameter; expected "
-            "one of: model, epochs, batch_size, global_batch, optimizer, learning_rate, "
+            "one of: model, framework, epochs, batch_size, global_batch, optimizer, learning_rate, "
             "lr_scaling, warmup_epochs, chance_margin, eval_every, eval_images, seed, "
             "checkpoints, checkpoint_keep, in_memory_max_mb, reader, mixed_precision, "
             "profile_batches, weights_source",

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from hvdflow.flows.benchmark import BenchParams
 from hvdflow.flows.pipeline import PipelineParams
+from hvdflow.infra import extras
 from hvdflow.tasks.config import DataParams, LauncherParams, TrackingParams, TrainingParams
 
 pytestmark = pytest.mark.unit
@@ -212,3 +213,21 @@ def test_a_rejected_literal_is_never_repeated_as_given():
     ):
         message = error_of(model, **values)
         assert "hunter2" not in message and "tok3n" not in message, message
+
+
+def test_framework_torch_where_torch_is_absent_says_what_to_install():
+    if extras.installed(extras.TORCH):
+        pytest.skip("torch is installed here (the torch profile)")
+    with pytest.raises(extras.MissingExtra, match=r"pip install 'hvdflow\[torch\]'"):
+        TrainingParams(framework="torch")
+
+
+def test_framework_torch_refuses_what_only_tensorflow_does():
+    if not extras.installed(extras.TORCH):
+        pytest.skip("torch is not installed here (make test-torch checks this)")
+    assert TrainingParams(framework="torch", model="mnist_cnn").global_batch  # the recipe's
+    with pytest.raises(ValidationError, match="PyTorch trains digits_mlp or mnist_cnn"):
+        TrainingParams(framework="torch", model="vgg16")
+    for name, value in (("mixed_precision", True), ("eval_every", 0.1)):
+        with pytest.raises(ValidationError, match=f"training.{name} is TensorFlow's only"):
+            TrainingParams(framework="torch", **{name: value})

@@ -102,6 +102,17 @@ def test_launch_options_accept_the_torch_engine():
         LaunchOptions(engine="mpi")
 
 
+def on_cpu_tasks(spark, **arguments) -> TorchDistributor:
+    """Two processes as two barrier tasks of the session's local[2], GPUs hidden."""
+    return TorchDistributor(
+        num_processes=2,
+        local_mode=False,
+        use_gpu=False,
+        options=LaunchOptions(spark=spark),
+        **arguments,
+    )
+
+
 def _needs_torch():
     pytest.importorskip("torch", reason="torch is in the torch profile (make test-torch)")
 
@@ -110,9 +121,7 @@ def _needs_torch():
 @pytest.mark.torch
 def test_a_ddp_function_trains_on_two_barrier_tasks_and_ends_with_identical_weights(spark):
     _needs_torch()
-    distributor = TorchDistributor(
-        num_processes=2, local_mode=False, use_gpu=False, options=LaunchOptions(spark=spark)
-    )
+    distributor = on_cpu_tasks(spark)
     assert distributor.num_tasks == 2
     result = distributor.run(torch_example.train, 3, learning_rate=0.1)  # args and kwargs
     first = distributor.log_path
@@ -159,9 +168,7 @@ def test_local_mode_runs_the_processes_on_the_driver_as_one_node(spark):
 def test_a_script_runs_with_its_arguments_in_every_process_and_returns_none(spark, tmp_path):
     _needs_torch()
     out = tmp_path / "result"
-    distributor = TorchDistributor(
-        num_processes=2, local_mode=False, use_gpu=False, options=LaunchOptions(spark=spark)
-    )
+    distributor = on_cpu_tasks(spark)
     assert distributor.run(str(EXAMPLE), "--epochs", 1, f"--out={out}") is None
     written = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]
     assert written[0]["checksums"] == written[1]["checksums"]
@@ -175,9 +182,7 @@ def test_a_script_runs_with_its_arguments_in_every_process_and_returns_none(spar
 @pytest.mark.torch
 def test_a_sigkilled_process_is_named_within_seconds_and_nothing_is_left(spark):
     _needs_torch()
-    distributor = TorchDistributor(
-        num_processes=2, local_mode=False, use_gpu=False, options=LaunchOptions(spark=spark)
-    )
+    distributor = on_cpu_tasks(spark)
     with pytest.raises(RankFailed) as failure:
         distributor.run(torch_example.train, epochs=50, die_in_epoch=1)
     message = str(failure.value)
@@ -220,13 +225,7 @@ def test_with_max_restarts_a_killed_process_restarts_every_process_from_the_chec
     spark, tmp_path, capfd
 ):
     _needs_torch()
-    distributor = TorchDistributor(
-        num_processes=2,
-        local_mode=False,
-        use_gpu=False,
-        max_restarts=1,
-        options=LaunchOptions(spark=spark),
-    )
+    distributor = on_cpu_tasks(spark, max_restarts=1)
     result = distributor.run(
         torch_example.train, epochs=3, die_in_epoch=1, checkpoint=str(tmp_path / "ckpt.pt")
     )
