@@ -18,14 +18,14 @@ TORCH_MODELS = ("digits_mlp", "mnist_cnn")
 
 def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None = None):
     """An initialised ``torch.nn.Module``; ``seed`` makes its initial weights reproducible."""
-    import torch
-
     key = name.lower()
     if key not in TORCH_MODELS:
         raise ValueError(
             f"model {name!r} has no PyTorch version: training.framework 'torch' trains "
             f"{' or '.join(TORCH_MODELS)}; the others train with framework 'tensorflow'"
         )
+    import torch
+
     height, width, channels = model_input_shape(input_shape)
     if seed is not None:
         torch.manual_seed(seed)
