@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 # ``images_per_s`` that includes launching the ranks and the first epoch's warm-up.
 STEADY_METRIC = "steady_images_per_s"
 DEFAULT_ENGINE = HOROVOD
+# The orchestrators whose runs train versions, and what the card calls such a run.
+PREFECT, AIRFLOW = "prefect", "airflow"
+RUN_KINDS = {PREFECT: "Prefect flow run", AIRFLOW: "Airflow DAG run"}
 
 
 def steady_images_per_s(images_per_epoch: float, epoch_times: Sequence[float]) -> float | None:
@@ -54,6 +57,7 @@ def version_card(
     engine: str = DEFAULT_ENGINE,
     flow_run_url: str | None = None,
     flow_run_id: str | None = None,
+    orchestrator: str = PREFECT,
     run_id: str | None = None,
     steady_images_per_s: float | None = None,
     val_accuracy: float | None = None,
@@ -68,10 +72,11 @@ def version_card(
         f"- np: {np} ({ranks})",
         f"- engine: {engine}",
     ]
+    kind = RUN_KINDS[orchestrator]
     if flow_run_url:
-        lines.append(f"- Prefect flow run: [{flow_run_id or flow_run_url}]({flow_run_url})")
+        lines.append(f"- {kind}: [{flow_run_id or flow_run_url}]({flow_run_url})")
     elif flow_run_id:
-        lines.append(f"- Prefect flow run: `{flow_run_id}`")
+        lines.append(f"- {kind}: `{flow_run_id}`")
     if run_id:
         lines.append(f"- MLflow run: `{run_id}`")
     if val_accuracy is not None:
@@ -94,6 +99,7 @@ def version_tags(
     engine: str = DEFAULT_ENGINE,
     dataset: str | None = None,
     flow_run_id: str | None = None,
+    orchestrator: str = PREFECT,
     run_id: str | None = None,
     val_accuracy: float | None = None,
     code_version: str | None = None,
@@ -108,6 +114,8 @@ def version_tags(
         "np": str(np),
         "engine": engine,
         "flow_run_id": flow_run_id,
+        # Which orchestrator's run flow_run_id names (a Prefect flow run, an Airflow DAG run).
+        "orchestrator": orchestrator if flow_run_id else None,
         "run_id": run_id,
         "val_accuracy": f"{val_accuracy:.6f}" if val_accuracy is not None else None,
         "code_version": code_version,
@@ -141,7 +149,7 @@ def describe_version(
     """
     if version is None:
         return None
-    card_fields = ("flow_run_id", "run_id", "steady_images_per_s", "val_accuracy")
+    card_fields = ("flow_run_id", "orchestrator", "run_id", "steady_images_per_s", "val_accuracy")
     text = version_card(
         dataset_fingerprint=dataset_fingerprint,
         np=np,

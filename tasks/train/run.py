@@ -31,7 +31,12 @@ from hvdflow.tasks.train.resume import (
     checkpoint_url_for,
     run_to_resume,
 )
-from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG, REJECTED_TAG
+from hvdflow.tasks.train.tags import (
+    ATTEMPTS_TAG,
+    FLOW_RUN_TAG,
+    ORCHESTRATOR_TAG,
+    REJECTED_TAG,
+)
 from hvdflow.training.optimizers import rank_batch_size, resolve_scaling, scaled_learning_rate
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
@@ -71,6 +76,8 @@ def train_and_track(
     log_dir: str | None = None,
     on_log_line=None,
     flow_run_id: str | None = None,
+    orchestrator: str = model_card.PREFECT,
+    flow_run_url: str | None = None,
 ) -> TrainResult:
     """Train on ``dataset`` (a DatasetManifest) with ``config.launcher.np`` ranks; track it.
 
@@ -78,12 +85,16 @@ def train_and_track(
     ``launcher.retries`` times, resuming from its last checkpoint in the same MLflow run. The run
     continued is ``tracking.resume``'s, else the failed run of this Prefect flow run (a flow run
     retried from the UI), else a new one.
+
+    ``flow_run_id``: the orchestrator's run that trains (``orchestrator``: ``"prefect"`` or
+    ``"airflow"``), tagged on the MLflow run and the registered version; ``flow_run_url``, its
+    page (a Prefect flow run's is found from Prefect's settings).
     """
     import mlflow
 
     training, launcher, tracking = config.training, config.launcher, config.tracking
     experiment, resume_id = _experiment_and_run_to_resume(tracking, tracking_uri, flow_run_id)
-    tags = {FLOW_RUN_TAG: flow_run_id} if flow_run_id else None
+    tags = {FLOW_RUN_TAG: flow_run_id, ORCHESTRATOR_TAG: orchestrator} if flow_run_id else None
     with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
         run_id = run.info.run_id
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
@@ -102,7 +113,14 @@ def train_and_track(
         if result.rejected:
             # Raised inside the run: MLflow ends it as FAILED.
             raise _rejection(run_id, result)
-        aliases = _publish(config, dataset, result, tracking_uri, run_id, flow_run_id)
+        aliases = _publish(
+            config,
+            dataset,
+            result,
+            tracking_uri,
+            run_id,
+            (flow_run_id, orchestrator, flow_run_url),
+        )
 
     logger.info(
         "run %s: %.1f images/s, model %s version %s %s",
@@ -230,13 +248,16 @@ def _publish(
     result: RankResult,
     tracking_uri: str,
     run_id: str,
-    flow_run_id: str | None,
+    orchestrator_run: tuple[str | None, str, str | None],
 ) -> list[str]:
     """The registered version's aliases settled and its model card written; the aliases it
-    holds now."""
+    holds now. ``orchestrator_run``: the id, orchestrator and page of the run that trained."""
     import mlflow
 
     launcher, tracking = config.launcher, config.tracking
+    flow_run_id, orchestrator, flow_run_url = orchestrator_run
+    if orchestrator == model_card.PREFECT:
+        flow_run_url = model_card.flow_run_url(flow_run_id)
     registry = mlflow.MlflowClient(tracking_uri)
     aliases = assign_aliases(tracking.registered_model_name, result.model_version, client=registry)
     # What the MLflow pages show beside the wall clock: steady-state throughput (the first
@@ -251,8 +272,9 @@ def _publish(
         # What really trained: fewer ranks than np after an elastic resume.
         np=result.size if launcher.np > 0 else launcher.np,
         engine=training_engine(config),
-        flow_run_url=model_card.flow_run_url(flow_run_id),
+        flow_run_url=flow_run_url,
         flow_run_id=flow_run_id,
+        orchestrator=orchestrator,
         run_id=run_id,
         steady_images_per_s=steady,
         val_accuracy=result.final_val_accuracy,

@@ -121,7 +121,26 @@ def test_the_version_tags_are_the_cards_facts_as_strings_without_a_login():
         "hvdflow.np": "-2",
         "hvdflow.engine": "tf_collective",
         "hvdflow.flow_run_id": "fr-1",
+        "hvdflow.orchestrator": "prefect",
         "hvdflow.run_id": "r-1",
         "hvdflow.val_accuracy": "0.975312",
         "hvdflow.code_version": "0.1.0",
     }
+
+
+@pytest.mark.unit
+def test_an_airflow_dag_run_is_named_as_such_on_the_card_and_in_the_tags():
+    run = "hvdflow_pipeline/manual__2026-11-27T21:36:32+00:00"
+    url = "http://127.0.0.1:8080/dags/hvdflow_pipeline/runs/manual__2026-11-27T21:36:32+00:00"
+    card = version_card(
+        dataset_fingerprint="f" * 64,
+        np=2,
+        flow_run_id=run,
+        orchestrator="airflow",
+        flow_run_url=url,
+    )
+    assert f"- Airflow DAG run: [{run}]({url})" in card
+    assert "Prefect" not in card
+    tags = version_tags(dataset_fingerprint="f" * 64, np=2, flow_run_id=run, orchestrator="airflow")
+    assert tags["hvdflow.orchestrator"] == "airflow"
+    assert tags["hvdflow.flow_run_id"] == run
