@@ -31,6 +31,8 @@ test: test-classic test-current test-torch
 
 test-classic:
 	bash scripts/setup.sh classic
+	@# Airflow's own environment, for the Airflow test (tests/flows/test_airflow.py).
+	bash scripts/setup.sh airflow
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	@# Bytecode for the checkout's own modules: an editable install is never compiled, and under

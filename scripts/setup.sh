@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up hvdflow's environment for one profile, from the project's own files, on a fresh
-# machine or again: `scripts/setup.sh [classic|current|torch]` (default: $PROFILE, else classic).
+# machine or again: `scripts/setup.sh [classic|current|torch|airflow]` (default: $PROFILE, else
+# classic).
 #
 # - classic: .venv, Python 3.11, requirements/classic.txt (TensorFlow 2.15, Horovod built here,
 #   Petastorm with pyarrow 14, tensorflow-addons): the mission's Horovod path.
@@ -10,6 +11,10 @@
 # - torch: .venv-torch, Python 3.11, requirements/torch.txt: classic's pins plus PyTorch's CPU
 #   build, without Petastorm, Horovod or tensorflow-addons (torch needs setuptools>=77,
 #   petastorm setuptools<70).
+# - airflow: .venv-airflow, Python 3.11, Airflow 3.3 alone (requirements/airflow.txt) and hvdflow
+#   without its dependencies: Airflow's own environment, as a user's Airflow has it. The DAGs
+#   import hvdflow.airflow there; their tasks run in another profile's environment
+#   (HVDFLOW_PYTHON). Airflow does not resolve beside the classic pins (README, "For Airflow users").
 #
 # The slow part of classic is horovod: it has no wheel on PyPI and must be compiled against the installed
 # TensorFlow (about 9 minutes on 2 cores). The wheel is built once into a cache outside the clone,
@@ -40,7 +45,11 @@ case "$PROFILE" in
     # PYTHON_CURRENT: a Python 3.13 of the user's own; else found or built (scripts/python.sh).
     PYTHON=${PYTHON_CURRENT:-$(bash scripts/python.sh 3.13)}
     ;;
-  *) log "PROFILE=$PROFILE: expected classic, current or torch"; exit 2 ;;
+  airflow)
+    PYTHON=${PYTHON:-python3.11}
+    VENV=.venv-airflow
+    ;;
+  *) log "PROFILE=$PROFILE: expected classic, current, torch or airflow"; exit 2 ;;
 esac
 CONSTRAINTS="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1
@@ -140,6 +149,17 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip wheel "setuptools<81"
+if [ "$PROFILE" = airflow ]; then
+  log "installing Airflow ($CONSTRAINTS) and hvdflow without its dependencies"
+  "${PIP[@]}" install -q -r "$CONSTRAINTS"
+  "${PIP[@]}" install -q --no-deps -e .
+  # Airflow's own requirements must hold; hvdflow's are missing here by design.
+  problems=$("${PIP[@]}" check 2>&1 | grep -v -e '^hvdflow ' -e '^No broken' || true)
+  [ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "Airflow's environment is broken"; exit 1; }
+  echo "$want" > "$STAMP"
+  log "ready: $VENV (Airflow's environment)"
+  exit 0
+fi
 log "installing the $PROFILE profile's dependencies ($CONSTRAINTS)"
 "${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"
 

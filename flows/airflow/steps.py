@@ -1,0 +1,231 @@
+"""The pipeline DAG's tasks, as they run in hvdflow's environment.
+
+Airflow runs each task with ``@task.external_python``: a fresh Python of hvdflow's environment
+calls ``run(step, *args)``, and what it returns goes back pickled, as the task's XCom. So every
+argument and result is small and plain (dicts of strings and numbers: URIs, versions,
+fingerprints), and nothing here imports Airflow. Output printed here is the task's log in
+Airflow: hvdflow's log records and every rank's lines, rank-prefixed.
+
+The steps are the Prefect flow's, around the same plain functions, with the same validation of
+the parameters; what Prefect adds there (result caching, artifacts, events, the cluster's
+concurrency limit) is Airflow's to do here, through XCom, assets and ``max_active_runs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from hvdflow.flows.airflow.form import nested_values
+from hvdflow.flows.cli_support import InvalidParameters, describe_validation_error, one_line
+from hvdflow.flows.params import PipelineParams, ScoreParams
+from hvdflow.infra.secrets import redact_url, tracking_login
+from hvdflow.infra.spark import SparkProgress, get_spark
+from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+from hvdflow.infra.tracking import check_reachable, tracking_uri
+from hvdflow.tasks.preprocess import preprocess_images
+from hvdflow.tasks.preprocess.config import DatasetManifest
+from hvdflow.tasks.score.job import score_images
+from hvdflow.tasks.score.model import fetch_model
+from hvdflow.tasks.score.record import record_scoring
+from hvdflow.tasks.train.model_card import AIRFLOW
+from hvdflow.tasks.train.run import train_and_track
+from hvdflow.tasks.weights.stage import StagedWeights
+from hvdflow.tasks.weights.stage import stage_weights as stage
+from hvdflow.training.models import model_input_shape
+
+logger = logging.getLogger("hvdflow.airflow")
+
+
+def run(step: str, *args):
+    """Run step ``step`` with ``args``; its result. A failure's one-line reason is the last line
+    of the task's log, and the error Airflow shows."""
+    _log_to_stdout()
+    try:
+        return STEPS[step](*args)
+    except Exception as e:
+        reason = str(e) if isinstance(e, InvalidParameters) else one_line(e)
+        _say(f"hvdflow {step} failed: {reason}")
+        raise
+
+
+def validate(conf: dict | str) -> dict:
+    """The pipeline's parameters from a DAG run's params (a dict, or its JSON), checked as
+    ``hvdflow run`` checks them: the whole set, JSON-ready. A bad one raises InvalidParameters
+    with one line naming it, its value and what is accepted."""
+
+    try:
+        values = nested_values(json.loads(conf) if isinstance(conf, str) else conf)
+        params = PipelineParams.model_validate(values)
+    except ValidationError as e:
+        raise InvalidParameters(describe_validation_error(PipelineParams, e)) from None
+    except ValueError as e:
+        raise InvalidParameters(str(e)) from None
+    logger.info("parameters: %s", params.model_dump_json(exclude_defaults=True) or "defaults")
+    return params.model_dump(mode="json")
+
+
+def check_tracking() -> str:
+    """The tracking server answers; its URI, without a login."""
+
+    uri = tracking_uri()
+    check_reachable(uri)
+    logger.info("tracking server %s answers", redact_url(uri))
+    return redact_url(uri)
+
+
+def preprocess(params: dict) -> dict:
+    """Step 1: the dataset (reused when its fingerprint was published before)."""
+
+    pipeline = _pipeline(params)
+    config = pipeline.data.preprocess_config(ranks=pipeline.launcher.np)
+    spark = get_spark(pipeline.launcher.spark_master)
+    logger.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
+    with SparkProgress(spark, logger):
+        manifest = preprocess_images(spark, config)
+    logger.info(
+        "dataset %s: %d train, %d val, %d quarantined%s",
+        manifest.path,
+        manifest.train_rows,
+        manifest.val_rows,
+        manifest.quarantined,
+        " (reused)" if manifest.reused else "",
+    )
+    return dataclasses.asdict(manifest)
+
+
+def stage_weights(params: dict, dataset: dict) -> dict | None:
+    """Step 2: the model's pretrained weights in the object store, once per source; None when
+    the model trains from its seeded start (no weights source, or PyTorch)."""
+
+    training = _pipeline(params).training
+    if not training.weights_source or training.framework != "tensorflow":
+        logger.info("no weights to stage: %s trains from its seeded start", training.model)
+        return None
+    manifest = _manifest(dataset)
+    store = ObjectStore(ObjectStoreConfig.from_env())
+    store.ensure_bucket()
+    staged = stage(
+        training.model,
+        training.weights_source,
+        store,
+        model_input_shape(manifest.image_shape),
+        manifest.num_classes,
+    )
+    logger.info("weights for %s at %s (sha256 %s)", staged.model, staged.uri, staged.sha256[:12])
+    return dataclasses.asdict(staged)
+
+
+def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> dict:
+    """Steps 3 and 4: train with np ranks, track in MLflow, register; what the registry holds.
+
+    ``dag_run``: the DAG run's ``dag_id``, ``run_id`` and page ``url``, which tag the MLflow run
+    and the registered version (a task retried in the same DAG run resumes its MLflow run)."""
+
+    pipeline = _pipeline(params)
+    config = pipeline.train_config()
+    np = config.launcher.np
+    logger.info(
+        "training %s with np=%d for %d epochs", config.training.model, np, config.training.epochs
+    )
+    with tracking_login(tracking_uri()) as uri:
+        # Ranks on the driver (np < 0) need no Spark.
+        spark = get_spark(config.launcher.spark_master) if np > 0 else None
+        result = train_and_track(
+            spark,
+            config,
+            _manifest(dataset),
+            uri,
+            weights=StagedWeights(**weights) if weights else None,
+            on_log_line=_print_line,
+            flow_run_id=f"{dag_run['dag_id']}/{dag_run['run_id']}",
+            orchestrator=AIRFLOW,
+            flow_run_url=dag_run.get("url") or None,
+        )
+    name = config.tracking.registered_model_name
+    return {
+        "registered_model": name,
+        "model_version": result.model_version,
+        "model_uri": f"models:/{name}/{result.model_version}" if result.model_version else None,
+        "aliases": list(result.aliases),
+        "mlflow_run_id": result.run_id,
+        "experiment_id": result.experiment_id,
+        "tracking_uri": result.tracking_uri,
+        "val_accuracy": (result.history.get("val_accuracy") or [None])[-1],
+        "images_per_s": round(result.images_per_s, 1),
+        "wall_clock_s": round(result.wall_clock_s, 1),
+        "attempts": result.attempts,
+    }
+
+
+def score(score_params: dict, version: str) -> dict:
+    """Score ``score_params``'s input with version ``version`` of its model (the champion the
+    asset event named), on Spark, and record it in MLflow."""
+
+    model = {**score_params.get("model", {}), "version": str(version)}
+    model.pop("alias", None)  # the version the event named, not whatever holds the alias now
+    params = ScoreParams.model_validate({**score_params, "model": model})
+    config = params.score_config()
+    with tracking_login(tracking_uri()) as uri:
+        check_reachable(uri)
+        scoring_model = fetch_model(params.model, uri)
+        spark = get_spark(params.spark_master)
+        logger.info("scoring %s with %s", config.input, scoring_model.uri)
+        with SparkProgress(spark, logger):
+            result = score_images(spark, config, scoring_model)
+        run_id, _ = record_scoring(uri, params.experiment, scoring_model, config, result)
+    logger.info("%d images scored into %s", result.scored, result.predictions_url)
+    return {
+        "model_uri": scoring_model.uri,
+        "model_version": scoring_model.version,
+        "predictions": result.predictions_url,
+        "scored": result.scored,
+        "quarantined": result.quarantined,
+        "counts": dict(result.counts),
+        "mlflow_run_id": run_id,
+    }
+
+
+STEPS = {
+    "validate": validate,
+    "check_tracking": check_tracking,
+    "preprocess": preprocess,
+    "stage_weights": stage_weights,
+    "train": train,
+    "score": score,
+}
+
+
+def _pipeline(params: dict):
+
+    return PipelineParams.model_validate(params)
+
+
+def _manifest(dataset: dict):
+
+    return DatasetManifest(**{**dataset, "image_shape": tuple(dataset["image_shape"])})
+
+
+def _print_line(line) -> None:
+    # Every rank's lines, rank-prefixed, into the task's log (Airflow reads this process's stdout).
+    _say(line.formatted())
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _log_to_stdout() -> None:
+    """hvdflow's log records on stdout, which Airflow copies into the task's log line by line."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_hvdflow_airflow", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._hvdflow_airflow = True
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
