@@ -80,6 +80,7 @@ def airflow(own_tracking_server, seaweed, tmp_path):
         assert not left, f"Airflow processes left running: {left}"
 
 
+@pytest.mark.timeout(900)
 def test_the_pipeline_dag_registers_a_champion_that_the_scoring_dag_scores_with(
     airflow, own_tracking_server, prefect_harness, tmp_path, monkeypatch
 ):
