@@ -8,13 +8,12 @@ dependencies, as the README installs it); the tasks run in this one (HVDFLOW_PYT
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 
 import pytest
 
-from tests.airflow_harness import AIRFLOW_VENV, Airflow, require_airflow
+from tests.airflow_harness import Airflow, require_airflow
 from tests.tasks.score.helpers import write_digits
 
 pytestmark = pytest.mark.slow
@@ -61,17 +60,7 @@ def airflow(own_tracking_server, seaweed, tmp_path):
             "SPARK_LOCAL_IP": "127.0.0.1",
         },
     )
-    server.dags_folder.mkdir(parents=True)
-    # `python -m hvdflow.airflow > dags/hvdflow_dags.py`, run in Airflow's environment.
-    example = subprocess.run(
-        [str(AIRFLOW_VENV / "bin" / "python"), "-m", "hvdflow.airflow"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=server.env,
-        cwd=tmp_path,
-    ).stdout
-    (server.dags_folder / "hvdflow_dags.py").write_text(example)
+    server.write_example_dags()
     server.start()
     try:
         yield server
