@@ -27,8 +27,8 @@ from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import SparkProgress, get_spark
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from hvdflow.infra.tracking import check_reachable, tracking_uri
-from hvdflow.tasks.preprocess import preprocess_images
 from hvdflow.tasks.preprocess.config import DatasetManifest
+from hvdflow.tasks.preprocess.job import preprocess_reported
 from hvdflow.tasks.score.job import score_images
 from hvdflow.tasks.score.model import fetch_model
 from hvdflow.tasks.score.record import record_scoring
@@ -80,21 +80,9 @@ def check_tracking() -> str:
 
 def preprocess(params: dict) -> dict:
     """Step 1: the dataset (reused when its fingerprint was published before)."""
-
     pipeline = _pipeline(params)
     config = pipeline.data.preprocess_config(ranks=pipeline.launcher.np)
-    spark = get_spark(pipeline.launcher.spark_master)
-    logger.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
-    with SparkProgress(spark, logger):
-        manifest = preprocess_images(spark, config)
-    logger.info(
-        "dataset %s: %d train, %d val, %d quarantined%s",
-        manifest.path,
-        manifest.train_rows,
-        manifest.val_rows,
-        manifest.quarantined,
-        " (reused)" if manifest.reused else "",
-    )
+    manifest = preprocess_reported(get_spark(pipeline.launcher.spark_master), config, logger)
     return dataclasses.asdict(manifest)
 
 

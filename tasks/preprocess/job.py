@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 
+from hvdflow.infra.spark import SparkProgress
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.attempts import new_attempt
 from hvdflow.infra.storage.files import Location
@@ -65,6 +66,24 @@ def list_inputs(config: PreprocessConfig, access: S3Access | None = None) -> Lis
     if config.input_format == "digits":
         root = sources.write_digits_tree(config.input)
     return list_class_folders(root)
+
+
+def preprocess_reported(spark, config: PreprocessConfig, report) -> DatasetManifest:
+    """``preprocess_images`` with what a person follows in an orchestrator's log: what is read
+    and written, Spark's progress, and the dataset made or reused. ``report``: a logger
+    (Prefect's run logger, or the one an Airflow task's output shows)."""
+    report.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
+    with SparkProgress(spark, report):
+        manifest = preprocess_images(spark, config)
+    report.info(
+        "dataset %s: %d train, %d val, %d quarantined%s",
+        manifest.path,
+        manifest.train_rows,
+        manifest.val_rows,
+        manifest.quarantined,
+        " (reused)" if manifest.reused else "",
+    )
+    return manifest
 
 
 def preprocess_images(spark, config: PreprocessConfig, store=None) -> DatasetManifest:

@@ -10,11 +10,11 @@ import hashlib
 
 from prefect import get_run_logger, task
 
-from hvdflow.infra.spark import SparkProgress, get_spark
+from hvdflow.infra.spark import get_spark
 from hvdflow.infra.storage.files import Location
-from hvdflow.tasks.preprocess import preprocess_images, sources
+from hvdflow.tasks.preprocess import sources
 from hvdflow.tasks.preprocess.config import DatasetManifest, PreprocessConfig
-from hvdflow.tasks.preprocess.job import list_inputs
+from hvdflow.tasks.preprocess.job import list_inputs, preprocess_reported
 from hvdflow.tasks.preprocess.publish import read_manifest
 
 
@@ -28,20 +28,7 @@ def dataset_cache_key(context, parameters) -> str:
 
 @task(name="preprocess", cache_key_fn=dataset_cache_key, persist_result=True)
 def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
-    logger = get_run_logger()
-    spark = get_spark(spark_master)
-    logger.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
-    with SparkProgress(spark, logger):
-        manifest = preprocess_images(spark, config)
-    logger.info(
-        "dataset %s: %d train, %d val, %d quarantined%s",
-        manifest.path,
-        manifest.train_rows,
-        manifest.val_rows,
-        manifest.quarantined,
-        " (reused)" if manifest.reused else "",
-    )
-    return manifest
+    return preprocess_reported(get_spark(spark_master), config, get_run_logger())
 
 
 def preprocessed(

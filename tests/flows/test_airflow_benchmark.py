@@ -8,7 +8,7 @@ import pytest
 
 @pytest.mark.unit
 def test_the_table_shows_medians_the_orchestrations_share_and_the_gaps_between_tasks():
-    from hvdflow.bench.airflow_overhead import table
+    from hvdflow.flows.airflow.benchmark import table
 
     runs = {
         "prefect": [{"wall_s": 30.0, "training_s": 20.0}, {"wall_s": 34.0, "training_s": 22.0}],

@@ -1,6 +1,6 @@
 """What Airflow costs against Prefect: the same pipeline run through each, side by side.
 
-``python -m hvdflow.bench.airflow_overhead [--airflow-venv .venv-airflow] [--rounds 3]
+``python -m hvdflow.flows.airflow.benchmark [--airflow-venv .venv-airflow] [--rounds 3]
 [--epochs 3] [--out FILE]``
 
 Starts the embedded services (SeaweedFS, MLflow, Prefect) in a temporary HVDFLOW_HOME and an
