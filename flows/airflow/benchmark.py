@@ -6,8 +6,10 @@
 Starts the embedded services (SeaweedFS, MLflow, Prefect) in a temporary HVDFLOW_HOME and an
 Airflow from ``--airflow-venv`` (``scripts/setup.sh airflow``) with the example DAG file. One
 pipeline run through Prefect first makes the dataset, which every measured run then reuses. Each
-round runs the pipeline at np=2 through the Prefect flow (in this process, as ``hvdflow run``
-does) and through the Airflow DAG (triggered over its REST API), in alternating order. For each:
+round runs the pipeline at np=2 through the Prefect flow in this process (as ``hvdflow run``
+does: imports and Spark session warm after the first run), through the Prefect flow in a fresh
+process (as a deployment's worker runs it) and through the Airflow DAG (triggered over its REST
+API; every task a fresh process), in alternating order. For each:
 the wall clock from the call (the trigger) to the end, the training's own wall clock (the
 launcher's, from the same code in both), and what is left, the orchestration's cost. For Airflow,
 also the tasks' summed run time, so the time between tasks (the scheduler's) shows. Prints a
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,10 +40,37 @@ def _seconds(start: str, end: str) -> float:
 
 
 def through_prefect(pipeline, params) -> dict:
+    """The flow in this process: its imports and Spark session warm from the runs before."""
     started = time.monotonic()
     summary = pipeline(params)
     wall = time.monotonic() - started
     return {"wall_s": wall, "training_s": summary["wall_clock_s"]}
+
+
+# A flow run in a fresh Python, as a deployment's worker starts one: imports, a new JVM.
+COLD_RUN = """
+import json, sys
+from hvdflow.flows.params import PipelineParams
+from hvdflow.flows.pipeline import pipeline
+summary = pipeline(PipelineParams.model_validate(json.loads(sys.argv[1])))
+print("HVDFLOW-BENCH " + json.dumps({"training_s": summary["wall_clock_s"]}))
+"""
+
+
+def through_prefect_process(params) -> dict:
+    """The flow in a fresh process (a deployment's flow run pays the same start-up)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", COLD_RUN, params.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    wall = time.monotonic() - started
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("HVDFLOW-BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"the Prefect flow in a fresh process failed: {done.stderr[-2000:]}")
+    return {"wall_s": wall, **json.loads(line.removeprefix("HVDFLOW-BENCH "))}
 
 
 def through_airflow(airflow: LocalAirflow, form: dict) -> dict:
@@ -60,22 +90,39 @@ def through_airflow(airflow: LocalAirflow, form: dict) -> dict:
     }
 
 
+SIDES = {
+    "prefect": "Prefect, this process",
+    "prefect_process": "Prefect, a fresh process",
+    "airflow": "Airflow DAG",
+}
+
+
 def table(runs: dict[str, list[dict]]) -> str:
+    """Medians per side, and Airflow's over each Prefect side's."""
+    sides = [side for side in SIDES if runs.get(side)]
+
     def median(side: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[side])
 
-    lines = [
-        "| | Prefect flow | Airflow DAG | Airflow / Prefect |",
-        "|---|---|---|---|",
-    ]
-    for key, label in (("wall_s", "wall clock, call to end"), ("training_s", "training")):
-        p, a = median("prefect", key), median("airflow", key)
-        lines.append(f"| {label} (median, s) | {p:.1f} | {a:.1f} | {a / p:.2f}x |")
-    p = median("prefect", "wall_s") - median("prefect", "training_s")
-    a = median("airflow", "wall_s") - median("airflow", "training_s")
-    lines.append(f"| the rest: orchestration, steps (s) | {p:.1f} | {a:.1f} | {a / p:.2f}x |")
+    def rest(side: str) -> float:
+        return median(side, "wall_s") - median(side, "training_s")
+
+    prefects = [side for side in sides if side != "airflow"]
+    head = " | ".join(SIDES[side] for side in sides)
+    ratios = " | ".join(f"Airflow / {SIDES[side]}" for side in prefects)
+    lines = [f"| | {head} | {ratios} |", "|---" * (1 + len(sides) + len(prefects)) + "|"]
+    rows = (
+        ("wall clock, call to end (median, s)", lambda side: median(side, "wall_s")),
+        ("training (median, s)", lambda side: median(side, "training_s")),
+        ("the rest: orchestration, steps (s)", rest),
+    )
+    for label, value in rows:
+        cells = " | ".join(f"{value(side):.1f}" for side in sides)
+        shares = " | ".join(f"{value('airflow') / value(side):.2f}x" for side in prefects)
+        lines.append(f"| {label} | {cells} | {shares} |")
     gaps = statistics.median(r["wall_s"] - r["tasks_s"] for r in runs["airflow"])
-    lines.append(f"| Airflow: between tasks (s) | | {gaps:.1f} | |")
+    blanks = " | ".join("" for _ in sides[:-1])
+    lines.append(f"| Airflow: between tasks (s) | {blanks} | {gaps:.1f} |{' |' * len(prefects)}")
     return "\n".join(lines)
 
 
@@ -116,15 +163,16 @@ def main(argv: list[str] | None = None) -> int:
             {"launcher": {"np": 2}, "training": {"epochs": args.epochs}}
         )
         through_prefect(pipeline, params)  # makes the dataset the measured runs reuse
-        runs: dict[str, list[dict]] = {"prefect": [], "airflow": []}
+        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        measure = {
+            "prefect": lambda: through_prefect(pipeline, params),
+            "prefect_process": lambda: through_prefect_process(params),
+            "airflow": lambda: through_airflow(airflow, form),
+        }
         for round_ in range(args.rounds):
-            order = ("prefect", "airflow") if round_ % 2 == 0 else ("airflow", "prefect")
+            order = list(SIDES) if round_ % 2 == 0 else list(reversed(SIDES))
             for side in order:
-                run = (
-                    through_prefect(pipeline, params)
-                    if side == "prefect"
-                    else through_airflow(airflow, form)
-                )
+                run = measure[side]()
                 runs[side].append(run)
                 print(json.dumps({"round": round_, "side": side, **run}), flush=True)  # noqa: T201
     finally:

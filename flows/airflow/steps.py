@@ -82,7 +82,9 @@ def preprocess(params: dict) -> dict:
     """Step 1: the dataset (reused when its fingerprint was published before)."""
     pipeline = _pipeline(params)
     config = pipeline.data.preprocess_config(ranks=pipeline.launcher.np)
-    manifest = preprocess_reported(get_spark(pipeline.launcher.spark_master), config, logger)
+    # Spark starts only when there is a dataset to make: a published one is found without it.
+    master = pipeline.launcher.spark_master
+    manifest = preprocess_reported(lambda: get_spark(master), config, logger)
     return dataclasses.asdict(manifest)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 
 from hvdflow.infra.spark import SparkProgress
 from hvdflow.infra.storage.access import S3Access
@@ -68,13 +69,14 @@ def list_inputs(config: PreprocessConfig, access: S3Access | None = None) -> Lis
     return list_class_folders(root)
 
 
-def preprocess_reported(spark, config: PreprocessConfig, report) -> DatasetManifest:
+def preprocess_reported(start_spark, config: PreprocessConfig, report) -> DatasetManifest:
     """``preprocess_images`` with what a person follows in an orchestrator's log: what is read
-    and written, Spark's progress, and the dataset made or reused. ``report``: a logger
-    (Prefect's run logger, or the one an Airflow task's output shows)."""
+    and written, Spark's progress, and the dataset made or reused. ``start_spark``: a function
+    that returns the Spark session, called only when there is a dataset to make (a published
+    one is found from the listing alone: no JVM starts). ``report``: a logger (Prefect's run
+    logger, or the one an Airflow task's output shows)."""
     report.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
-    with SparkProgress(spark, report):
-        manifest = preprocess_images(spark, config)
+    manifest = preprocess_images(start_spark, config, progress=report)
     report.info(
         "dataset %s: %d train, %d val, %d quarantined%s",
         manifest.path,
@@ -86,12 +88,16 @@ def preprocess_reported(spark, config: PreprocessConfig, report) -> DatasetManif
     return manifest
 
 
-def preprocess_images(spark, config: PreprocessConfig, store=None) -> DatasetManifest:
+def preprocess_images(
+    spark, config: PreprocessConfig, store=None, *, progress=None
+) -> DatasetManifest:
     """Decode, convert and resize the input images into a train/val Petastorm dataset.
 
+    ``spark``: the Spark session, or a function that returns it when there is work for it.
     ``store`` (an ObjectStore) gives the endpoint for ``s3://`` input and output; by default
-    the AWS variables do. Fails before any Spark work when the inputs cannot give each of
-    ``config.np`` ranks a row group of each split.
+    the AWS variables do. ``progress``: a logger that follows the Spark stage. Fails before any
+    Spark work when the inputs cannot give each of ``config.np`` ranks a row group of each
+    split.
     """
     uses_s3 = is_s3(config.input) or is_s3(config.output)
     access = S3Access.from_env(store) if uses_s3 else None
@@ -109,9 +115,11 @@ def preprocess_images(spark, config: PreprocessConfig, store=None) -> DatasetMan
     split = plan_split(config, listing, access)
     check_ranks(config, *split.totals())
 
+    session = spark() if callable(spark) else spark
     started = time.monotonic()
     attempt = new_attempt()
-    manifest = run_stage(spark, config, listing, split, fingerprint, version, attempt)
+    with SparkProgress(session, progress) if progress else nullcontext():
+        manifest = run_stage(session, config, listing, split, fingerprint, version, attempt)
     logger.info(
         "preprocessed %d images into %s in %.1f s (%d train, %d val, %d quarantined)",
         manifest.train_rows + manifest.val_rows,

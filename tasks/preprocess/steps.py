@@ -28,7 +28,7 @@ def dataset_cache_key(context, parameters) -> str:
 
 @task(name="preprocess", cache_key_fn=dataset_cache_key, persist_result=True)
 def preprocess_step(config: PreprocessConfig, spark_master: str | None = None) -> DatasetManifest:
-    return preprocess_reported(get_spark(spark_master), config, get_run_logger())
+    return preprocess_reported(lambda: get_spark(spark_master), config, get_run_logger())
 
 
 def preprocessed(

@@ -21,4 +21,12 @@ def test_the_table_shows_medians_the_orchestrations_share_and_the_gaps_between_t
     assert "| wall clock, call to end (median, s) | 32.0 | 42.0 | 1.31x |" in text
     assert "| training (median, s) | 21.0 | 21.0 | 1.00x |" in text
     assert "| the rest: orchestration, steps (s) | 11.0 | 21.0 | 1.91x |" in text
-    assert "| Airflow: between tasks (s) | | 6.0 | |" in text
+    assert "| Airflow: between tasks (s) |  | 6.0 | |" in text
+
+    runs["prefect_process"] = [{"wall_s": 40.0, "training_s": 20.0}]
+    text = table(runs)
+    assert text.splitlines()[0] == (
+        "| | Prefect, this process | Prefect, a fresh process | Airflow DAG "
+        "| Airflow / Prefect, this process | Airflow / Prefect, a fresh process |"
+    )
+    assert "| wall clock, call to end (median, s) | 32.0 | 40.0 | 42.0 | 1.31x | 1.05x |" in text
