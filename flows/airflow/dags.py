@@ -131,7 +131,9 @@ def pipeline_dag(
             "validate", "{{ params | tojson }}"
         )
         tracking = _in_hvdflow(interpreter, "check_tracking", **EDGE_RETRY)("check_tracking")
-        dataset = _in_hvdflow(interpreter, "preprocess")("preprocess", params)
+        # Preprocessing is not retried (as in the Prefect flow): Spark retries its tasks, and a
+        # run that fails publishes nothing. Explicit, whatever Airflow's default_task_retries.
+        dataset = _in_hvdflow(interpreter, "preprocess", retries=0)("preprocess", params)
         weights = _in_hvdflow(interpreter, "stage_weights", **EDGE_RETRY)(
             "stage_weights", params, dataset
         )
@@ -142,7 +144,9 @@ def pipeline_dag(
             "url": f"{base}/dags/{dag_id}/runs/" + "{{ run_id | urlencode }}" if base else "",
         }
         # No retries: a rank's failure is retried by the launcher, from the last checkpoint.
-        trained = _in_hvdflow(interpreter, "train")("train", params, dataset, weights, this_run)
+        trained = _in_hvdflow(interpreter, "train", retries=0)(
+            "train", params, dataset, weights, this_run
+        )
         params >> tracking >> dataset
         register.override(outlets=[asset])(trained, registered_model)
 
