@@ -57,11 +57,20 @@ SERVICES: dict[str, type[Service]] = {
 }
 
 
-def _port(name: str, host: str) -> int:
-    preferred = PREFERRED_PORTS[name]
-    if port_is_free(preferred, host) and port_is_free(preferred):
-        return preferred
+def _port(name: str, host: str, previous: dict | None = None) -> int:
+    """The port to start ``name`` on: the one it had before on ``host`` (a service that died
+    comes back where its clients, holding its URL, still call), else the conventional one, else
+    any; each only when free."""
+    for port in (_previous_port(previous, host), PREFERRED_PORTS[name]):
+        if port and port_is_free(port, host) and port_is_free(port):
+            return port
     return free_port(host=host)
+
+
+def _previous_port(entry: dict | None, host: str) -> int | None:
+    if not entry or entry.get("host", LOOPBACK) != host:
+        return None
+    return entry.get("port")
 
 
 def _entry(server: Service, url: str) -> dict:
@@ -84,10 +93,13 @@ class LocalServices:
 
     def state(self) -> dict:
         """The running services (dead ones dropped)."""
+        return {k: v for k, v in self._recorded().items() if is_running(v["pid"])}
+
+    def _recorded(self) -> dict:
+        """Every service the state file names, dead ones included (where they were)."""
         if not self.state_path.exists():
             return {}
-        state = json.loads(self.state_path.read_text())
-        return {k: v for k, v in state.items() if is_running(v["pid"])}
+        return json.loads(self.state_path.read_text())
 
     def _save(self, state: dict) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -114,33 +126,37 @@ class LocalServices:
         )
 
     def _up(self, prefect: bool, bind: str | None) -> dict[str, str]:
+        before = self._recorded()
         state = self.state()
-        host = self._bind_address(state, bind)
+        host = self._bind_address(state, bind, recorded=before)
         if "s3" not in state and not os.environ.get(c.AWS_ENDPOINT_URL):
-            server = self._seaweed(host, _port("s3", host))
+            server = self._seaweed(host, _port("s3", host, before.get("s3")))
             self._start(server)
             state["s3"] = _entry(server, server.endpoint_url)
             self._save(state)
         if "mlflow" not in state and not os.environ.get(c.MLFLOW_TRACKING_URI):
             store_env = self._store_env(state)
             self._create_artifact_bucket(store_env)
-            server = self._mlflow(host, _port("mlflow", host), store_env)
+            server = self._mlflow(host, _port("mlflow", host, before.get("mlflow")), store_env)
             self._start(server)
             state["mlflow"] = _entry(server, server.tracking_uri)
             self._save(state)
         if prefect and "prefect" not in state and not os.environ.get(c.PREFECT_API_URL):
-            server = self._prefect(host, _port("prefect", host))
+            server = self._prefect(host, _port("prefect", host, before.get("prefect")))
             self._start(server)
             state["prefect"] = _entry(server, server.api_url)
             self._save(state)
         return self.env(state)
 
-    def _bind_address(self, state: dict, bind: str | None) -> str:
+    def _bind_address(self, state: dict, bind: str | None, recorded: dict | None = None) -> str:
         """The address to start services on: ``bind``, checked, and the same as that of the
-        services already running, which cannot move."""
+        services already running, which cannot move. Without ``bind``: theirs, else that of
+        the ``recorded`` ones that died (they come back where their clients call), else
+        loopback."""
         running = {info.get("host", LOOPBACK) for info in state.values()}
         if bind is None:
-            return running.pop() if running else LOOPBACK
+            known = running or {info.get("host", LOOPBACK) for info in (recorded or {}).values()}
+            return known.pop() if len(known) == 1 else LOOPBACK
         check_bind_address(bind)
         if running and running != {bind}:
             raise RuntimeError(

@@ -104,6 +104,26 @@ def test_running_services_keep_their_address_and_another_one_is_refused(tmp_path
 
 
 @pytest.mark.unit
+def test_a_service_that_died_comes_back_on_its_address_and_port_when_they_are_free(tmp_path):
+    from hvdflow.infra.services import local
+
+    services = LocalServices(tmp_path)
+    dead = _state("127.0.0.2", auth=True)
+    # Nothing runs: `up` without --bind starts them where their clients still call.
+    assert services._bind_address({}, None, recorded=dead) == "127.0.0.2"
+    # An explicit address wins over the dead ones' (nothing runs there to conflict).
+    assert services._bind_address({}, "127.0.0.1", recorded=dead) == "127.0.0.1"
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        before = {"host": "127.0.0.2", "port": s.getsockname()[1]}
+        # Taken (a client's socket, another program): the conventional port, else any.
+        assert local._port("mlflow", "127.0.0.2", before) != before["port"]
+    assert local._port("mlflow", "127.0.0.2", before) == before["port"]
+    # A port it had on another address says nothing of this one.
+    assert local._port("mlflow", "127.0.0.3", before) != before["port"]
+
+
+@pytest.mark.unit
 def test_a_bad_bind_address_is_a_bad_parameter_and_starts_nothing(tmp_path, monkeypatch, capfd):
     from hvdflow.flows.cli import main
 
