@@ -161,15 +161,23 @@ class Location:
 
     def files(self) -> set[str]:
         """Relative names (``train/part-00000.parquet``) of every file under it, at any depth."""
+        return set(self.signatures())
+
+    def signatures(self) -> dict[str, str]:
+        """Every file under it, at any depth, by relative name, with what changes when its bytes
+        are rewritten: an object's ETag (a digest of its content), a local file's size and
+        modification time. One listing; no file is read."""
         if not is_s3(self.base):
-            return {
-                os.path.relpath(os.path.join(folder, name), self.base)
-                for folder, _dirs, names in os.walk(self.base)
-                for name in names
-            }
+            found = {}
+            for folder, _dirs, names in os.walk(self.base):
+                for name in names:
+                    path = os.path.join(folder, name)
+                    stat = os.stat(path)
+                    found[os.path.relpath(path, self.base)] = f"{stat.st_size}:{stat.st_mtime_ns}"
+            return found
         prefix = split_s3(self.base + "/")[1]
         return {
-            obj["Key"][len(prefix) :]
+            obj["Key"][len(prefix) :]: obj["ETag"].strip('"')
             for obj in list_objects(self.client, self.base, self.access)
             if not obj["Key"].endswith("/")
         }

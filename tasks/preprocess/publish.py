@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # The reports of a published attempt, beside its train/ and val/ splits.
 ATTEMPT_FILES = ("labels.json", "quarantine.csv")
+# The manifest's record of the attempt's files: relative name -> ETag, or size:mtime locally.
+FILES_KEY = "files"
 
 
 def finish(config, fingerprint, version, attempt, label_index, report):
@@ -83,12 +85,15 @@ def read_manifest(version: Location) -> DatasetManifest | None:
     if data is None:
         return None
     record = json.loads(data)
+    recorded = record.get(FILES_KEY, {})
     fields = DatasetManifest.__dataclass_fields__
     record = {k: v for k, v in record.items() if k in fields}
     record["image_shape"] = tuple(record["image_shape"])
     record["reused"] = True
     manifest = DatasetManifest(**record)
-    missing = missing_files(Location(manifest.path, version.access))
+    attempt = Location(manifest.path, version.access)
+    present = attempt.signatures()
+    missing = missing_files(attempt, present)
     if missing:
         logger.warning(
             "dataset %s lacks %d of its files (e.g. %s): it will be built again",
@@ -97,15 +102,28 @@ def read_manifest(version: Location) -> DatasetManifest | None:
             missing[0],
         )
         return None
+    changed = sorted(name for name, was in recorded.items() if present.get(name, was) != was)
+    if changed:
+        # Rewritten after publication (by hand, a faulty copy, a bit rot repair): rows read
+        # from it could be other rows or fail to decode in a rank. Built again instead.
+        logger.warning(
+            "dataset %s: %d of its files changed since it was published (e.g. %s): it will be "
+            "built again",
+            manifest.path,
+            len(changed),
+            changed[0],
+        )
+        return None
     return manifest
 
 
-def missing_files(attempt: Location) -> list[str]:
+def missing_files(attempt: Location, present: dict | set | None = None) -> list[str]:
     """What a published attempt lacks of its reports, of each split's JSON description, of the
     part files that description names, and, where Petastorm is installed here (and so may read
-    it), of each split's ``_common_metadata``: one listing, and a read of each description. A
-    dataset written without Petastorm is built again by a Python that has it."""
-    present = attempt.files()
+    it), of each split's ``_common_metadata``: one listing (or ``present``, the names listed),
+    and a read of each description. A dataset written without Petastorm is built again by a
+    Python that has it."""
+    present = attempt.files() if present is None else present
     missing = [name for name in ATTEMPT_FILES if name not in present]
     with_petastorm = extras.installed(extras.PETASTORM)
     for split in SPLITS:
@@ -139,6 +157,9 @@ def publish(version: Location, attempt: str, manifest: DatasetManifest, config) 
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     record.pop("reused")
+    # What each file's bytes were at publication, to tell a file rewritten since (a reuse
+    # compares them with one listing).
+    record[FILES_KEY] = Location(manifest.path, version.access).signatures()
     version.write_bytes(MANIFEST, json.dumps(record, indent=2).encode())
     # Not a younger attempt: it may be a run that started with this one and is still writing.
     for name in removable_attempts(version.subfolders(), attempt, None, time.time()):

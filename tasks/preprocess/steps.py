@@ -35,14 +35,17 @@ def preprocessed(
     config: PreprocessConfig, spark_master: str | None = None, result_storage=None
 ) -> DatasetManifest:
     """The preprocessing task's dataset. A cached one that is no longer the published dataset
-    (its manifest or any of its files gone, or another attempt published since) runs the task
+    (its manifest or any of its files gone, a file rewritten, or another attempt published
+    since) runs the task
     again: it builds the dataset anew, or picks up the attempt published since.
 
     ``result_storage``: where the result and its cache record go (``tasks.results``)."""
     step = preprocess_step.with_options(result_storage=result_storage)
     dataset = step(config, spark_master)
     if not _still_published(dataset):
-        get_run_logger().warning("cached dataset %s is gone: preprocessing again", dataset.path)
+        get_run_logger().warning(
+            "cached dataset %s is gone or changed: preprocessing again", dataset.path
+        )
         dataset = step.with_options(refresh_cache=True)(config, spark_master)
     return dataset
 

@@ -57,8 +57,9 @@ def test_the_code_version_is_the_release_and_a_hash_of_the_preprocessing_source(
 
 
 @pytest.mark.integration
-def test_a_cached_dataset_whose_objects_were_deleted_is_built_again(
-    prefect_harness, spark, store, tmp_path
+@pytest.mark.parametrize("damage", ["deleted", "rewritten"])
+def test_a_cached_dataset_whose_objects_were_deleted_or_rewritten_is_built_again(
+    prefect_harness, spark, store, tmp_path, damage
 ):
     from prefect import flow
 
@@ -81,7 +82,14 @@ def test_a_cached_dataset_whose_objects_were_deleted_is_built_again(
     parts = [k for k in store.list_keys(store.config.key("datasets")) if k.endswith(".parquet")]
     assert any("/train/" in k for k in parts)
     for key in parts:  # the part files only: the manifest and the metadata stay
-        store.delete(f"s3://{store.config.bucket}/{key}")
+        uri = f"s3://{store.config.bucket}/{key}"
+        if damage == "deleted":
+            store.delete(uri)
+        else:  # the same size, 16 bytes inverted: a copy gone wrong, bits rotted
+            data = store.get_bytes(uri)
+            middle = len(data) // 2
+            flipped = bytes(b ^ 0xFF for b in data[middle : middle + 16])
+            store.put_bytes(data[:middle] + flipped + data[middle + 16 :], uri)
 
     again = preprocess_flow()
     assert not again.reused and again.path != first.path  # a new attempt, not the cache
