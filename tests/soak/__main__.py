@@ -1,0 +1,73 @@
+"""``python -m tests.soak``: the long soak on the multi-host harness, as root, from the project
+root; prints the table for BENCHMARKS.md ("Soak") and writes the JSON record.
+
+    .venv/bin/python -m tests.soak --runs 25 --seed 44 --json docs/benchmarks/soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.soak import report
+from tests.soak.plan import FAULT_KINDS, make_plan
+
+EPOCHS = 8
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__)
+    parser.add_argument("--runs", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=44)
+    parser.add_argument("--each", type=int, default=2, help="runs per fault kind, at least")
+    parser.add_argument("--kinds", nargs="*", choices=list(FAULT_KINDS), default=None)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="where the record goes")
+    args = parser.parse_args(argv)
+
+    from tests.cluster import netns
+    from tests.cluster.spark_cluster import netns_spark_cluster
+    from tests.soak.session import run_soak
+
+    if (reason := netns.unavailable_reason()) is not None:
+        print(f"the multi-host harness cannot run here: {reason}", file=sys.stderr)
+        return 2
+    plan = make_plan(args.runs, args.seed, args.kinds, epochs=args.epochs, each=args.each)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hvdflow-soak-", dir="/var/tmp"))
+    started = time.time()
+    with netns_spark_cluster(
+        workdir / "cluster", workers=2, cores=1, spare=1, kind="bench", timeout_s=300
+    ) as cluster:
+        soak = run_soak(cluster, workdir, plan, args.epochs, say=lambda m: print(m, flush=True))
+    wall = time.time() - started
+    print(f"\nsoak: {len(plan)} runs, seed {args.seed}, {wall / 60:.1f} min\n")
+    print(report.table(soak.records, soak.idle))
+    summary = report.summary(soak.records, soak.idle)
+    summary["final_leftovers"] = soak.final_leftovers
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        record = report.as_json(
+            soak.records,
+            soak.idle,
+            {
+                "seed": args.seed,
+                "runs": args.runs,
+                "each": args.each,
+                "epochs": args.epochs,
+                "wall_s": wall,
+                "command": " ".join(sys.argv),
+            },
+        )
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2, default=str))
+    bad = summary["problems"] or summary["leftover_processes"] or soak.final_leftovers
+    return 1 if bad or summary["failed_without_reason"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

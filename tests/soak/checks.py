@@ -1,0 +1,296 @@
+"""What a soak looks at, from the outside, after every run and at the end: each flow run's final
+state and reason, its MLflow run's epochs, the registry's aliases, the bytes of what is in the
+bucket against what was recorded, the services, and what is left running or lying in /tmp.
+
+Each check returns problems as lines (empty: all well) or figures; none of them changes what it
+looks at, except ``leftover_processes``, which kills what it finds after noting it, so that one
+leak is counted once and not carried into the next run's figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+from hvdflow.tasks.train.registry import CONTENDER_TAG
+from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG
+from tests.helpers import RANK_ENTRY
+from tests.soak import faults
+from tests.soak import stack as s
+
+EPOCH_LINE = re.compile(r"<log>:Epoch (\d+)/(\d+)\s*$")  # its start, not its "done" line
+CHANCE = 0.1  # ten classes
+
+
+# --- one run ------------------------------------------------------------------------------------
+def flow_run_outcome(flow_run_id) -> dict:
+    """The flow run's final state and its reason's first line; its epochs as its logs tell."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        logs, offset = [], 0
+        while True:
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                limit=200,
+                offset=offset,
+            )
+            logs += page
+            offset += len(page)
+            if len(page) < 200:
+                break
+    started = [int(m.group(1)) for log in logs if (m := EPOCH_LINE.search(log.message))]
+    message = (run.state.message or "").strip()
+    return {
+        "state": run.state.type.value,
+        "reason": message.splitlines()[0] if message else "",
+        "reason_lines": len(message.splitlines()),
+        "epochs_begun": len(started),
+        "epochs_recomputed": len(started) - len(set(started)),
+        "ended_at": run.end_time.timestamp() if run.end_time else None,
+        "seconds": (run.end_time - run.start_time).total_seconds()
+        if run.end_time and run.start_time
+        else None,
+    }
+
+
+def mlflow_of(flow_run_id, epochs: int, completed: bool) -> dict:
+    """The MLflow run of a flow run: epochs logged (each once), attempts, registered version."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(s.MODEL)
+    if experiment is None:
+        return {"problems": [] if not completed else ["no MLflow experiment"], "runs": 0}
+    runs = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'"
+    )
+    problems = []
+    if completed and len(runs) != 1:
+        problems.append(f"{len(runs)} MLflow runs for one completed flow run")
+    figures = {"runs": len(runs)}
+    for run in runs:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+        if len(steps) != len(set(steps)):
+            problems.append(f"MLflow run {run.info.run_id}: an epoch logged twice ({steps})")
+        if completed and sorted(set(steps)) != list(range(epochs)):
+            problems.append(f"MLflow run {run.info.run_id}: epochs {sorted(steps)} of {epochs}")
+        figures |= {
+            "mlflow_run": run.info.run_id,
+            "mlflow_status": run.info.status,
+            "attempts": int(run.data.tags.get(ATTEMPTS_TAG, "1")),
+            "val_accuracy": run.data.metrics.get("val_accuracy"),
+            "epochs_logged": len(set(steps)),
+        }
+    figures["problems"] = problems
+    return figures
+
+
+# --- the registry -------------------------------------------------------------------------------
+def registry_problems() -> tuple[list[str], dict]:
+    """Champion on a finished run above chance and at least as good as every contender;
+    every version's run finished and its model's files present."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    problems: list[str] = []
+    versions = client.search_model_versions(f"name='{s.MODEL}'")
+    if not versions:
+        return problems, {"versions": 0}
+    scores = {}
+    for v in versions:
+        run = client.get_run(v.run_id)
+        if run.info.status != "FINISHED":
+            problems.append(f"version {v.version}: its run {v.run_id} is {run.info.status}")
+        if CONTENDER_TAG in v.tags:
+            scores[v.version] = float(v.tags[CONTENDER_TAG])
+        if not client.list_artifacts(v.run_id) and not _model_files(v.source):
+            problems.append(f"version {v.version}: no model files at {v.source}")
+    champion = client.get_model_version_by_alias(s.MODEL, "champion")
+    run = client.get_run(champion.run_id)
+    accuracy = run.data.metrics.get("val_accuracy", 0.0)
+    if run.info.status != "FINISHED" or accuracy <= CHANCE + 0.2:
+        problems.append(f"champion {champion.version}: {run.info.status}, accuracy {accuracy}")
+    best = max(scores.values(), default=None)
+    if best is not None and scores.get(champion.version, -1) < best:
+        problems.append(f"champion {champion.version} scores below the best contender {best}")
+    return problems, {"versions": len(versions), "champion": champion.version}
+
+
+def _model_files(source: str) -> bool:
+    from mlflow.artifacts import list_artifacts
+
+    try:
+        return bool(list_artifacts(source))
+    except Exception:
+        return False
+
+
+# --- the bucket ---------------------------------------------------------------------------------
+class Ledger:
+    """What the soak recorded of the bucket's objects, to compare their bytes against later:
+    each published dataset's files (their ETags when first seen), the staged weights (their
+    sha256 is their name), and what the soak itself damaged, with when."""
+
+    def __init__(self):
+        self.datasets: dict[str, dict[str, str]] = {}  # attempt path -> key -> etag
+        self.damaged_attempts: set[str] = set()
+        self.damaged_weights: set[str] = set()
+
+    def record_and_compare(self, store) -> tuple[list[str], dict]:
+        problems = []
+        client = store._client
+        manifests = [k for k in store.list_keys("datasets/") if k.endswith("/manifest.json")]
+        current = set()
+        for key in manifests:
+            manifest = json.loads(store.get_bytes(f"s3://hvdflow/{key}"))
+            path = manifest["path"]
+            current.add(path)
+            prefix = path.removeprefix("s3://hvdflow/") + "/"
+            listed = client.list_objects_v2(Bucket="hvdflow", Prefix=prefix).get("Contents", [])
+            etags = {o["Key"]: o["ETag"] for o in listed}
+            if path in self.damaged_attempts:
+                problems.append(f"dataset {path}: damaged by the soak, still published")
+                continue
+            seen = self.datasets.setdefault(path, etags)
+            changed = sorted(k for k in seen if etags.get(k) != seen[k])
+            if changed:
+                problems.append(f"dataset {path}: {len(changed)} files changed or gone")
+        lost = [p for p in self.datasets if p not in current and p not in self.damaged_attempts]
+        # A version folder keeps one published attempt: an older one replaced is not lost
+        # if its version folder still has a manifest.
+        versions = {p.rsplit("/", 1)[0] for p in current}
+        lost = [p for p in lost if p.rsplit("/", 1)[0] not in versions]
+        problems += [f"dataset {p}: its manifest is gone" for p in lost]
+        weights_bad = []
+        for key in store.list_keys("weights/"):
+            name = key.rsplit("/", 1)[-1]
+            digest = name.split(".", 1)[0]
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                continue
+            data = store.get_bytes(f"s3://hvdflow/{key}")
+            if hashlib.sha256(data).hexdigest() != digest:
+                weights_bad.append(f"s3://hvdflow/{key}")
+        for w in weights_bad:
+            if w in self.damaged_weights:
+                problems.append(f"weights {w}: damaged by the soak, still staged")
+            else:
+                problems.append(f"weights {w}: bytes do not match their sha256")
+        self.damaged_weights &= set(weights_bad)  # staged again since: intact
+        return problems, {
+            "datasets": len(current),
+            "weights_damaged_still_there": len(weights_bad),
+        }
+
+
+# --- services, processes, /tmp ------------------------------------------------------------------
+def services_problems(stack) -> list[str]:
+    problems = []
+    urls = stack.services.urls()
+    for name, path in (("s3", ""), ("mlflow", "/health"), ("prefect", "/health")):
+        url = urls.get(name)
+        if url is None:
+            problems.append(f"{name}: not running")
+            continue
+        try:
+            if requests.get(url + path, timeout=10).status_code >= 500:
+                problems.append(f"{name}: answers with an error")
+        except requests.RequestException as e:
+            problems.append(f"{name}: does not answer ({type(e).__name__})")
+    return problems
+
+
+def leftover_processes(stack) -> list[str]:
+    """Ranks, executors, drivers and flow-run processes when no run is in flight: there must be
+    none besides the worker. Each found is noted, then killed."""
+    found = {p.pid: f"rank {p.pid}" for p in faults._in_hosts(stack, RANK_ENTRY)}
+    found |= {p.pid: f"executor {p.pid}" for p in faults._in_hosts(stack, faults.EXECUTOR_MAIN)}
+    worker = stack.worker.pid if stack.worker else None
+    mine = {os.getpid()}
+    for proc in s.processes_with_env("HVDFLOW_HOME", str(stack.home)):
+        if proc.pid == worker or proc.pid in mine:
+            continue
+        try:
+            cmdline = " ".join(proc.cmdline()[:4])
+        except psutil.Error:
+            continue
+        if "prefect" in cmdline and "worker" in cmdline and proc.pid == worker:
+            continue
+        found.setdefault(proc.pid, f"process {proc.pid} ({cmdline[:80]})")
+    # Services are started with the home's path in their command, not in their environment.
+    services = {info["pid"] for info in stack.services.state().values()}
+    lines = []
+    for pid, line in found.items():
+        if pid in services or _is_service_child(pid, services):
+            continue
+        lines.append(line)
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    return lines
+
+
+def _is_service_child(pid: int, services: set[int]) -> bool:
+    try:
+        return os.getpgid(pid) in services
+    except OSError:
+        return False
+
+
+def wait_for_no_leftovers(stack, settle_s: float = 30.0) -> list[str]:
+    """Leftovers once they had ``settle_s`` to end by themselves (executors end after their
+    driver within seconds)."""
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        if not _any_left(stack):
+            return []
+        time.sleep(1)
+    return leftover_processes(stack)
+
+
+def _any_left(stack) -> bool:
+    if faults._in_hosts(stack, RANK_ENTRY) or faults._in_hosts(stack, faults.EXECUTOR_MAIN):
+        return True
+    worker = stack.worker.pid if stack.worker else None
+    services = {info["pid"] for info in stack.services.state().values()}
+    return any(
+        p.pid not in (worker, os.getpid()) and not _is_service_child(p.pid, services)
+        for p in s.processes_with_env("HVDFLOW_HOME", str(stack.home))
+    )
+
+
+def host_tmp(stack) -> dict[str, dict]:
+    """Each host's /tmp: files beside Spark's work dir (its executors' logs, kept by Spark's
+    design), and the bytes used."""
+    out = {}
+    for host in stack.cluster.hosts + stack.cluster.spare_hosts:
+        done = stack.cluster.run_on_host(
+            host,
+            "find /tmp -xdev -path /tmp/work -prune -o -type f -print | grep -v '^/tmp/home/' ;"
+            " echo USED $(du -sk --exclude=/tmp/work /tmp | cut -f1)"
+            " WORK $(du -sk /tmp/work | cut -f1)",
+        )
+        lines = done.stdout.splitlines()
+        used = next((ln for ln in lines if ln.startswith("USED")), "USED 0 WORK 0").split()
+        out[host.name] = {
+            "files": [ln for ln in lines if not ln.startswith("USED")],
+            "kib": int(used[1]),
+            "work_kib": int(used[3]) if len(used) > 3 else 0,
+        }
+    return out
+
+
+def root_tmp_entries(exclude: tuple[Path, ...]) -> set[str]:
+    """Names in this machine's /tmp, less the soak's own folders."""
+    names = set(os.listdir("/tmp"))
+    return {n for n in names if not any(Path("/tmp", n) in (e, *e.parents) for e in exclude)}

@@ -1,0 +1,189 @@
+"""The hands that break things: one function per fault kind, each doing it for real (a signal,
+an unplugged link, a capped disk, changed bytes in the bucket) and saying what it did.
+
+Every function takes the stack and the planned run's ``detail`` and returns a record: what was
+struck, and when the fault began and ended (epoch seconds). ``prepare`` does what a kind needs
+before its run is asked for (a spare host's worker, new images to preprocess).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+
+import psutil
+
+from tests.cluster.spark_cluster import _net_inode
+from tests.helpers import RANK_ENTRY
+from tests.soak import stack as s
+
+EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+SERVICE_DOWN_S = 20.0
+DISK_FULL_S = 15.0
+
+
+def _in_hosts(stack, marker: str) -> list[psutil.Process]:
+    inodes = set(stack.cluster.netns_inodes.values())
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []) and _net_inode(proc.pid) in inodes:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return sorted(found, key=lambda p: p.pid)
+
+
+def _kill_one(stack, marker: str, which: int, what: str) -> dict:
+    found = _in_hosts(stack, marker)
+    if not found:
+        return {"struck": f"no {what} was running"}
+    victim = found[which % len(found)]
+    victim.send_signal(signal.SIGKILL)
+    return {"struck": f"{what} pid {victim.pid} SIGKILLed"}
+
+
+def rank_kill(stack, detail: dict) -> dict:
+    return _kill_one(stack, RANK_ENTRY, detail["rank"], "rank")
+
+
+def executor_kill(stack, detail: dict) -> dict:
+    return _kill_one(stack, EXECUTOR_MAIN, detail["rank"], "executor")
+
+
+def host_lost(stack, detail: dict) -> dict:
+    (spare,) = stack.cluster.spare_hosts
+    killed = stack.cluster.stop_host_for_good(spare)
+    return {"struck": f"{spare.name} lost for good ({len(killed)} processes SIGKILLed)"}
+
+
+def link_cut(stack, detail: dict) -> dict:
+    host = stack.cluster.hosts[detail["host"]]
+    stack.cluster.cut_link(host)
+    try:
+        time.sleep(detail["seconds"])
+    finally:
+        stack.cluster.restore_link(host)
+    return {"struck": f"{host.name}'s link cut for {detail['seconds']} s"}
+
+
+def _restart(stack, name: str, down_s: float) -> dict:
+    stack.kill_service(name)
+    time.sleep(down_s)
+    began = time.time()
+    stack.start_services()
+    return {"struck": f"{name} killed, back after {down_s + time.time() - began:.1f} s"}
+
+
+def mlflow_restart(stack, detail: dict) -> dict:
+    return _restart(stack, "mlflow", SERVICE_DOWN_S)
+
+
+def s3_restart(stack, detail: dict) -> dict:
+    return _restart(stack, "s3", SERVICE_DOWN_S)
+
+
+def prefect_restart(stack, detail: dict) -> dict:
+    return _restart(stack, "prefect", 0.0)
+
+
+def worker_kill(stack, detail: dict) -> dict:
+    old = stack.worker.pid
+    stack.kill_worker()
+    stack.start_worker()
+    return {"struck": f"worker pid {old} SIGKILLed, worker {stack.workers_started} started"}
+
+
+def disk_full(stack, detail: dict) -> dict:
+    host = stack.cluster.hosts[detail["host"]]
+    size = stack.cluster.run_on_host(host, "df -B1K --output=size /tmp | tail -1").stdout.strip()
+    used = stack.cluster.run_on_host(host, "df -B1K --output=used /tmp | tail -1").stdout.strip()
+    capped = stack.cluster.run_on_host(host, f"mount -o remount,size={int(used) + 4}k /tmp")
+    if capped.returncode != 0:
+        return {"struck": f"could not cap {host.name}'s /tmp: {capped.stderr.strip()}"}
+    try:
+        time.sleep(DISK_FULL_S)
+    finally:
+        stack.cluster.run_on_host(host, f"mount -o remount,size={size}k /tmp")
+    return {"struck": f"{host.name}'s /tmp full ({used} KiB) for {DISK_FULL_S:g} s"}
+
+
+def weights_altered(stack, detail: dict) -> dict:
+    store = stack.store()
+    staged = [k for k in store.list_keys("weights/") if not k.endswith(".json")]
+    if not staged:
+        return {"struck": "no staged weights yet"}
+    key = staged[-1]
+    uri = f"s3://hvdflow/{key}"
+    data = store.get_bytes(uri)
+    if detail["how"] == "truncate":
+        bad = data[: len(data) // 2]
+    else:
+        middle = len(data) // 2
+        bad = (
+            data[:middle]
+            + bytes(b ^ 0xFF for b in data[middle : middle + 64])
+            + data[middle + 64 :]
+        )
+    store.put_bytes(bad, uri, "application/octet-stream")
+    return {"struck": f"{uri} {detail['how']}d", "uri": uri}
+
+
+def row_group_corrupt(stack, detail: dict) -> dict:
+    store = stack.store()
+    newest = current_dataset(store)
+    if newest is None:
+        return {"struck": "no published dataset yet"}
+    attempt = newest["path"].removeprefix("s3://hvdflow/")
+    parts = [k for k in store.list_keys(attempt + "/train/") if k.endswith(".parquet")]
+    key = parts[0]
+    data = store.get_bytes(f"s3://hvdflow/{key}")
+    at = int(len(data) * detail["offset"])
+    bad = data[:at] + bytes(b ^ 0x5A for b in data[at : at + 32]) + data[at + 32 :]
+    store.put_bytes(bad, f"s3://hvdflow/{key}", "application/octet-stream")
+    return {"struck": f"32 bytes of s3://hvdflow/{key} changed", "attempt": newest["path"]}
+
+
+def broken_images(stack, detail: dict, index: int = 0) -> dict:
+    store = stack.store()
+    for i in range(detail["count"]):
+        name = f"{s.RAW}{i % 10}/broken-{index:03d}-{i}.png"
+        store.put_bytes(b"\x89PNG\r\n\x1a\n" + hashlib.sha256(name.encode()).digest(), name)
+    return {"struck": f"{detail['count']} broken images added", "added_bad": detail["count"]}
+
+
+def current_dataset(store) -> dict | None:
+    """The newest manifest under the datasets prefix (the one runs read now)."""
+    manifests = [k for k in store.list_keys("datasets/") if k.endswith("/manifest.json")]
+    records = [json.loads(store.get_bytes(f"s3://hvdflow/{k}")) for k in manifests]
+    return max(records, key=lambda r: r["created_at"], default=None)
+
+
+STRIKES = {
+    "rank_kill": rank_kill,
+    "executor_kill": executor_kill,
+    "host_lost": host_lost,
+    "link_cut": link_cut,
+    "mlflow_restart": mlflow_restart,
+    "s3_restart": s3_restart,
+    "prefect_restart": prefect_restart,
+    "worker_kill": worker_kill,
+    "disk_full": disk_full,
+    "weights_altered": weights_altered,
+    "row_group_corrupt": row_group_corrupt,
+    "broken_images": broken_images,
+}
+
+
+def prepare(stack, fault: str | None, index: int) -> dict:
+    """What a run's fault needs before it is asked for."""
+    if fault == "host_lost":
+        (spare,) = stack.cluster.spare_hosts
+        stack.cluster.start_worker(spare)
+        return {"np": 3, "min_np": 2}
+    if fault == "disk_full":  # new images: this run preprocesses again
+        added = stack.upload_digits(per_class=1, start=s.IMAGES_PER_CLASS + index)
+        return {"added_good": added}
+    return {}

@@ -1,0 +1,60 @@
+"""The soak's table (BENCHMARKS.md, "Soak") and its JSON record."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+
+from tests.soak.plan import FAULT_KINDS
+
+
+def table(records, idle) -> str:
+    rows = [
+        "| fault | injected | finished without a person | failed with a reason | "
+        "epochs recomputed | lost or corrupted | recovery (median s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind in [None, *FAULT_KINDS]:
+        mine = [r for r in records if r.planned.fault == kind]
+        if not mine:
+            continue
+        struck = [r for r in mine if r.strike.get("began")] if kind else mine
+        completed = sum(r.outcome.get("state") == "COMPLETED" for r in mine)
+        failed = [r for r in mine if r.outcome.get("state") != "COMPLETED"]
+        with_reason = sum(bool(r.outcome.get("reason")) for r in failed)
+        recomputed = sum(r.outcome.get("epochs_recomputed", 0) for r in mine)
+        lost = sum(len(r.problems) for r in mine)
+        recovery = [r.recovered_s for r in mine if r.recovered_s is not None]
+        rows.append(
+            f"| {kind or 'none'} | {len(struck)} of {len(mine)} runs | {completed} | "
+            f"{with_reason} of {len(failed)} | {recomputed} | {lost} | "
+            f"{statistics.median(recovery):.1f} |"
+            if recovery
+            else f"| {kind or 'none'} | {len(struck)} of {len(mine)} runs | {completed} | "
+            f"{with_reason} of {len(failed)} | {recomputed} | {lost} | - |"
+        )
+    return "\n".join(rows)
+
+
+def summary(records, idle) -> dict:
+    problems = [p for r in records for p in r.problems] + [p for c in idle for p in c.problems]
+    leftovers = [x for c in idle for x in c.leftovers]
+    failed = [r for r in records if r.outcome.get("state") != "COMPLETED"]
+    return {
+        "runs": len(records),
+        "completed": len(records) - len(failed),
+        "failed_with_reason": sum(bool(r.outcome.get("reason")) for r in failed),
+        "failed_without_reason": sum(not r.outcome.get("reason") for r in failed),
+        "problems": problems,
+        "leftover_processes": leftovers,
+        "reasons": {r.planned.index: r.outcome.get("reason") for r in failed},
+    }
+
+
+def as_json(records, idle, meta: dict) -> dict:
+    return {
+        **meta,
+        "summary": summary(records, idle),
+        "runs": [asdict(r) for r in records],
+        "idle_checks": [asdict(c) for c in idle],
+    }

@@ -1,0 +1,294 @@
+"""The soak's loop: start the stack once, run the plan through the deployment, strike each
+run's fault at its moment, and check after every run and whenever nothing is in flight."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.cluster.fixtures import BAD
+from tests.soak import checks, faults
+from tests.soak import stack as s
+from tests.soak.plan import BEFORE, EPOCH, FAULT_KINDS, PREPROCESS, PlannedRun
+
+RUN_TIMEOUT_S = 900.0  # a run not final by then is wedged: cancelled, and counted
+# What the training step logs when an attempt failed and the next one resumes.
+RETRY_LINE = "running it again from the last checkpoint"
+TRIGGER_TIMEOUT_S = 600.0
+
+
+@dataclass
+class RunRecord:
+    planned: PlannedRun
+    flow_run_id: str = ""
+    strike: dict = field(default_factory=dict)
+    outcome: dict = field(default_factory=dict)
+    mlflow: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    recovered_s: float | None = None
+
+
+@dataclass
+class IdleCheck:
+    after_run: int
+    problems: list[str]
+    leftovers: list[str]
+    figures: dict
+
+
+def run_params(planned: PlannedRun, prepared: dict, epochs: int) -> dict:
+    launcher = {"np": prepared.get("np", 2), "heartbeat_timeout_s": 20.0}
+    if "min_np" in prepared:
+        launcher |= {"min_np": prepared["min_np"], "elastic_wait_s": 8.0}
+    return {
+        "data": {"input": s.RAW, "input_format": "folders", "output": s.DATASETS},
+        "training": {"epochs": epochs, "batch_size": 16},
+        "launcher": launcher,
+        "tracking": {"registered_model_name": s.MODEL, "experiment": s.MODEL},
+    }
+
+
+class WorkerLog(threading.Thread):
+    """Every line of the workers' logs (each worker the soak started), with when it was read:
+    read continuously, so that a fault is timed by the line that triggers it."""
+
+    def __init__(self, stack):
+        super().__init__(daemon=True)
+        self.stack = stack
+        self.lines: list[tuple[float, str]] = []
+        self._offsets: dict[Path, int] = {}
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(0.05):
+            for path in sorted(self.stack.workdir.glob("worker-*.log")):
+                with path.open("rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+                cut = data.rfind(b"\n") + 1
+                self._offsets[path] = self._offsets.get(path, 0) + cut
+                now = time.time()
+                self.lines += [(now, ln) for ln in data[:cut].decode(errors="replace").splitlines()]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Soak:
+    def __init__(self, stack, plan: list[PlannedRun], epochs: int, say=print):
+        self.stack, self.plan, self.epochs, self.say = stack, plan, epochs, say
+        self.records: list[RunRecord] = []
+        self.idle: list[IdleCheck] = []
+        self.ledger = checks.Ledger()
+        self.log = WorkerLog(stack)
+        self.log.start()
+        self.damage: list[tuple[int, str, str]] = []  # (run index, kind, what)
+        self.started = time.time()
+
+    # --- set-up ---------------------------------------------------------------------------
+    def set_up(self) -> None:
+        stack = self.stack
+        stack.start_services()
+        store = stack.store()
+        store.ensure_bucket()
+        good = stack.upload_digits()
+        for name, data in BAD.items():
+            store.put_bytes(data, s.RAW + name, "application/octet-stream")
+        stack.deploy(self.epochs)
+        stack.start_worker()
+        self.say(f"soak: {good} digits and {len(BAD)} bad files in {s.RAW}; worker started")
+        self.baseline = {"hosts": checks.host_tmp(stack)}
+
+    # --- the loop -------------------------------------------------------------------------
+    def run(self) -> None:
+        in_flight: list[RunRecord] = []
+        for planned in self.plan:
+            if not planned.overlap:
+                self.settle(in_flight)
+            record = RunRecord(planned)
+            self.records.append(record)
+            prepared = faults.prepare(self.stack, planned.fault, planned.index)
+            when = FAULT_KINDS.get(planned.fault)
+            if when == BEFORE:
+                record.strike = self.strike(planned)
+            record.flow_run_id = self.submit(run_params(planned, prepared, self.epochs))
+            self.say(
+                f"run {planned.index}: {record.flow_run_id} "
+                f"{planned.fault or 'no fault'}{' (overlapping)' if planned.overlap else ''}"
+            )
+            in_flight.append(record)
+            if when in (EPOCH, PREPROCESS):
+                self.strike_in_run(record)
+        self.settle(in_flight)
+
+    def submit(self, params: dict) -> str:
+        from prefect.deployments import run_deployment
+
+        run = _retrying(
+            lambda: run_deployment(s.PIPELINE_DEPLOYMENT, parameters={"params": params}, timeout=0)
+        )
+        return str(run.id)
+
+    def strike(self, planned: PlannedRun) -> dict:
+        began = time.time()
+        kind = planned.fault
+        strike_fn = faults.STRIKES[kind]
+        if kind == "broken_images":
+            done = strike_fn(self.stack, planned.detail, planned.index)
+        else:
+            done = strike_fn(self.stack, planned.detail)
+        if kind == "weights_altered" and "uri" in done:
+            self.ledger.damaged_weights.add(done["uri"])
+            self.damage.append((planned.index, kind, done["uri"]))
+        if kind == "row_group_corrupt" and "attempt" in done:
+            self.ledger.damaged_attempts.add(done["attempt"])
+            self.damage.append((planned.index, kind, done["attempt"]))
+        done |= {"began": began, "ended": time.time()}
+        self.say(f"  fault {kind}: {done['struck']}")
+        return done
+
+    def strike_in_run(self, record: RunRecord) -> None:
+        planned = record.planned
+        if not self.wait_running(record.flow_run_id):
+            record.strike = {"struck": "not struck: the run ended before it ran"}
+            return
+        seen = len(self.log.lines)  # what came before this run began
+        if FAULT_KINDS[planned.fault] == EPOCH:
+            trigger = re.compile(rf"<log>:Epoch {planned.epoch}/{self.epochs}\s*$")
+            pause = planned.delay_s
+        else:
+            trigger = re.compile(r"preprocessing s3://")
+            pause = planned.detail["after_s"]
+        deadline = time.monotonic() + TRIGGER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            lines = self.log.lines[seen:]
+            seen += len(lines)
+            if any(trigger.search(line) for _, line in lines):
+                time.sleep(pause)
+                record.strike = self.strike(planned)
+                return
+            if self.final(record.flow_run_id):
+                record.strike = {"struck": "not struck: the run ended before its trigger"}
+                return
+            time.sleep(0.05)
+        record.strike = {"struck": f"not struck: no trigger within {TRIGGER_TIMEOUT_S:g} s"}
+
+    def recovery(self, record: RunRecord, ended: float) -> float | None:
+        """Seconds from the fault's start until training went on: the first epoch begun after
+        the next attempt was announced, else after the fault ended; else the run's end."""
+        began, over = record.strike.get("began"), record.strike.get("ended")
+        if began is None or FAULT_KINDS[record.planned.fault] == BEFORE:
+            return None
+        after = [(t, ln) for t, ln in self.log.lines if began <= t <= ended]
+        retry = next((t for t, ln in after if RETRY_LINE in ln), None)
+        since = retry if retry is not None else over
+        resumed = next((t for t, ln in after if t >= since and checks.EPOCH_LINE.search(ln)), None)
+        return (resumed if resumed is not None else ended) - began
+
+    # --- after runs -----------------------------------------------------------------------
+    def wait_running(self, flow_run_id: str) -> bool:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            state = self.state_of(flow_run_id)
+            if state is not None and state.is_running():
+                return True
+            if state is not None and state.is_final():
+                return False
+            time.sleep(0.5)
+        return False
+
+    def state_of(self, flow_run_id: str):
+        from prefect.client.orchestration import get_client
+
+        with contextlib.suppress(Exception):  # the server may be restarting
+            with get_client(sync_client=True) as client:
+                return client.read_flow_run(flow_run_id).state
+        return None
+
+    def final(self, flow_run_id: str) -> bool:
+        state = self.state_of(flow_run_id)
+        return state is not None and state.is_final()
+
+    def settle(self, in_flight: list[RunRecord]) -> None:
+        if not in_flight:
+            return
+        for record in in_flight:
+            self.finish(record)
+        in_flight.clear()
+        self.check_idle()
+
+    def finish(self, record: RunRecord) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not self.final(record.flow_run_id):
+            if time.monotonic() > deadline:
+                record.problems.append(f"wedged: not final within {RUN_TIMEOUT_S:g} s")
+                self.cancel(record.flow_run_id)
+                break
+            time.sleep(1)
+        outcome = _retrying(lambda: checks.flow_run_outcome(record.flow_run_id))
+        record.outcome = outcome
+        record.recovered_s = self.recovery(record, outcome.pop("ended_at") or time.time())
+        completed = outcome["state"] == "COMPLETED"
+        if not completed and not outcome["reason"]:
+            record.problems.append(f"{outcome['state']} without a reason")
+        record.mlflow = _retrying(
+            lambda: checks.mlflow_of(record.flow_run_id, self.epochs, completed)
+        )
+        record.problems += record.mlflow.pop("problems")
+        self.say(
+            f"run {record.planned.index}: {outcome['state']}"
+            + (f" ({outcome['reason'][:200]})" if outcome["reason"] and not completed else "")
+            + f", {outcome['epochs_recomputed']} epochs recomputed"
+            + (f"; problems: {record.problems}" if record.problems else "")
+        )
+
+    def cancel(self, flow_run_id: str) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Cancelling
+
+        with contextlib.suppress(Exception), get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+
+    def check_idle(self) -> None:
+        stack = self.stack
+        after = self.records[-1].planned.index
+        leftovers = checks.wait_for_no_leftovers(stack)
+        problems = checks.services_problems(stack)
+        registry, registry_figures = _retrying(checks.registry_problems)
+        problems += registry
+        objects, object_figures = _retrying(lambda: self.ledger.record_and_compare(stack.store()))
+        problems += [p for p in objects if self.counts(p)]
+        hosts = checks.host_tmp(stack)
+        figures = {**registry_figures, **object_figures, "hosts": hosts}
+        self.idle.append(IdleCheck(after, problems, leftovers, figures))
+        if problems or leftovers:
+            self.say(f"after run {after}: problems {problems}, leftovers {leftovers}")
+
+    def counts(self, problem: str) -> bool:
+        """A damaged object still in use counts once a run asked for after the damage has
+        completed: it should have been replaced."""
+        if "damaged by the soak" not in problem:
+            return True
+        for index, _kind, what in self.damage:
+            if what in problem:
+                return any(
+                    r.planned.index > index and r.outcome.get("state") == "COMPLETED"
+                    for r in self.records
+                )
+        return True
+
+
+def _retrying(call, attempts: int = 20, pause_s: float = 3.0):
+    """``call()`` again while a service it needs is restarting."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(pause_s)
+    return None

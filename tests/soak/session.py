@@ -1,0 +1,53 @@
+"""One soak from start to end on a given cluster: the stack up, the plan run, everything
+stopped, and the records returned; the services' variables set for this process meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from hvdflow.infra._env import temporary_env
+from tests.soak.plan import PlannedRun
+from tests.soak.runner import Soak
+from tests.soak.stack import SoakStack
+
+# The variables of the cluster's own services, not any others this process was given.
+SERVICE_VARIABLES = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+
+
+def run_soak(cluster, workdir: Path, plan: list[PlannedRun], epochs: int, say=print) -> Soak:
+    stack = SoakStack(cluster, workdir)
+    saved = {k: os.environ.pop(k) for k in SERVICE_VARIABLES if k in os.environ}
+    soak = Soak(stack, plan, epochs, say=say)
+    try:
+        env = stack.start_services()
+        with temporary_env(env), _prefect_settings(env):
+            soak.set_up()
+            soak.run()
+    finally:
+        soak.log.stop()
+        stack.stop_worker()
+        soak.final_leftovers = _final_leftovers(soak)
+        stack.stop_services()
+        os.environ.update(saved)
+    return soak
+
+
+def _final_leftovers(soak: Soak) -> list[str]:
+    from tests.soak import checks
+
+    with contextlib.suppress(Exception):
+        return checks.wait_for_no_leftovers(soak.stack)
+    return ["could not look"]
+
+
+@contextlib.contextmanager
+def _prefect_settings(env: dict):
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+    updates = {PREFECT_API_URL: env["PREFECT_API_URL"]}
+    if "PREFECT_API_AUTH_STRING" in env:
+        updates[PREFECT_API_AUTH_STRING] = env["PREFECT_API_AUTH_STRING"]
+    with temporary_settings(updates):
+        yield

@@ -1,0 +1,157 @@
+"""The long-lived parts of a soak: the multi-host cluster, hvdflow's services bound to its
+driver's address, the deployments (``hvdflow deploy``) and a Prefect worker started in an empty
+folder, as production runs them; and the restarts the faults need."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from hvdflow.infra.services._process import is_running, start_process, stop_process_group
+from hvdflow.infra.services.local import LocalServices
+from tests.cluster.driver import driver_env
+
+BIN = Path(sys.executable).parent
+POOL = "hvdflow"
+PIPELINE_DEPLOYMENT = "hvdflow-pipeline/hvdflow-pipeline"
+MODEL = "soak"
+RAW = "s3://hvdflow/raw/digits/"
+DATASETS = "s3://hvdflow/datasets"
+IMAGES_PER_CLASS = 50  # 500 digits: epochs long enough to strike in, accuracy far from chance
+WORKER_STOP_TIMEOUT_S = 20.0
+
+
+@dataclass
+class SoakStack:
+    cluster: object  # tests.cluster.spark_cluster.NetnsSparkCluster
+    workdir: Path
+    services: LocalServices = field(init=False)
+    env: dict = field(default_factory=dict)  # the clients' variables for the services
+    worker: subprocess.Popen | None = None
+    workers_started: int = 0
+
+    def __post_init__(self) -> None:
+        self.home = self.workdir / "home"
+        self.services = LocalServices(self.home)
+
+    # --- services ---------------------------------------------------------------------------
+    def start_services(self) -> dict:
+        """Start what is not running (all at first; a killed one later, on its old port)."""
+        env = self.services.up(bind=self.cluster.driver_ip)
+        if self.env and env != self.env:
+            raise RuntimeError(f"services came back elsewhere: {env} after {self.env}")
+        self.env = env
+        return env
+
+    def kill_service(self, name: str) -> None:
+        """SIGKILL a service's whole process group, as a crash or an OOM kill would."""
+        pid = self.services.state()[name]["pid"]
+        os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while is_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def stop_services(self) -> None:
+        self.services.down()
+
+    # --- the deployment and its worker --------------------------------------------------------
+    def worker_env(self) -> dict:
+        env = {
+            **driver_env(self.cluster, self.workdir / "driver-conf"),
+            **self.env,
+            "HVDFLOW_HOME": str(self.home),
+            "HVDFLOW_CACHE_DIR": str(self.workdir / "cache"),
+            "PREFECT_WORKER_QUERY_SECONDS": "2",
+            "PYTHONUNBUFFERED": "1",  # the worker's log is what the faults are timed by
+        }
+        env.pop("PYTHONPATH", None)  # hvdflow as installed, not this checkout's folders
+        return env
+
+    def deploy(self, epochs: int) -> str:
+        here = self.workdir / "deploy-here"
+        here.mkdir(parents=True, exist_ok=True)
+        params = {"tracking": {"registered_model_name": MODEL, "experiment": MODEL}}
+        done = subprocess.run(
+            [str(BIN / "hvdflow"), "deploy", "--pool", POOL, "--np", "2"]
+            + ["--epochs", str(epochs), "--params", json.dumps(params)],
+            env=self.worker_env(),
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"hvdflow deploy failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+            )
+        return done.stdout
+
+    @property
+    def worker_log(self) -> Path:
+        return self.workdir / f"worker-{self.workers_started}.log"
+
+    def start_worker(self) -> None:
+        here = self.workdir / "worker-here"
+        here.mkdir(parents=True, exist_ok=True)
+        self.workers_started += 1
+        self.worker = start_process(
+            [str(BIN / "prefect"), "worker", "start", "--pool", POOL],
+            self.worker_log,
+            self.worker_env(),
+            cwd=here,
+        )
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker alone (the flow runs it started are left to themselves)."""
+        self.worker.send_signal(signal.SIGKILL)
+        self.worker.wait(10)
+
+    def stop_worker(self) -> None:
+        if self.worker is not None:
+            stop_process_group(self.worker, WORKER_STOP_TIMEOUT_S)
+
+    # --- data ---------------------------------------------------------------------------------
+    def store(self):
+        from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+
+        return ObjectStore(ObjectStoreConfig.from_env(bucket="hvdflow"))
+
+    def upload_digits(self, per_class: int = IMAGES_PER_CLASS, start: int = 0) -> int:
+        """Real digits (PNG) into the raw tree, ``per_class`` of each class from the
+        ``start``-th on; returns how many."""
+        from PIL import Image
+        from sklearn.datasets import load_digits
+
+        store, digits = self.store(), load_digits()
+        counts: dict[int, int] = {}
+        put = 0
+        for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+            seen = counts.get(label, 0)
+            counts[label] = seen + 1
+            if not start <= seen < start + per_class:
+                continue
+            buffer = io.BytesIO()
+            Image.fromarray((image * 255 / 16).astype("uint8"), mode="L").save(buffer, "PNG")
+            store.put_bytes(buffer.getvalue(), f"{RAW}{label}/digit_{i:04d}.png", "image/png")
+            put += 1
+        return put
+
+
+def processes_with_env(name: str, value: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(name) == value:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
