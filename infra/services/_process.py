@@ -84,9 +84,15 @@ def check_bind_address(host: str) -> str:
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """Whether ``port`` can be bound on ``host`` right now."""
+    """Whether a server could listen on ``port`` of ``host`` right now.
+
+    Asked the way servers bind (SO_REUSEADDR, as Go's, uvicorn's and the JVM's do): a port whose
+    server died a moment ago, its connections still in TIME_WAIT, is free for the next one, and
+    a service that crashed comes back on it; one that a process listens on is not.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True

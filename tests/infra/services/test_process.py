@@ -59,6 +59,20 @@ def test_a_free_port_avoids_the_given_ports_and_can_keep_its_neighbour_free(monk
     assert port_is_free(busy)
 
 
+def test_a_port_whose_server_just_died_is_free_and_one_listened_on_is_not():
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert not port_is_free(port)
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+            client.recv(1)
+    assert port_is_free(port)
+
+
 def test_a_free_port_can_be_bound():
     port = free_port()
     assert port_is_free(port)
