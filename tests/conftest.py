@@ -43,7 +43,7 @@ HEAVY_FIXTURES = {
 # two workers could pass at the same moment. The scheduler sees only node ids, so the groups are
 # by path.
 SERIAL_GROUPS = {
-    "cluster": ("tests/cluster/",),
+    "cluster": ("tests/cluster/", "tests/soak/"),
     "deployed": (
         "tests/ui/",
         "tests/flows/test_status.py",

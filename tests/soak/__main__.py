@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(soak.records, soak.idle))
     summary = report.summary(soak.records, soak.idle)
     summary["final_leftovers"] = soak.final_leftovers
+    summary["harness_errors"] = soak.harness_errors
     print(json.dumps(summary, indent=2))
     if args.json:
         record = report.as_json(
@@ -65,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2, default=str))
-    bad = summary["problems"] or summary["leftover_processes"] or soak.final_leftovers
+    bad = (
+        summary["problems"]
+        or summary["leftover_processes"]
+        or soak.final_leftovers
+        or soak.harness_errors
+    )
     return 1 if bad or summary["failed_without_reason"] else 0
 
 

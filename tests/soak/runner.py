@@ -87,6 +87,7 @@ class Soak:
         self.log = WorkerLog(stack)
         self.log.start()
         self.damage: list[tuple[int, str, str]] = []  # (run index, kind, what)
+        self.harness_errors: list[str] = []
         self.started = time.time()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -137,10 +138,16 @@ class Soak:
         began = time.time()
         kind = planned.fault
         strike_fn = faults.STRIKES[kind]
-        if kind == "broken_images":
-            done = strike_fn(self.stack, planned.detail, planned.index)
-        else:
-            done = strike_fn(self.stack, planned.detail)
+        try:
+            if kind == "broken_images":
+                done = strike_fn(self.stack, planned.detail, planned.index)
+            else:
+                done = strike_fn(self.stack, planned.detail)
+        except Exception as e:  # the soak's own failure: noted, and the soak goes on
+            done = {"struck": f"could not strike: {type(e).__name__}: {e}"}
+            self.harness_errors.append(f"run {planned.index} {kind}: {done['struck']}")
+            self.say(f"  fault {kind}: {done['struck']}")
+            return done
         if kind == "weights_altered" and "uri" in done:
             self.ledger.damaged_weights.add(done["uri"])
             self.damage.append((planned.index, kind, done["uri"]))

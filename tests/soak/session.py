@@ -10,10 +10,7 @@ from pathlib import Path
 from hvdflow.infra._env import temporary_env
 from tests.soak.plan import PlannedRun
 from tests.soak.runner import Soak
-from tests.soak.stack import SoakStack
-
-# The variables of the cluster's own services, not any others this process was given.
-SERVICE_VARIABLES = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+from tests.soak.stack import SERVICE_VARIABLES, SoakStack
 
 
 def run_soak(cluster, workdir: Path, plan: list[PlannedRun], epochs: int, say=print) -> Soak:

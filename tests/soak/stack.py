@@ -28,6 +28,9 @@ RAW = "s3://hvdflow/raw/digits/"
 DATASETS = "s3://hvdflow/datasets"
 IMAGES_PER_CLASS = 50  # 500 digits: epochs long enough to strike in, accuracy far from chance
 WORKER_STOP_TIMEOUT_S = 20.0
+# The variables that point clients at services: with one set, `hvdflow up` starts none of that
+# kind.
+SERVICE_VARIABLES = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
 
 
 @dataclass
@@ -46,7 +49,13 @@ class SoakStack:
     # --- services ---------------------------------------------------------------------------
     def start_services(self) -> dict:
         """Start what is not running (all at first; a killed one later, on its old port)."""
-        env = self.services.up(bind=self.cluster.driver_ip)
+        # Set in this process for its clients; `up` would take them for services of the
+        # user's own and start none.
+        hidden = {k: os.environ.pop(k) for k in SERVICE_VARIABLES if k in os.environ}
+        try:
+            env = self.services.up(bind=self.cluster.driver_ip)
+        finally:
+            os.environ.update(hidden)
         if self.env and env != self.env:
             raise RuntimeError(f"services came back elsewhere: {env} after {self.env}")
         self.env = env

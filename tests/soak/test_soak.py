@@ -1,0 +1,34 @@
+"""The short soak CI runs: three runs of the deployed pipeline on the multi-host harness, with a
+fixed seed and two fault kinds, checked like the long one (``python -m tests.soak``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.soak import report
+from tests.soak.plan import make_plan
+from tests.soak.session import run_soak
+
+pytestmark = pytest.mark.slow
+
+SEED = 7
+KINDS = ["rank_kill", "mlflow_restart"]
+EPOCHS = 6
+
+
+@pytest.mark.timeout(1200)
+def test_a_short_soak_loses_nothing_and_leaves_nothing_behind(netns_cluster, tmp_path):
+    plan = make_plan(len(KINDS) + 1, SEED, KINDS, epochs=EPOCHS, each=1)
+    soak = run_soak(netns_cluster, tmp_path, plan, EPOCHS)
+    summary = report.summary(soak.records, soak.idle)
+    print(report.table(soak.records, soak.idle))
+    assert summary["problems"] == [], summary
+    assert summary["leftover_processes"] == [] and soak.final_leftovers == [], summary
+    assert summary["failed_without_reason"] == 0, summary
+    assert soak.harness_errors == []
+    # Every fault struck while its run trained, and the runs went on to a registered model.
+    for record in soak.records:
+        if record.planned.fault:
+            assert "began" in record.strike, record.strike
+    assert summary["completed"] >= 2, summary
+    assert soak.idle and soak.idle[-1].figures.get("champion"), soak.idle[-1]
