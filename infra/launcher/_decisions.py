@@ -6,6 +6,7 @@ how a rank's exit reads, and which failure caused the others. Tested with exact 
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -90,6 +91,8 @@ def stop_reason(
 
 def exit_reason(returncode: int) -> str:
     """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
+    if returncode == _wire.EXIT_TEMPFAIL:
+        return f"exited with code {returncode} (a service it needs was unreachable)"
     if returncode >= 0:
         return f"exited with code {returncode}"
     try:
@@ -100,6 +103,26 @@ def exit_reason(returncode: int) -> str:
 
 
 def exit_cause(returncode: int) -> str:
-    """The cause of a non-zero exit: a signal (transient: killed from outside) or an exit
-    status (the training function failed: it would fail the same way again)."""
-    return _wire.CAUSE_SIGNAL if returncode < 0 else _wire.CAUSE_EXIT
+    """The cause of a non-zero exit: a signal (transient: killed from outside), EX_TEMPFAIL
+    (transient: a service was unreachable), or another exit status (the training function
+    failed: it would fail the same way again)."""
+    if returncode < 0:
+        return _wire.CAUSE_SIGNAL
+    return _wire.CAUSE_UNAVAILABLE if returncode == _wire.EXIT_TEMPFAIL else _wire.CAUSE_EXIT
+
+
+# The last line of a Python traceback: the exception's (dotted) class name and its message.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Failed)): (.+)$")
+
+
+def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
+    """The exception a rank's output ends with (``ObjectStoreError: object store at ...``),
+    for the first line of the error: what a person reads first says what happened. None when
+    no line of ``tail`` is one."""
+    for line in reversed(tail):
+        text = line.split(">:", 1)[1] if line.startswith("[") and ">:" in line else line
+        match = _EXCEPTION_LINE.match(text.strip())
+        if match and not _peer_died_first(text):
+            found = f"{match.group(1)}: {match.group(2)}"
+            return found if len(found) <= limit else found[: limit - 3] + "..."
+    return None

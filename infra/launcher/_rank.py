@@ -232,10 +232,12 @@ def main(argv: list[str]) -> int:
         fn, kwargs = cloudpickle.load(f)
     try:
         result = fn(**kwargs)
-    except BaseException:
+    except BaseException as e:
         traceback.print_exc()
         sys.stderr.flush()
-        return 1
+        # A service this rank needs was unreachable (hvdflow's object store errors say so
+        # with ``transient``): another attempt may succeed, and the training step retries it.
+        return _wire.EXIT_TEMPFAIL if _transient(e) else 1
     if os.environ.get(HOROVOD_RANK, "0") == "0":
         try:
             data = cloudpickle.dumps(result)
@@ -253,6 +255,17 @@ def main(argv: list[str]) -> int:
     if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
         _wait_for_the_other_tf_workers()
     return 0
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from, says it is transient."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if getattr(error, "transient", False) is True:
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 # Where each Horovod framework binding keeps its HorovodBasics (the ctypes handle on the library).

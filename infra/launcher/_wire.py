@@ -89,7 +89,12 @@ CAUSE_STALLED = "stalled"
 CAUSE_START_TIMEOUT = "start_timeout"
 CAUSE_STOPPED = "stopped"
 CAUSE_HOST = "host"
-TRANSIENT_CAUSES = frozenset({CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED})
+# The rank exited with EX_TEMPFAIL: a service it needs (the object store) was unreachable.
+CAUSE_UNAVAILABLE = "unavailable"
+TRANSIENT_CAUSES = frozenset({CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED, CAUSE_UNAVAILABLE})
+# sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"): the status of a
+# rank whose main raised an exception with a true ``transient`` attribute.
+EXIT_TEMPFAIL = 75
 # Longest stack dump a task ships per rank, in characters (the tail of a longer one is dropped).
 MAX_STACKS_CHARS = 16 * 1024
 

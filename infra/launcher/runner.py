@@ -41,6 +41,7 @@ from hvdflow.infra.constants import HOROVOD
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher._decisions import error_line
 from hvdflow.infra.launcher._encryption import refuse_unencrypted
 from hvdflow.infra.launcher._payload import pickle_payload
 from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, split_evenly
@@ -360,8 +361,10 @@ class HorovodRunner:
                 if failure.get("cause") == _wire.CAUSE_STALLED
                 else "Last lines of its output"
             )
+            what = error_line(lines)
             raise rank_failed(
-                f"{self._name()}: {failure['reason']}{also}. {heading}:\n{tail}",
+                f"{self._name()}: {failure['reason']}{also}{f': {what}' if what else ''}. "
+                f"{heading}:\n{tail}",
                 failure.get("cause"),
             )
         if not ended_badly() and not channel.drain(_DRAIN_S):

@@ -46,11 +46,15 @@ class ObjectStoreError(RuntimeError):
     """The object store could not be reached, or an object is missing or corrupt.
 
     ``missing``: the object or bucket does not exist (the store answered, and said so).
+    ``transient``: the store did not answer (unreachable, or too slow): the same call may
+    succeed once it is back. A rank that fails with such an error exits with EX_TEMPFAIL, and
+    the training step runs another attempt from the last checkpoint.
     """
 
-    def __init__(self, message: str, *, missing: bool = False):
+    def __init__(self, message: str, *, missing: bool = False, transient: bool = False):
         super().__init__(message)
         self.missing = missing
+        self.transient = transient
 
 
 # Error codes with which S3 servers refuse a request's key or signature. SeaweedFS answers 403
@@ -164,20 +168,23 @@ class ObjectStore:
                 f"{where} is unreachable after {attempts} attempts (no connection within "
                 f"{self.config.connect_timeout_s:g} s, set by ObjectStoreConfig.connect_timeout_s) "
                 f"to {what} {uri}: start it with `hvdflow up`, or set AWS_ENDPOINT_URL to a "
-                "running S3-compatible server"
+                "running S3-compatible server",
+                transient=True,
             )
         if isinstance(error, BotoConnectionError):
             return ObjectStoreError(
                 f"{where} is unreachable after {attempts} attempts ({type(error).__name__}) to "
                 f"{what} {uri}: start it with `hvdflow up`, or set AWS_ENDPOINT_URL to a running "
-                "S3-compatible server"
+                "S3-compatible server",
+                transient=True,
             )
         if isinstance(error, ReadTimeoutError):
             return ObjectStoreError(
                 f"{where} did not answer within {self.config.read_timeout_s:g} s (set by "
                 f"ObjectStoreConfig.read_timeout_s) in {attempts} attempts to {what} {uri}: "
                 "check that the server AWS_ENDPOINT_URL names is healthy, or set "
-                "AWS_ENDPOINT_URL to one that is"
+                "AWS_ENDPOINT_URL to one that is",
+                transient=True,
             )
         if isinstance(error, NoCredentialsError):
             return ObjectStoreError(

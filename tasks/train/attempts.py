@@ -1,5 +1,6 @@
 """A training's attempts: the training function on HorovodRunner, run again from the last
-checkpoint after a transient failure (a rank killed, a host lost, a stall, an executor lost).
+checkpoint after a transient failure (a rank killed, a host lost, a stall, an executor lost, the
+object store unreachable: that one after a pause).
 
 Elastic (``launcher.min_np``): a host lost for good leaves fewer task slots than np; the next
 attempt then runs on the slots that are left, when there are at least min_np, and on np again
@@ -16,6 +17,7 @@ import time
 from hvdflow.infra import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
 from hvdflow.infra.launcher._slots import task_gpu_amount, task_slots
+from hvdflow.infra.launcher._wire import CAUSE_UNAVAILABLE
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
@@ -28,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 # How long Spark takes to drop a lost host's executor from the slots it counts.
 SLOTS_NOTICE_S = 3.0
+# After an attempt whose rank found a service unreachable (the object store restarting), the
+# next one waits this long times the attempts failed so far, rather than meet the same outage
+# at once.
+UNAVAILABLE_BACKOFF_S = 15.0
 
 
 class TooFewSlots(RuntimeError):
@@ -98,6 +104,15 @@ class Attempts:
                 )
                 if launcher.min_np is not None:
                     np = self._ranks_for_next_attempt(str(e).splitlines()[0])
+                if getattr(e, "cause", None) == CAUSE_UNAVAILABLE:
+                    pause = UNAVAILABLE_BACKOFF_S * self.count
+                    logger.warning(
+                        "a service the ranks need was unreachable: attempt %d waits %g s for it "
+                        "to come back",
+                        self.number + 1,
+                        pause,
+                    )
+                    time.sleep(pause)
             finally:
                 self.last_wall_s = time.perf_counter() - started
                 log_artifacts(runner, self.number)
@@ -164,9 +179,10 @@ def ranks_for_next_attempt(
 def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
     """Whether a training that failed with ``error`` in attempt ``attempt`` (from 1) runs again.
 
-    Only transient failures are retried: a rank killed by a signal, a host lost, a stall, or the
-    Spark job itself failing (an executor lost). A Python error in the training function would
-    only fail the same way again.
+    Only transient failures are retried: a rank killed by a signal, a host lost, a stall, a rank
+    that found the object store unreachable (EX_TEMPFAIL), or the Spark job itself failing (an
+    executor lost). Another Python error in the training function would only fail the same way
+    again.
     """
     if attempt > retries:
         return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hvdflow.infra.launcher import _wire
-from hvdflow.infra.launcher._decisions import exit_cause, stop_reason
+from hvdflow.infra.launcher._decisions import error_line, exit_cause, stop_reason
 
 pytestmark = pytest.mark.unit
 
@@ -55,8 +55,40 @@ def test_a_rank_that_never_reached_init_is_stopped_after_the_start_timeout():
 
 @pytest.mark.parametrize(
     "returncode, cause, transient",
-    [(-9, _wire.CAUSE_SIGNAL, True), (-15, _wire.CAUSE_SIGNAL, True), (1, _wire.CAUSE_EXIT, False)],
+    [
+        (-9, _wire.CAUSE_SIGNAL, True),
+        (-15, _wire.CAUSE_SIGNAL, True),
+        (1, _wire.CAUSE_EXIT, False),
+        (75, _wire.CAUSE_UNAVAILABLE, True),  # EX_TEMPFAIL: a service was unreachable
+    ],
 )
-def test_a_signal_is_a_transient_cause_and_an_exit_status_is_not(returncode, cause, transient):
+def test_a_signal_or_tempfail_is_a_transient_cause_and_another_exit_status_is_not(
+    returncode, cause, transient
+):
     assert exit_cause(returncode) == cause
     assert (cause in _wire.TRANSIENT_CAUSES) is transient
+
+
+@pytest.mark.parametrize(
+    "tail, expected",
+    [
+        (
+            [
+                "[1,0]<stderr>:Traceback (most recent call last):",
+                '[1,0]<stderr>:  File "x.py", line 1, in <module>',
+                "[1,0]<stderr>:hvdflow.infra.storage.object_store.ObjectStoreError: object store "
+                "at http://10.0.0.1:8333 is unreachable after 4 attempts",
+                "[1,0]<stdout>:cleaning up",
+            ],
+            "ObjectStoreError: object store at http://10.0.0.1:8333 is unreachable after 4 "
+            "attempts",
+        ),
+        (["[1,1]<stderr>:ValueError: bad value"], "ValueError: bad value"),
+        (["[1,0]<stdout>:Epoch 3/8", "[1,0]<stderr>:Killed"], None),
+        # A peer's death seen by this rank is not what happened to it.
+        (["[1,1]<stderr>:RuntimeError: Horovod has been shut down. This was caused by"], None),
+        ([], None),
+    ],
+)
+def test_the_error_line_is_the_exception_a_ranks_output_ends_with(tail, expected):
+    assert error_line(tail) == expected

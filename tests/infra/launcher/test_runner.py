@@ -416,6 +416,32 @@ def test_rank_failed_and_log_line_are_public_and_a_failing_rank_raises_rank_fail
 
 
 @pytest.mark.integration
+def test_a_rank_that_found_the_object_store_unreachable_is_a_transient_failure_named_first(
+    monkeypatch,
+):
+    from hvdflow.infra.storage.object_store import ObjectStoreConfig
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "soak")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-secret")
+    # Nothing listens there: the store's own error, as a checkpoint upload meets it.
+    config = ObjectStoreConfig(
+        bucket="bkt", endpoint_url="http://127.0.0.1:9", attempts=1, connect_timeout_s=1
+    )
+
+    def main(config):
+        from hvdflow.infra.storage.object_store import ObjectStore
+
+        ObjectStore(config).put_bytes(b"x", "s3://bkt/checkpoint")
+
+    with pytest.raises(RankFailed) as err:
+        HorovodRunner(np=-1).run(main, config=config)
+    first = str(err.value).splitlines()[0]
+    # EX_TEMPFAIL: the training step runs another attempt, as for a killed rank.
+    assert err.value.transient and "exited with code 75" in first, first
+    assert "ObjectStoreError: object store at http://127.0.0.1:9 is unreachable" in first, first
+
+
+@pytest.mark.integration
 def test_a_50_mb_line_is_shipped_cut_with_a_marker_and_the_next_line_arrives(tmp_path):
     lines = []
     runner = HorovodRunner(
