@@ -172,7 +172,7 @@ class Ledger:
         lost = [p for p in lost if p.rsplit("/", 1)[0] not in versions]
         problems += [f"dataset {p}: its manifest is gone" for p in lost]
         weights_bad = []
-        for key in store.list_keys("weights/"):
+        for key in store.list_keys(store.config.key("weights") + "/"):
             name = key.rsplit("/", 1)[-1]
             digest = name.split(".", 1)[0]
             if not re.fullmatch(r"[0-9a-f]{64}", digest):

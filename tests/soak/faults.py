@@ -112,7 +112,9 @@ def disk_full(stack, detail: dict) -> dict:
 
 def weights_altered(stack, detail: dict) -> dict:
     store = stack.store()
-    staged = [k for k in store.list_keys("weights/") if not k.endswith(".json")]
+    staged = [
+        k for k in store.list_keys(store.config.key("weights") + "/") if not k.endswith(".json")
+    ]
     if not staged:
         return {"struck": "no staged weights yet"}
     key = staged[-1]
