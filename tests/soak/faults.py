@@ -183,7 +183,8 @@ def prepare(stack, fault: str | None, index: int) -> dict:
     """What a run's fault needs before it is asked for."""
     if fault == "host_lost":
         (spare,) = stack.cluster.spare_hosts
-        stack.cluster.start_worker(spare)
+        if spare.ip not in {w["host"] for w in stack.cluster.alive_workers()}:
+            stack.cluster.start_worker(spare)  # it joins; this run loses it for good
         return {"np": 3, "min_np": 2}
     if fault == "disk_full":  # new images: this run preprocesses again
         added = stack.upload_digits(per_class=1, start=s.IMAGES_PER_CLASS + index)

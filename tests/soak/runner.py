@@ -100,6 +100,7 @@ class Soak:
         for name, data in BAD.items():
             store.put_bytes(data, s.RAW + name, "application/octet-stream")
         stack.deploy(self.epochs)
+        _spark_slots(len(stack.cluster.hosts + stack.cluster.spare_hosts))
         stack.start_worker()
         self.say(f"soak: {good} digits and {len(BAD)} bad files in {s.RAW}; worker started")
         self.baseline = {"hosts": checks.host_tmp(stack)}
@@ -112,7 +113,11 @@ class Soak:
                 self.settle(in_flight)
             record = RunRecord(planned)
             self.records.append(record)
-            prepared = faults.prepare(self.stack, planned.fault, planned.index)
+            try:
+                prepared = faults.prepare(self.stack, planned.fault, planned.index)
+            except Exception as e:  # the soak's own failure: noted, and the run goes ahead
+                prepared = {}
+                self.harness_errors.append(f"run {planned.index}: could not prepare: {e!r}")
             when = FAULT_KINDS.get(planned.fault)
             if when == BEFORE:
                 record.strike = self.strike(planned)
@@ -162,6 +167,7 @@ class Soak:
         planned = record.planned
         if not self.wait_running(record.flow_run_id):
             record.strike = {"struck": "not struck: the run ended before it ran"}
+            self.say(f"  fault {planned.fault}: {record.strike['struck']}")
             return
         seen = len(self.log.lines)  # what came before this run began
         if FAULT_KINDS[planned.fault] == EPOCH:
@@ -180,6 +186,7 @@ class Soak:
                 return
             if self.final(record.flow_run_id):
                 record.strike = {"struck": "not struck: the run ended before its trigger"}
+                self.say(f"  fault {planned.fault}: {record.strike['struck']}")
                 return
             time.sleep(0.05)
         record.strike = {"struck": f"not struck: no trigger within {TRIGGER_TIMEOUT_S:g} s"}
@@ -287,6 +294,20 @@ class Soak:
                     for r in self.records
                 )
         return True
+
+
+def _spark_slots(limit: int) -> None:
+    """Size Prefect's ``spark-slots`` limit to every host the soak may use (the spare one joins
+    for the runs that lose it), as an operator does when a cluster grows."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from hvdflow.tasks.spark_slots import SPARK_SLOTS
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=SPARK_SLOTS, limit=limit)
+        )
 
 
 def _retrying(call, attempts: int = 20, pause_s: float = 3.0):
