@@ -24,6 +24,10 @@ from hvdflow.infra.services._service import Service
 AUTH_USER = "admin"
 
 
+LEASE_STORAGE_VARIABLE = "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"
+FILESYSTEM_LEASE_STORAGE = "prefect.server.concurrency.lease_storage.filesystem"
+
+
 class PrefectServer(Service):
     """``prefect server start`` on ``host`` (127.0.0.1 by default) with ``PREFECT_HOME`` =
     ``home``. Requires its auth string when ``auth`` is set or ``host`` is beyond loopback."""
@@ -88,6 +92,11 @@ class PrefectServer(Service):
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_UI_API_URL": self.api_url,  # where the browser's UI calls the API
         }
+        # Leases of concurrency slots (spark-slots, the deployments' limits) on disk, in
+        # PREFECT_HOME: Prefect's default keeps them in memory, and a restart under a flow
+        # that held slots lost the lease, so its release found none and the slots stayed taken
+        # for good. Unless the user chose a storage of their own.
+        env.setdefault(LEASE_STORAGE_VARIABLE, FILESYSTEM_LEASE_STORAGE)
         # It is the server, not a client of another one; and it requires exactly the auth
         # string it was given, or none.
         for name in (

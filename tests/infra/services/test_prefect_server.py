@@ -71,3 +71,31 @@ def test_with_auth_the_api_requires_the_auth_string_and_a_client_with_it_works(t
                 client.read_flows()
         assert err.value.response.status_code == 401
         assert auth_string.split(":")[1] not in str(err.value)
+
+
+def test_concurrency_slots_held_across_a_server_restart_are_given_back(tmp_path):
+    """Prefect keeps the leases of concurrency slots in memory by default: a restart under a
+    flow that holds ``spark-slots`` lost its lease, the release found none, and the slots stayed
+    taken for good (every later training waited forever; found by the soak)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home = tmp_path / "prefect"
+    server = PrefectServer(home).start()
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            with get_client(sync_client=True) as client:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name="cluster", limit=1)
+                )
+            with concurrency("cluster", occupy=1, lease_duration=60):
+                server.process.kill()  # a crash, not a stop
+                server.process.wait(10)
+                server = PrefectServer(home, port=server.port).start()
+            with get_client(sync_client=True) as client:
+                limit = client.read_global_concurrency_limit_by_name("cluster")
+        assert limit.active_slots == 0
+    finally:
+        server.stop()
