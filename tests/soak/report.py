@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import asdict
 
@@ -48,6 +49,24 @@ def summary(records, idle) -> dict:
         "problems": problems,
         "leftover_processes": leftovers,
         "reasons": {r.planned.index: r.outcome.get("reason") for r in failed},
+        "epochs_recomputed": sum(r.outcome.get("epochs_recomputed", 0) for r in records),
+        "tmp_at_end": _tmp(idle[-1]) if idle else {},
+    }
+
+
+def _tmp(check) -> dict:
+    """What the last check found in /tmp: the hosts' files beside Spark's work dir (by name
+    pattern), their growth, and new entries in this machine's /tmp."""
+    names: dict[str, int] = {}
+    for host in check.figures.get("hosts", {}).values():
+        for path in host["files"]:
+            pattern = re.sub(r"[0-9a-f]{6,}|\d+", "N", path.rsplit("/", 1)[-1])
+            names[pattern] = names.get(pattern, 0) + 1
+    return {
+        "host_files_by_pattern": names,
+        "host_tmp_growth_kib": check.figures.get("host_tmp_growth_kib"),
+        "host_work_kib": sum(h["work_kib"] for h in check.figures.get("hosts", {}).values()),
+        "root_tmp_new": check.figures.get("root_tmp_new", []),
     }
 
 

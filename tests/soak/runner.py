@@ -103,7 +103,10 @@ class Soak:
         _spark_slots(len(stack.cluster.hosts + stack.cluster.spare_hosts))
         stack.start_worker()
         self.say(f"soak: {good} digits and {len(BAD)} bad files in {s.RAW}; worker started")
-        self.baseline = {"hosts": checks.host_tmp(stack)}
+        self.baseline = {
+            "hosts": checks.host_tmp(stack),
+            "root_tmp": checks.root_tmp_entries(exclude=(stack.workdir,)),
+        }
 
     # --- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -277,7 +280,17 @@ class Soak:
         objects, object_figures = _retrying(lambda: self.ledger.record_and_compare(stack.store()))
         problems += [p for p in objects if self.counts(p)]
         hosts = checks.host_tmp(stack)
-        figures = {**registry_figures, **object_figures, "hosts": hosts}
+        root_tmp = checks.root_tmp_entries(exclude=(stack.workdir,)) - self.baseline["root_tmp"]
+        figures = {
+            **registry_figures,
+            **object_figures,
+            "hosts": hosts,
+            # Files left in the hosts' /tmp beside Spark's work dir, and their growth in KiB.
+            "host_tmp_files": sum(len(h["files"]) for h in hosts.values()),
+            "host_tmp_growth_kib": sum(h["kib"] for h in hosts.values())
+            - sum(h["kib"] for h in self.baseline["hosts"].values()),
+            "root_tmp_new": sorted(root_tmp),
+        }
         self.idle.append(IdleCheck(after, problems, leftovers, figures))
         if problems or leftovers:
             self.say(f"after run {after}: problems {problems}, leftovers {leftovers}")
