@@ -175,7 +175,9 @@ class Ledger:
         for key in store.list_keys(store.config.key("weights") + "/"):
             name = key.rsplit("/", 1)[-1]
             digest = name.split(".", 1)[0]
-            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            # Staged files are named by their content's sha256; the index records beside
+            # them (.json) by what they were staged from.
+            if name.endswith(".json") or not re.fullmatch(r"[0-9a-f]{64}", digest):
                 continue
             data = store.get_bytes(f"s3://hvdflow/{key}")
             if hashlib.sha256(data).hexdigest() != digest:

@@ -130,7 +130,8 @@ def weights_altered(stack, detail: dict) -> dict:
             + data[middle + 64 :]
         )
     store.put_bytes(bad, uri, "application/octet-stream")
-    return {"struck": f"{uri} {detail['how']}d", "uri": uri}
+    done = "truncated to half" if detail["how"] == "truncate" else "64 bytes inverted"
+    return {"struck": f"{uri}: {done}", "uri": uri}
 
 
 def row_group_corrupt(stack, detail: dict) -> dict:
