@@ -211,6 +211,20 @@ def services_problems(stack) -> list[str]:
     return problems
 
 
+def held_slots_problems() -> list[str]:
+    """With no run in flight, no slot of Prefect's ``spark-slots`` limit may be held: one that
+    is would make every later training wait for ever."""
+    from prefect.client.orchestration import get_client
+
+    from hvdflow.tasks.spark_slots import SPARK_SLOTS
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(SPARK_SLOTS)
+    if limit.active_slots:
+        return [f"{SPARK_SLOTS}: {limit.active_slots} of {limit.limit} held, no run in flight"]
+    return []
+
+
 def leftover_processes(stack) -> list[str]:
     """Ranks, executors, drivers and flow-run processes when no run is in flight: there must be
     none besides the worker. Each found is noted, then killed."""

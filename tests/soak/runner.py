@@ -275,6 +275,7 @@ class Soak:
         after = self.records[-1].planned.index
         leftovers = checks.wait_for_no_leftovers(stack)
         problems = checks.services_problems(stack)
+        problems += _retrying(checks.held_slots_problems)
         registry, registry_figures = _retrying(checks.registry_problems)
         problems += registry
         objects, object_figures = _retrying(lambda: self.ledger.record_and_compare(stack.store()))
