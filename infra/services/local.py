@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from hvdflow.infra import constants as c
@@ -45,6 +46,8 @@ STATE_FILE = "services.json"
 LOCK_FILE = "services.lock"
 # Conventional ports, used when free: S3 (SeaweedFS), MLflow, Prefect.
 PREFERRED_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200}
+# How long a service that died waits for its old port before it comes back on another.
+PREVIOUS_PORT_WAIT_S = 10.0
 # How long `hvdflow up` waits for each service; longer than their own defaults, since a first
 # start also creates their databases.
 START_TIMEOUT_S = 120.0
@@ -60,11 +63,20 @@ SERVICES: dict[str, type[Service]] = {
 def _port(name: str, host: str, previous: dict | None = None) -> int:
     """The port to start ``name`` on: the one it had before on ``host`` (a service that died
     comes back where its clients, holding its URL, still call), else the conventional one, else
-    any; each only when free."""
-    for port in (_previous_port(previous, host), PREFERRED_PORTS[name]):
-        if port and port_is_free(port, host) and port_is_free(port):
+    any; each only when free. The previous port gets PREVIOUS_PORT_WAIT_S to become free: the
+    processes of a server killed a moment ago may still hold it while they exit."""
+    before = _previous_port(previous, host)
+    deadline = time.monotonic() + PREVIOUS_PORT_WAIT_S
+    while before and not _free_here(before, host) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for port in (before, PREFERRED_PORTS[name]):
+        if port and _free_here(port, host):
             return port
     return free_port(host=host)
+
+
+def _free_here(port: int, host: str) -> bool:
+    return port_is_free(port, host) and port_is_free(port)
 
 
 def _previous_port(entry: dict | None, host: str) -> int | None:

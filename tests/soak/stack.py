@@ -16,7 +16,12 @@ from pathlib import Path
 
 import psutil
 
-from hvdflow.infra.services._process import is_running, start_process, stop_process_group
+from hvdflow.infra.services._process import (
+    group_members,
+    is_running,
+    start_process,
+    stop_process_group,
+)
 from hvdflow.infra.services.local import LocalServices
 from tests.cluster.driver import driver_env
 
@@ -66,7 +71,7 @@ class SoakStack:
         pid = self.services.state()[name]["pid"]
         os.killpg(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while is_running(pid) and time.monotonic() < deadline:
+        while (is_running(pid) or group_members(pid)) and time.monotonic() < deadline:
             time.sleep(0.1)
 
     def stop_services(self) -> None:

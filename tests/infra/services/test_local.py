@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import socket
+import threading
 
 import boto3
 import pytest
@@ -104,9 +105,12 @@ def test_running_services_keep_their_address_and_another_one_is_refused(tmp_path
 
 
 @pytest.mark.unit
-def test_a_service_that_died_comes_back_on_its_address_and_port_when_they_are_free(tmp_path):
+def test_a_service_that_died_comes_back_on_its_address_and_port_when_they_are_free(
+    tmp_path, monkeypatch
+):
     from hvdflow.infra.services import local
 
+    monkeypatch.setattr(local, "PREVIOUS_PORT_WAIT_S", 1.0)
     services = LocalServices(tmp_path)
     dead = _state("127.0.0.2", auth=True)
     # Nothing runs: `up` without --bind starts them where their clients still call.
@@ -121,6 +125,11 @@ def test_a_service_that_died_comes_back_on_its_address_and_port_when_they_are_fr
     assert local._port("mlflow", "127.0.0.2", before) == before["port"]
     # A port it had on another address says nothing of this one.
     assert local._port("mlflow", "127.0.0.3", before) != before["port"]
+    # Held a moment longer by the killed server's exiting processes: it waits for it.
+    holder = socket.socket()
+    holder.bind(("127.0.0.2", before["port"]))
+    threading.Timer(0.3, holder.close).start()
+    assert local._port("mlflow", "127.0.0.2", before) == before["port"]
 
 
 @pytest.mark.unit
