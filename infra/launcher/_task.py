@@ -416,6 +416,10 @@ def _supervise(
             HVDFLOW_PARENT_PID: str(os.getpid()),
             HVDFLOW_STACKS_FILE: stacks_path,
             "PYTHONUNBUFFERED": "1",
+            # The rank's temporary files (TensorFlow's AutoGraph modules, MLflow's staging)
+            # go in this folder, under the task's own TMPDIR, and go with it when the rank
+            # ends, killed or not: a killed rank's atexit clean-up never runs.
+            "TMPDIR": workdir,
         }
         # No preexec_fn: it is unsafe in a process with threads. The rank sets PR_SET_PDEATHSIG
         # on itself; the signal fires when this thread exits, and this thread supervises the

@@ -208,6 +208,11 @@ class SeaweedServer(Service):
         return self.home / "s3-identities.json"
 
     @property
+    def log_dir(self) -> Path:
+        """Where SeaweedFS's own log files go (glog's, beside the server's output)."""
+        return self.home / "logs"
+
+    @property
     def tls_dir(self) -> Path:
         return self.home / "grpc-tls"
 
@@ -223,6 +228,7 @@ class SeaweedServer(Service):
 
     def _prepare(self) -> None:
         (self.home / "data").mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         write_private(self.identities_path, json.dumps(identities_config(self.credentials)))
         ensure_grpc_tls(self.tls_dir)
         write_private(self.tls_dir / "security.toml", security_toml(self.tls_dir))
@@ -237,6 +243,8 @@ class SeaweedServer(Service):
             weed_binary(),
             # Its security.toml (gRPC TLS) from here only, not from the current directory or ~.
             f"-config_dir={self.tls_dir}",
+            # Its own log files in its home: by default every start leaves six in /tmp.
+            f"-logdir={self.log_dir}",
             "server",
             f"-dir={self.home / 'data'}",
             # Master, volume and filer check no keys: loopback only, whatever the bind address.

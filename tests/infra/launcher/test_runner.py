@@ -442,6 +442,20 @@ def test_a_rank_that_found_the_object_store_unreachable_is_a_transient_failure_n
 
 
 @pytest.mark.integration
+def test_a_ranks_temporary_files_go_with_it(tmp_path):
+    def main():
+        import tempfile
+
+        # What TensorFlow's AutoGraph does, and leaves behind when a rank is killed.
+        with tempfile.NamedTemporaryFile(suffix=".py", delete=False) as f:
+            f.write(b"x = 1\n")
+        return f.name
+
+    left = HorovodRunner(np=-1).run(main)
+    assert "hvdflow-rank0-" in left and not os.path.exists(left)
+
+
+@pytest.mark.integration
 def test_a_50_mb_line_is_shipped_cut_with_a_marker_and_the_next_line_arrives(tmp_path):
     lines = []
     runner = HorovodRunner(

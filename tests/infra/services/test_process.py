@@ -174,6 +174,10 @@ def test_the_prefect_server_command_and_environment(tmp_path, monkeypatch):
         "PREFECT_HOME": str(tmp_path / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_API_URL": "http://127.0.0.1:4321/api",
+        # Concurrency leases survive a restart (the soak found slots held for ever without).
+        "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": (
+            "prefect.server.concurrency.lease_storage.filesystem"
+        ),
     }
     assert (server.url, server.api_url, server.log_path) == (
         "http://127.0.0.1:4321",
@@ -282,8 +286,12 @@ def test_seaweedfs_gets_no_aws_keys_and_ports_whose_grpc_neighbours_do_not_clash
     server = SeaweedServer(tmp_path, port=8333)
     assert not [k for k in server._env() if k.startswith(("AWS_", "MLFLOW_"))]
     command = server._command()
-    assert command[1:3] == [f"-config_dir={tmp_path / 'grpc-tls'}", "server"]
-    flags = dict(arg.split("=", 1) for arg in command[3:] if "=" in arg)
+    assert command[1:4] == [
+        f"-config_dir={tmp_path / 'grpc-tls'}",
+        f"-logdir={tmp_path / 'logs'}",  # its log files in its home, not in /tmp
+        "server",
+    ]
+    flags = dict(arg.split("=", 1) for arg in command[4:] if "=" in arg)
     assert flags["-s3.port"] == "8333" and flags["-dir"] == str(tmp_path / "data")
     http = [int(flags[f"-{name}.port"]) for name in ("master", "volume", "filer")]
     every_port = {8333, int(flags["-s3.port.grpc"])} | set(http) | {p + 10000 for p in http}
@@ -293,7 +301,7 @@ def test_seaweedfs_gets_no_aws_keys_and_ports_whose_grpc_neighbours_do_not_clash
 
 def test_seaweedfs_checks_the_generated_keys_and_puts_s3_alone_on_its_bind_address(tmp_path):
     server = SeaweedServer(tmp_path, port=8333, host="127.0.0.2")
-    flags = dict(arg.split("=", 1) for arg in server._command()[3:] if "=" in arg)
+    flags = dict(arg.split("=", 1) for arg in server._command()[4:] if "=" in arg)
     assert (flags["-ip"], flags["-ip.bind"], flags["-s3.ip.bind"]) == (
         "127.0.0.1",
         "127.0.0.1",

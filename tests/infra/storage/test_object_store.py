@@ -224,6 +224,11 @@ def test_the_embedded_server_is_stopped_and_leaves_no_process_and_loses_no_objec
     with SeaweedServer(tmp_path) as server, temporary_env(server.env()):
         pid = server.process.pid
         assert server.credentials.secret_access_key not in repr(server.credentials)
+        # Its own log files (glog's, named after the pid) sit in its home, not in /tmp.
+        assert any(f.name.endswith(f".{pid}") for f in (tmp_path / "logs").iterdir())
+        assert not [
+            n for n in os.listdir("/tmp") if n.startswith("weed.") and n.endswith(f".{pid}")
+        ]
         store = ObjectStore(ObjectStoreConfig(bucket="kept", endpoint_url=server.endpoint_url))
         store.ensure_bucket()
         store.put_bytes(data, "s3://kept/last-write")
