@@ -132,3 +132,14 @@ def terminate(process: subprocess.Popen, grace_s: float = 20.0) -> None:
         process.wait(grace_s)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def fresh_prefect_events_worker() -> None:
+    """Send what Prefect's events worker holds, and drop it: the next event makes a new one for
+    the server the settings then name. It is one per process, keyed by client type, not by
+    server: made under a test's temporary settings, it went on sending the whole pytest
+    worker's events to that test's server once stopped, and later tests found their task runs
+    missing. Call it on entering and on leaving such settings."""
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all(timeout=30, at_exit=False)

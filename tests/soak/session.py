@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from hvdflow.infra._env import temporary_env
+from tests.helpers import fresh_prefect_events_worker as _fresh_events_worker
 from tests.soak.plan import PlannedRun
 from tests.soak.runner import Soak
 from tests.soak.stack import SERVICE_VARIABLES, SoakStack
@@ -19,9 +20,15 @@ def run_soak(cluster, workdir: Path, plan: list[PlannedRun], epochs: int, say=pr
     soak = Soak(stack, plan, epochs, say=say)
     try:
         env = stack.start_services()
+        _fresh_events_worker()  # what this process sent so far goes where it was meant to
         with temporary_env(env), _prefect_settings(env):
-            soak.set_up()
-            soak.run()
+            try:
+                soak.set_up()
+                soak.run()
+            finally:
+                # Made under these settings, Prefect's events worker would go on sending
+                # this process's events to the soak's server once stopped.
+                _fresh_events_worker()
     finally:
         soak.log.stop()
         stack.stop_worker()

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from hvdflow.infra.services.prefect_server import PrefectServer
+from tests.helpers import fresh_prefect_events_worker
 from tests.infra.services.helpers import running_in_group
 
 pytestmark = pytest.mark.integration
@@ -84,6 +85,7 @@ def test_concurrency_slots_held_across_a_server_restart_are_given_back(tmp_path)
 
     home = tmp_path / "prefect"
     server = PrefectServer(home).start()
+    fresh_prefect_events_worker()
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             with get_client(sync_client=True) as client:
@@ -96,6 +98,7 @@ def test_concurrency_slots_held_across_a_server_restart_are_given_back(tmp_path)
                 server = PrefectServer(home, port=server.port).start()
             with get_client(sync_client=True) as client:
                 limit = client.read_global_concurrency_limit_by_name("cluster")
+            fresh_prefect_events_worker()  # not left sending to this server once it stops
         assert limit.active_slots == 0
     finally:
         server.stop()
