@@ -12,7 +12,6 @@ import pytest
 import requests
 
 from hvdflow.infra.services.prefect_server import PrefectServer
-from tests.helpers import fresh_prefect_events_worker
 from tests.infra.services.helpers import running_in_group
 
 pytestmark = pytest.mark.integration
@@ -74,31 +73,49 @@ def test_with_auth_the_api_requires_the_auth_string_and_a_client_with_it_works(t
         assert auth_string.split(":")[1] not in str(err.value)
 
 
+# Holds a slot of limit "cluster" at argv[1] until argv[2] exists, then releases it and prints
+# the slots still taken. A process of its own: Prefect's clients and events worker in the
+# pytest process stay pointed at the session's server.
+HOLD_A_SLOT = """
+import os, sys, time
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+
+with get_client(sync_client=True) as client:
+    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="cluster", limit=1))
+with concurrency("cluster", occupy=1, lease_duration=60):
+    print("HELD", flush=True)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.2)
+with get_client(sync_client=True) as client:
+    print("TAKEN", client.read_global_concurrency_limit_by_name("cluster").active_slots)
+"""
+
+
 def test_concurrency_slots_held_across_a_server_restart_are_given_back(tmp_path):
     """Prefect keeps the leases of concurrency slots in memory by default: a restart under a
     flow that holds ``spark-slots`` lost its lease, the release found none, and the slots stayed
     taken for good (every later training waited forever; found by the soak)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.concurrency.sync import concurrency
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    import subprocess
+    import sys
 
-    home = tmp_path / "prefect"
+    home, go_on = tmp_path / "prefect", tmp_path / "go-on"
     server = PrefectServer(home).start()
-    fresh_prefect_events_worker()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_SLOT, server.api_url, str(go_on)],
+        env={**os.environ, "PREFECT_API_URL": server.api_url},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            with get_client(sync_client=True) as client:
-                client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(name="cluster", limit=1)
-                )
-            with concurrency("cluster", occupy=1, lease_duration=60):
-                server.process.kill()  # a crash, not a stop
-                server.process.wait(10)
-                server = PrefectServer(home, port=server.port).start()
-            with get_client(sync_client=True) as client:
-                limit = client.read_global_concurrency_limit_by_name("cluster")
-            fresh_prefect_events_worker()  # not left sending to this server once it stops
-        assert limit.active_slots == 0
+        assert holder.stdout.readline().strip() == "HELD"
+        server.process.kill()  # a crash, not a stop
+        server.process.wait(10)
+        server = PrefectServer(home, port=server.port).start()
+        go_on.touch()
+        out, _ = holder.communicate(timeout=120)
+        assert holder.returncode == 0 and out.split() == ["TAKEN", "0"], out
     finally:
+        holder.kill()
         server.stop()
