@@ -239,8 +239,6 @@ def leftover_processes(stack) -> list[str]:
             cmdline = " ".join(proc.cmdline()[:4])
         except psutil.Error:
             continue
-        if "prefect" in cmdline and "worker" in cmdline and proc.pid == worker:
-            continue
         found.setdefault(proc.pid, f"process {proc.pid} ({cmdline[:80]})")
     # Services are started with the home's path in their command, not in their environment.
     services = {info["pid"] for info in stack.services.state().values()}
