@@ -45,11 +45,26 @@ if TYPE_CHECKING:  # what the lazy exports are, for type checkers and editors (n
     from hvdflow.infra.spark import get_spark as get_spark
     from hvdflow.tasks.score.udf import score_udf as score_udf
 
+
 # hvdflow's training code is Keras 2. TensorFlow 2.16+ ship Keras 3 as tf.keras and Keras 2 as
-# tf-keras (a requirement on Python 3.12+), which tf.keras becomes when this variable is set
-# before tf.keras is first touched; rank processes inherit it. TensorFlow 2.15 (the classic
-# profile) has Keras 2 built in and no tf-keras: nothing to set. A user's own value wins.
-if importlib.util.find_spec("tf_keras") is not None:
+# tf-keras (a requirement), which tf.keras becomes when this variable is set before tf.keras is
+# first touched; rank processes inherit it. TensorFlow 2.15 (the classic profile) has Keras 2
+# built in: tf-keras 2.15 is there too, but Horovod's Keras layer and every model saved on that
+# stack use the built-in one, so nothing is set. tf-keras's minor is TensorFlow's, and reading
+# its version costs milliseconds where importing TensorFlow costs seconds. A user's own value wins.
+def _legacy_keras_needed() -> bool:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    if importlib.util.find_spec("tf_keras") is None:
+        return False
+    try:
+        major, minor = (int(part) for part in version("tf-keras").split(".")[:2])
+    except (PackageNotFoundError, ValueError):  # a source checkout of tf-keras: assume 2.16+
+        return True
+    return (major, minor) >= (2, 16)
+
+
+if _legacy_keras_needed():
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 _EXPORTS = dict(_INFRA_EXPORTS)

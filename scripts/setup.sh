@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Sets up hvdflow's environment for one profile, from the project's own files, on a fresh
-# machine or again: `scripts/setup.sh [classic|current|torch|airflow]` (default: $PROFILE, else
-# classic).
+# machine or again: `scripts/setup.sh [classic|current|airflow]` (default: $PROFILE, else
+# classic). Each profile installs exactly its lock, requirements/<profile>.txt (scripts/lock.sh
+# compiles them from pyproject.toml), with uv (scripts/uv.sh installs it once), then hvdflow
+# itself, editable.
 #
-# - classic: .venv, Python 3.11, requirements/classic.txt (TensorFlow 2.15, Horovod built here,
-#   Petastorm with pyarrow 14, tensorflow-addons): the mission's Horovod path.
+# - classic: .venv, Python 3.11: TensorFlow 2.15, Horovod built here, Petastorm with pyarrow 14,
+#   tensorflow-addons, PyTorch's CPU build: the mission's Horovod path, and the torch tests.
 # - current: .venv-current, Python 3.13 (scripts/python.sh finds or builds it, into a cache
-#   outside the clone), requirements/current.txt (the newest releases the index serves): no
-#   Horovod, Petastorm or tensorflow-addons; the engine is tf_collective.
-# - torch: .venv-torch, Python 3.11, requirements/torch.txt: classic's pins plus PyTorch's CPU
-#   build, without Petastorm, Horovod or tensorflow-addons (torch needs setuptools>=77,
-#   petastorm setuptools<70).
-# - airflow: .venv-airflow, Python 3.11, Airflow 3.3 alone (requirements/airflow.txt) and hvdflow
-#   without its dependencies: Airflow's own environment, as a user's Airflow has it. The DAGs
-#   import hvdflow.airflow there; their tasks run in another profile's environment
-#   (HVDFLOW_PYTHON). Airflow does not resolve beside the classic pins (README, "For Airflow users").
+#   outside the clone): the newest releases the index serves; no Horovod, Petastorm or
+#   tensorflow-addons; the engine is tf_collective.
+# - airflow: .venv-airflow, Python 3.11, Airflow 3.3 alone and hvdflow without its dependencies:
+#   Airflow's own environment, as a user's Airflow has it. The DAGs import hvdflow.airflow there;
+#   their tasks run in another profile's environment (HVDFLOW_PYTHON). Airflow does not resolve
+#   beside the classic pins (README, "For Airflow users").
 #
-# The slow part of classic is horovod: it has no wheel on PyPI and must be compiled against the installed
+# uv keeps one cache for every clone and profile and links packages from it (scripts/uv-env.sh):
+# a second environment of the same packages takes seconds and almost no disk. The slow part of
+# classic is horovod: it has no wheel on PyPI and must be compiled against the installed
 # TensorFlow (about 9 minutes on 2 cores). The wheel is built once into a cache outside the clone,
 # keyed by horovod, TensorFlow and Python versions, so a second set-up installs it in seconds.
 # A wheel built against another TensorFlow fails at import (HorovodVersionMismatchError), which
@@ -30,18 +31,9 @@ case "$PROFILE" in
   classic)
     PYTHON=${PYTHON:-python3.11}
     VENV=.venv
-    EXTRAS="dev,profile,petastorm,addons"
-    ;;
-  torch)
-    # PyTorch beside the classic stack less Petastorm and Horovod (their pins conflict with
-    # torch's: pyproject.toml, the torch extra); the TorchDistributor and torch tests run here.
-    PYTHON=${PYTHON:-python3.11}
-    VENV=.venv-torch
-    EXTRAS="dev,torch"
     ;;
   current)
     VENV=.venv-current
-    EXTRAS="dev"
     # PYTHON_CURRENT: a Python 3.13 of the user's own; else found or built (scripts/python.sh).
     PYTHON=${PYTHON_CURRENT:-$(bash scripts/python.sh 3.13)}
     ;;
@@ -49,9 +41,13 @@ case "$PROFILE" in
     PYTHON=${PYTHON:-python3.11}
     VENV=.venv-airflow
     ;;
-  *) log "PROFILE=$PROFILE: expected classic, current, torch or airflow"; exit 2 ;;
+  torch)
+    log "PROFILE=torch: PyTorch is in the classic profile now (make run; make test)"
+    exit 2
+    ;;
+  *) log "PROFILE=$PROFILE: expected classic, current or airflow"; exit 2 ;;
 esac
-CONSTRAINTS="requirements/$PROFILE.txt"
+LOCK="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1
 TF_VERSION=2.15.1
 WHEEL_CACHE=${HVDFLOW_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/wheels}
@@ -136,71 +132,85 @@ if have != want:
     print("[setup] linked the rooms into build/editors (editors, type checkers)", file=sys.stderr)
 PY
 
-# Everything that decides the environment's content; a change to any of it reinstalls.
-want=$(cat pyproject.toml "$CONSTRAINTS" scripts/setup.sh scripts/python.sh | sha256sum | cut -c1-16)
+# Everything that decides the environment's content; a change to any of it installs again.
+want=$(cat pyproject.toml "$LOCK" scripts/setup.sh scripts/python.sh scripts/uv.sh \
+         scripts/uv-env.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "environment up to date ($VENV)"
   exit 0
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
-  log "creating $VENV with $PYTHON"
-  "$PYTHON" -m venv "$VENV"
+UV=$(bash scripts/uv.sh)
+# shellcheck source=scripts/uv-env.sh
+source scripts/uv-env.sh
+# The interpreter itself, not a launcher in front of it (a pyenv shim costs every process a shell).
+python=$("$PYTHON" -c "import sys; print(sys.executable)")
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+  log "creating $VENV with $python"
+  "$UV" venv --quiet --python "$python" "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-"${PIP[@]}" install -q --upgrade pip wheel "setuptools<81"
+UVPIP=("$UV" pip --quiet)
+export VIRTUAL_ENV="$PWD/$VENV"  # which environment uv pip works on
+log "installing $LOCK into $VENV"
+"${UVPIP[@]}" sync "$LOCK"
+# hvdflow itself, editable, on top of the lock: its dependencies are all in the lock already.
+"${UVPIP[@]}" install --no-deps -e .
+
+# What `uv pip check` finds broken, less the bounds requirements/overrides.txt replaces.
+broken() {
+  local overridden
+  overridden=$(grep -v '^#' requirements/overrides.txt | sed -E 's/[<>=!~; ].*//' | grep . \
+                 | sed 's/.*/requires `&/' || true)
+  "$UV" pip check 2>&1 | grep '^The package' | grep -F -v "${overridden:-'^$'}" || true
+}
+
 if [ "$PROFILE" = airflow ]; then
-  log "installing Airflow ($CONSTRAINTS) and hvdflow without its dependencies"
-  "${PIP[@]}" install -q -r "$CONSTRAINTS"
-  "${PIP[@]}" install -q --no-deps -e .
   # Airflow's own requirements must hold; hvdflow's are missing here by design.
-  problems=$("${PIP[@]}" check 2>&1 | grep -v -e '^hvdflow ' -e '^No broken' || true)
+  problems=$(broken | grep -v 'The package `hvdflow`' || true)
   [ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "Airflow's environment is broken"; exit 1; }
   echo "$want" > "$STAMP"
   log "ready: $VENV (Airflow's environment)"
   exit 0
 fi
-log "installing the $PROFILE profile's dependencies ($CONSTRAINTS)"
-"${PIP[@]}" install -q -c "$CONSTRAINTS" -e ".[$EXTRAS]"
 
-if [ "$PROFILE" != classic ]; then
-  "${PIP[@]}" check
-  echo "$want" > "$STAMP"
-  log "ready: $VENV (profile $PROFILE)"
-  exit 0
-fi
+if [ "$PROFILE" = classic ]; then
+  PY_TAG=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    log "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (once; about 9 minutes)"
+    build_dir=$(mktemp -d)
+    trap 'rm -rf "$build_dir"' EXIT
+    # System cmake: PyPI's cmake 4.x rejects gloo's cmake_minimum_required. pip (from the lock's
+    # dev extra) builds it: horovod's setup.py must see the installed TensorFlow.
+    PATH="/usr/bin:$PATH" \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+      "$VENV/bin/python" -m pip --disable-pip-version-check wheel --no-build-isolation \
+        --no-deps --no-cache-dir "horovod==$HOROVOD_VERSION" -w "$build_dir" \
+        >"$build_dir/build.log" 2>&1 \
+      || { tail -40 "$build_dir/build.log" >&2; log "horovod build failed (full log above)"; exit 1; }
+    # Publish atomically: a build that dies half way must not look like a cached wheel.
+    mkdir -p "$WHEEL_CACHE"
+    tmp_dir=$(mktemp -d "$WHEEL_CACHE/.partial.XXXXXX")
+    cp "$build_dir"/horovod-*.whl "$tmp_dir"/
+    mv -T "$tmp_dir" "$WHEEL_DIR" 2>/dev/null || rm -rf "$tmp_dir"
+  else
+    log "using cached horovod wheel from $WHEEL_DIR"
+  fi
+  "${UVPIP[@]}" install --no-deps "$WHEEL_DIR"/horovod-*.whl
 
-PY_TAG=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
-if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-  log "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (once; about 9 minutes)"
-  build_dir=$(mktemp -d)
-  trap 'rm -rf "$build_dir"' EXIT
-  # System cmake: PyPI's cmake 4.x rejects gloo's cmake_minimum_required.
-  PATH="/usr/bin:$PATH" \
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-    "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir \
-      "horovod==$HOROVOD_VERSION" -w "$build_dir" >"$build_dir/build.log" 2>&1 \
-    || { tail -40 "$build_dir/build.log" >&2; log "horovod build failed (full log above)"; exit 1; }
-  # Publish atomically: a build that dies half way must not look like a cached wheel.
-  mkdir -p "$WHEEL_CACHE"
-  tmp_dir=$(mktemp -d "$WHEEL_CACHE/.partial.XXXXXX")
-  cp "$build_dir"/horovod-*.whl "$tmp_dir"/
-  mv -T "$tmp_dir" "$WHEEL_DIR" 2>/dev/null || rm -rf "$tmp_dir"
-else
-  log "using cached horovod wheel from $WHEEL_DIR"
-fi
-"${PIP[@]}" install -q --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
-
-log "checking horovod (TensorFlow + Gloo)"
-"$VENV/bin/python" - <<'PY'
+  log "checking horovod (TensorFlow + Gloo)"
+  TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" - <<'PY'
 import horovod.tensorflow as hvd
 hvd.init()
 assert hvd.gloo_built(), "horovod was built without Gloo"
 import horovod
 print(f"[setup] horovod {horovod.__version__}: gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} size={hvd.size()}")
 PY
-"${PIP[@]}" check
+fi
+# Every requirement holds, except the bounds the lock overrides on purpose
+# (requirements/overrides.txt, each with its reason).
+problems=$(broken)
+[ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "$VENV does not hold together"; exit 1; }
 echo "$want" > "$STAMP"
-log "ready: $VENV"
+log "ready: $VENV (profile $PROFILE)"

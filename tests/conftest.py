@@ -75,6 +75,22 @@ MODULE_UNITS = (
     "tests/infra/services/test_mlflow_server.py",
     "tests/test_package.py",
 )
+# `make test` runs every test once, under classic; under current it runs the tests marked
+# `current`: the integration and slow tests that mark themselves, and these unit tests, whose code
+# depends on the stack rather than on hvdflow's own logic (TensorFlow and Keras inside a rank,
+# numpy and OpenCV in the image code, pyarrow and Spark's types in the schema, what an optional
+# extra's absence changes). Elsewhere the unit tier is plain Python, the same on both stacks.
+STACK_DEPENDENT = (
+    "tests/training/",
+    "tests/serving/",
+    "tests/tasks/images/",
+    "tests/tasks/preprocess/",
+    "tests/tasks/test_config.py",
+    "tests/infra/test_extras.py",
+    "tests/infra/launcher/test_tf_engine.py",
+    "tests/infra/launcher/test_placement.py",
+    "tests/infra/launcher/test_rendezvous.py",
+)
 # The order tests are handed out in: the slow ones first, so that the last minutes are not one
 # long test on one worker while the other waits (the groups go first anyway: xdist hands out the
 # units with the most tests first).
@@ -118,6 +134,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(STACK_DEPENDENT) and _tier(item) == "unit":
+            item.add_marker(pytest.mark.current)
     _check_cost_tiers(items)
     _check_module_fixtures(items)
     items.sort(key=lambda item: TIER_ORDER[_tier(item)])  # stable: file order within a tier

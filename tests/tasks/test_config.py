@@ -217,14 +217,14 @@ def test_a_rejected_literal_is_never_repeated_as_given():
 
 def test_framework_torch_where_torch_is_absent_says_what_to_install():
     if extras.installed(extras.TORCH):
-        pytest.skip("torch is installed here (the torch profile)")
+        pytest.skip("torch is installed here (the current profile, which has none, checks this)")
     with pytest.raises(extras.MissingExtra, match=r"pip install 'hvdflow\[torch\]'"):
         TrainingParams(framework="torch")
 
 
 def test_framework_torch_refuses_what_only_tensorflow_does():
     if not extras.installed(extras.TORCH):
-        pytest.skip("torch is not installed here (make test-torch checks this)")
+        pytest.skip("torch is not installed here (the classic profile checks this)")
     assert TrainingParams(framework="torch", model="mnist_cnn").global_batch  # the recipe's
     with pytest.raises(ValidationError, match="PyTorch trains digits_mlp or mnist_cnn"):
         TrainingParams(framework="torch", model="vgg16")

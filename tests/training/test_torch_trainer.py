@@ -23,7 +23,7 @@ TOLERANCE = 0.02  # as tests/training/test_scaling.py, for the Keras trainer
 
 
 def _needs_torch():
-    pytest.importorskip("torch", reason="torch is in the torch profile (make test-torch)")
+    pytest.importorskip("torch", reason="torch is not installed (the classic profile has it)")
 
 
 @pytest.mark.unit

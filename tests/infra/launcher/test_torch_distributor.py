@@ -114,7 +114,7 @@ def on_cpu_tasks(spark, **arguments) -> TorchDistributor:
 
 
 def _needs_torch():
-    pytest.importorskip("torch", reason="torch is in the torch profile (make test-torch)")
+    pytest.importorskip("torch", reason="torch is not installed (the classic profile has it)")
 
 
 @pytest.mark.slow

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Compiles each profile's lock, requirements/<profile>.txt, from pyproject.toml's ranges and the
+# profile's own choices (requirements/<profile>.in), with uv: `scripts/lock.sh [PROFILE...]`
+# (default: all). A maintainer reruns it to upgrade (`make lock`; `UPGRADE=1` moves every pin to
+# the newest release that resolves, otherwise the pins already in the lock are kept where they
+# still fit) and commits the result; scripts/setup.sh installs exactly what the lock says.
+#
+# The locks are for the machines the project runs on (Linux x86_64, glibc 2.28+), each for its
+# profile's Python. requirements/overrides.txt replaces dependency bounds that are known to be
+# stale. PyTorch's CPU build is found through the machine's find-links (pip's configuration, as
+# scripts/setup.sh reads it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+UV=$(bash scripts/uv.sh)
+# shellcheck source=scripts/uv-env.sh
+source scripts/uv-env.sh
+upgrade=()
+[ "${UPGRADE:-0}" = 1 ] && upgrade=(--upgrade)
+
+lock() {  # profile, Python version, extras...
+  local profile=$1 python=$2
+  shift 2
+  local extras=()
+  for extra in "$@"; do extras+=(--extra "$extra"); done
+  local sources=(requirements/"$profile".in)
+  [ "$profile" = airflow ] || sources=(pyproject.toml "${sources[@]}")
+  printf '[lock] %s (Python %s)\n' "$profile" "$python" >&2
+  "$UV" pip compile --quiet "${sources[@]}" "${extras[@]}" "${upgrade[@]}" \
+    --python-version "$python" --python-platform x86_64-manylinux_2_28 \
+    --override requirements/overrides.txt \
+    --no-emit-find-links --no-header --annotation-style line \
+    --custom-compile-command "scripts/lock.sh $profile" \
+    -o requirements/"$profile".txt
+  # One line on top that says where the file comes from (uv's header would name this machine's
+  # paths).
+  { printf '# The %s profile'"'"'s lock: `scripts/lock.sh %s` compiles it from pyproject.toml and\n' "$profile" "$profile"
+    printf '# requirements/%s.in (Python %s); scripts/setup.sh %s installs exactly this.\n' "$profile" "$python" "$profile"
+    cat requirements/"$profile".txt; } > requirements/"$profile".txt.new
+  mv requirements/"$profile".txt.new requirements/"$profile".txt
+}
+
+profiles=("$@")
+[ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow)
+for profile in "${profiles[@]}"; do
+  case "$profile" in
+    classic) lock classic 3.11 dev profile petastorm addons torch ;;
+    current) lock current 3.13 dev ;;
+    airflow) lock airflow 3.11 ;;
+    *) printf '[lock] %s: expected classic, current or airflow\n' "$profile" >&2; exit 2 ;;
+  esac
+done
