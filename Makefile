@@ -37,6 +37,7 @@ lint: setup
 # Bytecode for the checkout's own modules first: an editable install is never compiled, and
 # under PYTHONDONTWRITEBYTECODE each of the suite's ~600 Python processes compiled what it imported.
 test-classic:
+	bash scripts/test-tools.sh
 	bash scripts/setup.sh classic
 	bash scripts/setup.sh airflow
 	.venv/bin/python -m compileall -q $(CODE)

@@ -4,6 +4,8 @@
 # (default: all). A maintainer reruns it to upgrade (`make lock`; `UPGRADE=1` moves every pin to
 # the newest release that resolves, otherwise the pins already in the lock are kept where they
 # still fit) and commits the result; scripts/setup.sh installs exactly what the lock says.
+# `scripts/lock.sh --check [PROFILE...]` changes nothing and fails when a lock is not what
+# pyproject.toml and its .in file compile to (tests/test_locks.py runs it).
 #
 # The locks are for the machines the project runs on (Linux x86_64, glibc 2.28+), each for its
 # profile's Python. requirements/overrides.txt replaces dependency bounds that are known to be
@@ -17,6 +19,13 @@ UV=$(bash scripts/uv.sh)
 source scripts/uv-env.sh
 upgrade=()
 [ "${UPGRADE:-0}" = 1 ] && upgrade=(--upgrade)
+check=0
+if [ "${1:-}" = --check ]; then
+  check=1
+  shift
+fi
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
 
 lock() {  # profile, Python version, extras...
   local profile=$1 python=$2
@@ -25,13 +34,25 @@ lock() {  # profile, Python version, extras...
   for extra in "$@"; do extras+=(--extra "$extra"); done
   local sources=(requirements/"$profile".in)
   [ "$profile" = airflow ] || sources=(pyproject.toml "${sources[@]}")
+  local out=requirements/"$profile".txt
+  if [ "$check" = 1 ]; then
+    out="$scratch/$profile.txt"
+    cp requirements/"$profile".txt "$out"  # its pins are the preferences, as in a real run
+  fi
   printf '[lock] %s (Python %s)\n' "$profile" "$python" >&2
   "$UV" pip compile --quiet "${sources[@]}" "${extras[@]}" "${upgrade[@]}" \
     --python-version "$python" --python-platform x86_64-manylinux_2_28 \
     --override requirements/overrides.txt \
     --no-emit-find-links --no-header --annotation-style line \
     --custom-compile-command "scripts/lock.sh $profile" \
-    -o requirements/"$profile".txt
+    -o "$out"
+  if [ "$check" = 1 ]; then
+    if ! diff <(pins requirements/"$profile".txt) <(pins "$out") >&2; then
+      printf '[lock] requirements/%s.txt is not what pyproject.toml and requirements/%s.in compile to (above: < the lock, > compiled): run scripts/lock.sh %s and commit it\n' "$profile" "$profile" "$profile" >&2
+      stale=1
+    fi
+    return
+  fi
   # One line on top that says where the file comes from (uv's header would name this machine's
   # paths).
   { printf '# The %s profile'"'"'s lock: `scripts/lock.sh %s` compiles it from pyproject.toml and\n' "$profile" "$profile"
@@ -40,6 +61,9 @@ lock() {  # profile, Python version, extras...
   mv requirements/"$profile".txt.new requirements/"$profile".txt
 }
 
+pins() { grep -v '^#' "$1" | sed 's/ .*//' | grep .; }
+
+stale=0
 profiles=("$@")
 [ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow)
 for profile in "${profiles[@]}"; do
@@ -50,3 +74,4 @@ for profile in "${profiles[@]}"; do
     *) printf '[lock] %s: expected classic, current or airflow\n' "$profile" >&2; exit 2 ;;
   esac
 done
+exit "$stale"

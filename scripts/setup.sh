@@ -53,27 +53,6 @@ TF_VERSION=2.15.1
 WHEEL_CACHE=${HVDFLOW_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/wheels}
 STAMP="$VENV/.hvdflow-setup"
 
-# The multi-host tests (tests/cluster) simulate hosts with network namespaces: they need root
-# and iproute2's `ip`. Without either they skip (and fail under CI=true).
-if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-  log "installing iproute2 (for the multi-host tests)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq iproute2 >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null && apt-get install -y -qq iproute2 >/dev/null; } \
-    || log "could not install iproute2: the multi-host tests will skip (fail under CI=true)"
-fi
-
-# The browser tests (tests/ui) drive Debian's chromium headless through playwright, which is told
-# to use it (playwright's own browser downloads cannot be reached here). Without it they skip
-# (and fail under CI=true).
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-  log "installing chromium (for the browser tests)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq chromium >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } \
-    || log "could not install chromium: the browser tests will skip (fail under CI=true)"
-fi
-
 # Editors and type checkers (docs/layout.md) read imports from files: they cannot run the
 # import hook that maps hvdflow.<room> to the rooms at the top of the checkout in an editable
 # install. build/editors holds the same map as links (hvdflow/ with each room linked inside it),

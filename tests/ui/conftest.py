@@ -1,7 +1,7 @@
 """A real browser for the UI tests: Debian's chromium, headless, kept off the network.
 
 Where chromium or the playwright package is missing, the UI tests skip and say why; under
-CI=true that is a failure instead, so CI cannot pass without running them (scripts/setup.sh
+CI=true that is a failure instead, so CI cannot pass without running them (scripts/test-tools.sh
 installs chromium).
 """
 
@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import skip_here_fail_in_ci
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-# Debian's chromium (scripts/setup.sh installs it); HVDFLOW_CHROMIUM names another.
+# Debian's chromium (scripts/test-tools.sh installs it); HVDFLOW_CHROMIUM names another.
 CHROMIUM = os.environ.get("HVDFLOW_CHROMIUM", "/usr/bin/chromium")
 # Screenshots go here: git-ignored, kept after the run for a person to look at.
 OUTPUTS = Path(os.environ.get("HVDFLOW_TEST_OUTPUTS") or ROOT / "test-outputs") / "ui"
@@ -40,7 +40,7 @@ def require_browser() -> None:
     """Skip (fail under CI=true) when chromium or playwright is missing."""
     reason = None
     if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        reason = f"no chromium at {CHROMIUM}: scripts/setup.sh installs it (Debian's chromium)"
+        reason = f"no chromium at {CHROMIUM}: scripts/test-tools.sh installs it (Debian's chromium)"
     else:
         try:
             import playwright.sync_api  # noqa: F401

@@ -1,7 +1,7 @@
 """hvdflow.TorchDistributor: pyspark's PyTorch launcher's API on hvdflow's barrier launcher.
 
 A function and a script written for pyspark's TorchDistributor (``torch_example``) run here
-unchanged; the tests that need torch run in the torch profile (``make test-torch``).
+unchanged; the tests that need torch run in the classic profile, which has it.
 """
 
 from __future__ import annotations
