@@ -1,5 +1,6 @@
 """The current profile as a new user gets it: hvdflow's wheel in a fresh Python 3.13
-environment with requirements/current.txt, and ``hvdflow run --np 2`` on the embedded defaults.
+environment with requirements/current.txt (installed by uv), and ``hvdflow run --np 2`` on the
+embedded defaults.
 
 It runs under the current profile only (``make test-current``): the classic profile's own
 environment is the one its suite runs in.
@@ -15,6 +16,7 @@ import sys
 
 import pytest
 
+from tests.uv import uv, uv_env
 from tests.wheel import ROOT, build_wheel
 
 pytestmark = [
@@ -42,6 +44,9 @@ print(json.dumps({"engine": params["engine"], "np": params["np"],
 """
 
 
+LIST = "import importlib.metadata as m; print(*(d.metadata['Name'] for d in m.distributions()))"
+
+
 def fresh_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(SESSION_PREFIXES)}
     env.pop("VIRTUAL_ENV", None)
@@ -53,19 +58,24 @@ def test_the_wheel_in_a_fresh_python_313_trains_with_tf_collective_and_registers
 ):
     wheel = build_wheel(tmp_path)
     venv = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # uv does what `python -m venv` and `pip install -c` do, from the cache the profiles share:
+    # seconds where pip copied 3 GB (tests/test_package.py installs the wheel with pip itself).
+    subprocess.run(
+        [uv(), "venv", "--quiet", "--python", sys.executable, str(venv)],
+        check=True, timeout=120, env=uv_env(),
+    )  # fmt: skip
     python, hvdflow = str(venv / "bin" / "python"), str(venv / "bin" / "hvdflow")
     env = {**fresh_env(), "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
     install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+        [uv(), "pip", "install", "--quiet", "--python", python,
          "-c", str(ROOT / "requirements" / "current.txt"), str(wheel)],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=uv_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
     listed = subprocess.run(
-        [python, "-m", "pip", "list", "--format=json"], env=env, capture_output=True, text=True
-    )
-    installed = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
+        [python, "-c", LIST], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    installed = {name.lower().replace("_", "-") for name in listed}
     assert installed & CLASSIC_ONLY == set()
     assert {"tensorflow", "tf-keras", "hvdflow"} <= installed
 

@@ -146,7 +146,7 @@ def unavailable_reason() -> str | None:
         )
     for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux")):
         if shutil.which(tool) is None:
-            return f"the multi-host harness needs `{tool}`: install {package} (scripts/test-tools.sh)"
+            return f"the multi-host harness needs `{tool}`: install {package} (make test does)"
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         return "the multi-host harness needs Java for Spark: install a Java 17 runtime"
     # A throwaway namespace: proves namespaces, bridges and veths can be made, touching nothing.

@@ -245,7 +245,7 @@ def test_the_driver_queues_as_many_connections_as_the_kernel_allows():
     """np ranks connect at once, and each Gloo request is a connection of its own: a backlog of
     5 (socketserver's default) drops the later SYNs, which TCP resends only after 1 s."""
     if shutil.which("ss") is None:
-        skip_here_fail_in_ci("needs `ss` (iproute2, which scripts/test-tools.sh installs)", "this test")
+        skip_here_fail_in_ci("needs `ss` (iproute2: scripts/test-tools.sh)", "this test")
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         for port in (channel.port, channel.rendezvous_port):
             listening = subprocess.run(
