@@ -1,27 +1,25 @@
 #!/usr/bin/env bash
-# The machine's tools that only the tests need (`make test` runs this; `make run` does not):
-# iproute2 for the multi-host harness, Chromium for the browser tests. Each one is installed with
-# apt when missing and this runs as root; without it, those tests skip (and fail under CI=true).
+# The machine's tools that only the tests need (`make test` runs this; `make run` does not).
+# Each one is installed with Debian's apt when missing and this runs as root; without it, the
+# tests that need it skip (and fail under CI=true).
 set -euo pipefail
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# The multi-host tests (tests/cluster) simulate hosts with network namespaces: they need root
-# and iproute2's `ip`. Without either they skip (and fail under CI=true).
-if ! command -v ip >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-  log "installing iproute2 (for the multi-host tests)"
+install_if_missing() {  # command, Debian package, what needs it
+  command -v "$1" >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    log "no $1 here, and installing $2 needs root and apt: $3 will skip (fail under CI=true)"
+    return 0
+  fi
+  log "installing $2 (for $3)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq iproute2 >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null && apt-get install -y -qq iproute2 >/dev/null; } \
-    || log "could not install iproute2: the multi-host tests will skip (fail under CI=true)"
-fi
+  apt-get install -y -qq "$2" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null && apt-get install -y -qq "$2" >/dev/null; } \
+    || log "could not install $2: $3 will skip (fail under CI=true)"
+}
 
+# The multi-host tests (tests/cluster) simulate hosts with network namespaces: root and `ip`.
+install_if_missing ip iproute2 "the multi-host tests"
 # The browser tests (tests/ui) drive Debian's chromium headless through playwright, which is told
-# to use it (playwright's own browser downloads cannot be reached here). Without it they skip
-# (and fail under CI=true).
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-  log "installing chromium (for the browser tests)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq chromium >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } \
-    || log "could not install chromium: the browser tests will skip (fail under CI=true)"
-fi
+# to use it (playwright's own browser downloads cannot be reached here).
+install_if_missing chromium chromium "the browser tests"

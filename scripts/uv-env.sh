@@ -6,7 +6,11 @@
 #   handed to it.
 # - The machine's pip configuration still counts: pip's find-links (PIP_FIND_LINKS, else
 #   `pip config`) become uv's, which is where a CPU machine keeps PyTorch's CPU build.
+# - It compiles every installed module to bytecode, as pip does: uv's default leaves that to the
+#   first import, and where PYTHONDONTWRITEBYTECODE is set (CI, the suite's ~600 processes) every
+#   process then compiled TensorFlow's Python anew, which made the suite 40% slower.
 export UV_PYTHON_DOWNLOADS=never
+export UV_COMPILE_BYTECODE=1
 export UV_NO_PROGRESS=1
 if [ -z "${UV_FIND_LINKS:-}" ]; then
   links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}

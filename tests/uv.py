@@ -21,11 +21,12 @@ def uv() -> str:
 
 
 def uv_env() -> dict[str, str]:
-    """This environment for a uv child: it never downloads Python, works on the environment it is
-    told rather than this one (VIRTUAL_ENV), and finds what pip's find-links hold (where a CPU
-    machine keeps PyTorch's CPU build)."""
+    """This environment for a uv child: it never downloads Python, compiles what it installs,
+    works on the environment it is told rather than this one (VIRTUAL_ENV), and finds what pip's
+    find-links hold (where a CPU machine keeps PyTorch's CPU build)."""
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env["UV_PYTHON_DOWNLOADS"] = "never"
+    env["UV_COMPILE_BYTECODE"] = "1"  # as scripts/uv-env.sh says why
     links = env.get("UV_FIND_LINKS") or env.get("PIP_FIND_LINKS")
     if not links:
         links = subprocess.run(
