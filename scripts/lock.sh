@@ -9,7 +9,7 @@
 #
 # The locks are for the machines the project runs on (Linux x86_64, glibc 2.28+), each for its
 # profile's Python. requirements/overrides.txt replaces dependency bounds that are known to be
-# stale. PyTorch's CPU build is found through the machine's find-links (pip's configuration, as
+# stale; requirements/<profile>-overrides.txt, where there is one, the profile's own. PyTorch's CPU build is found through the machine's find-links (pip's configuration, as
 # scripts/setup.sh reads it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,9 @@ lock() {  # profile, Python version, extras...
   shift 2
   local extras=()
   for extra in "$@"; do extras+=(--extra "$extra"); done
-  local sources=(requirements/"$profile".in)
+  local sources=(requirements/"$profile".in) profile_overrides=()
+  [ ! -f requirements/"$profile"-overrides.txt ] \
+    || profile_overrides=(--override requirements/"$profile"-overrides.txt)
   [ "$profile" = airflow ] || sources=(pyproject.toml "${sources[@]}")
   local out=requirements/"$profile".txt
   if [ "$check" = 1 ]; then
@@ -42,7 +44,7 @@ lock() {  # profile, Python version, extras...
   printf '[lock] %s (Python %s)\n' "$profile" "$python" >&2
   "$UV" pip compile --quiet "${sources[@]}" "${extras[@]}" "${upgrade[@]}" \
     --python-version "$python" --python-platform x86_64-manylinux_2_28 \
-    --override requirements/overrides.txt \
+    --override requirements/overrides.txt "${profile_overrides[@]}" \
     --no-emit-find-links --no-header --annotation-style line \
     --custom-compile-command "scripts/lock.sh $profile" \
     -o "$out"

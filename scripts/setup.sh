@@ -112,7 +112,7 @@ if have != want:
 PY
 
 # Everything that decides the environment's content; a change to any of it installs again.
-want=$(cat pyproject.toml "$LOCK" scripts/setup.sh scripts/python.sh scripts/uv.sh \
+want=$(cat pyproject.toml "$LOCK" requirements/*overrides.txt scripts/setup.sh scripts/python.sh scripts/uv.sh \
          scripts/uv-env.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "environment up to date ($VENV)"
@@ -135,11 +135,12 @@ log "installing $LOCK into $VENV"
 # hvdflow itself, editable, on top of the lock: its dependencies are all in the lock already.
 "${UVPIP[@]}" install --no-deps -e .
 
-# What `uv pip check` finds broken, less the bounds requirements/overrides.txt replaces.
+# What `uv pip check` finds broken, less the requirements the lock overrides on purpose
+# (requirements/overrides.txt and the profile's own, each with its reason).
 broken() {
   local overridden
-  overridden=$(grep -v '^#' requirements/overrides.txt | sed -E 's/[<>=!~; ].*//' | grep . \
-                 | sed 's/.*/requires `&/' || true)
+  overridden=$(cat requirements/overrides.txt requirements/"$PROFILE"-overrides.txt 2>/dev/null \
+                 | grep -v '^#' | sed -E 's/[<>=!~; ].*//' | grep . | sed 's/.*/requires `&/' || true)
   "$UV" pip check 2>&1 | grep '^The package' | grep -F -v "${overridden:-'^$'}" || true
 }
 
