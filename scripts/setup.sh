@@ -141,7 +141,12 @@ broken() {
   local overridden
   overridden=$(cat requirements/overrides.txt requirements/"$PROFILE"-overrides.txt 2>/dev/null \
                  | grep -v '^#' | sed -E 's/[<>=!~; ].*//' | grep . | sed 's/.*/requires `&/' || true)
-  "$UV" pip check 2>&1 | grep '^The package' | grep -F -v "${overridden:-'^$'}" || true
+  local found
+  found=$("$UV" pip check 2>&1 | grep '^The package' || true)
+  if [ -n "$overridden" ]; then
+    found=$(printf '%s\n' "$found" | grep -F -v "$overridden" || true)
+  fi
+  printf '%s' "$found"
 }
 
 if [ "$PROFILE" = airflow ]; then
