@@ -15,8 +15,10 @@
 #   their tasks run in another profile's environment (HVDFLOW_PYTHON). Airflow does not resolve
 #   beside the classic pins (README, "For Airflow users").
 #
-# uv keeps one cache for every clone and profile and links packages from it (scripts/uv-env.sh):
-# a second environment of the same packages takes seconds and almost no disk. The slow part of
+# uv keeps one cache for every clone and profile and links packages from it (scripts/uv-env.sh).
+# Each lock is installed once per machine into a template environment under
+# ~/.cache/hvdflow/envs (HVDFLOW_ENV_CACHE), bytecode and Horovod included, and a clone's
+# environment is made of hardlinks to it: seconds and almost no disk. The slow part of
 # classic is horovod: it has no wheel on PyPI and must be compiled against the installed
 # TensorFlow (about 9 minutes on 2 cores). The wheel is built once into a cache outside the clone,
 # keyed by horovod, TensorFlow and Python versions, so a second set-up installs it in seconds.
@@ -124,19 +126,11 @@ UV=$(bash scripts/uv.sh)
 source scripts/uv-env.sh
 # The interpreter itself, not a launcher in front of it (a pyenv shim costs every process a shell).
 python=$("$PYTHON" -c "import sys; print(sys.executable)")
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
-  log "creating $VENV with $python"
-  "$UV" venv --quiet --python "$python" "$VENV"
-fi
 UVPIP=("$UV" pip --quiet)
-export VIRTUAL_ENV="$PWD/$VENV"  # which environment uv pip works on
-log "installing $LOCK into $VENV"
-"${UVPIP[@]}" sync "$LOCK"
-# hvdflow itself, editable, on top of the lock: its dependencies are all in the lock already.
-"${UVPIP[@]}" install --no-deps -e .
 
-# What `uv pip check` finds broken, less the requirements the lock overrides on purpose
-# (requirements/overrides.txt and the profile's own, each with its reason).
+# What `uv pip check` finds broken in the environment VIRTUAL_ENV names, less the requirements
+# the lock overrides on purpose (requirements/overrides.txt and the profile's own, each with its
+# reason).
 broken() {
   local overridden
   overridden=$(cat requirements/overrides.txt requirements/"$PROFILE"-overrides.txt 2>/dev/null \
@@ -149,6 +143,117 @@ broken() {
   printf '%s' "$found"
 }
 
+# The profile's packages are installed once per machine into a template environment outside
+# the clone, keyed by what decides them (the lock, its overrides, the interpreter, these
+# scripts); each clone's environment is a copy of it made of hardlinks: seconds, and almost no
+# disk. uv links the packages from its cache anyway; what the template saves each clone is their
+# bytecode (about 400 MB and half a minute of compiling per environment) and the Horovod check.
+ENVS=${HVDFLOW_ENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/envs}
+key=$( { cat "$LOCK" requirements/*overrides.txt scripts/setup.sh scripts/uv.sh scripts/uv-env.sh
+         "$python" -c 'import sys; print(sys.executable, sys.version)'; } | sha256sum | cut -c1-16)
+TEMPLATE="$ENVS/$PROFILE-$key"
+
+install_horovod() {
+  local env=$1
+  PY_TAG=$("$env/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    log "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (once; about 9 minutes)"
+    local build_dir
+    build_dir=$(mktemp -d)
+    # System cmake: PyPI's cmake 4.x rejects gloo's cmake_minimum_required. pip (from the lock's
+    # dev extra) builds it: horovod's setup.py must see the installed TensorFlow.
+    PATH="/usr/bin:$PATH" \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+      "$env/bin/python" -m pip --disable-pip-version-check wheel --no-build-isolation \
+        --no-deps --no-cache-dir "horovod==$HOROVOD_VERSION" -w "$build_dir" \
+        >"$build_dir/build.log" 2>&1 \
+      || { tail -40 "$build_dir/build.log" >&2; log "horovod build failed (full log above)"; exit 1; }
+    # Publish atomically: a build that dies half way must not look like a cached wheel.
+    mkdir -p "$WHEEL_CACHE"
+    local tmp_dir
+    tmp_dir=$(mktemp -d "$WHEEL_CACHE/.partial.XXXXXX")
+    cp "$build_dir"/horovod-*.whl "$tmp_dir"/
+    mv -T "$tmp_dir" "$WHEEL_DIR" 2>/dev/null || rm -rf "$tmp_dir"
+    rm -rf "$build_dir"
+  else
+    log "using cached horovod wheel from $WHEEL_DIR"
+  fi
+  VIRTUAL_ENV="$env" "${UVPIP[@]}" install --no-deps "$WHEEL_DIR"/horovod-*.whl
+
+  log "checking horovod (TensorFlow + Gloo)"
+  TF_CPP_MIN_LOG_LEVEL=3 "$env/bin/python" - <<'PY'
+import horovod.tensorflow as hvd
+hvd.init()
+assert hvd.gloo_built(), "horovod was built without Gloo"
+import horovod
+print(f"[setup] horovod {horovod.__version__}: gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} size={hvd.size()}")
+PY
+}
+
+if [ ! -d "$TEMPLATE" ]; then
+  mkdir -p "$ENVS"
+  partial=$(mktemp -d "$ENVS/.partial-$PROFILE-XXXXXX")
+  trap 'rm -rf "$partial"' EXIT
+  log "installing $LOCK into a template environment (once per lock: $TEMPLATE)"
+  "$UV" venv --quiet --allow-existing --python "$python" "$partial"
+  VIRTUAL_ENV="$partial" "${UVPIP[@]}" sync "$LOCK"
+  [ "$PROFILE" != classic ] || install_horovod "$partial"
+  # Published atomically: a set-up that dies half way leaves nothing that looks like a template.
+  mv -T "$partial" "$TEMPLATE" 2>/dev/null || rm -rf "$partial"  # a set-up beside this one won
+  trap - EXIT
+  # This profile's older templates go: the clones made from them hold hardlinks, not references.
+  find "$ENVS" -mindepth 1 -maxdepth 1 -name "$PROFILE-*" ! -path "$TEMPLATE" \
+    -exec rm -rf {} + 2>/dev/null || true
+fi
+
+# The clone's environment: a new venv (its own interpreter links, activate scripts and
+# pyvenv.cfg), the template's files hardlinked in, its commands copied with their first line
+# pointing at this venv's Python, then hvdflow itself, editable (its dependencies are all in the
+# lock already). Made anew whenever the stamp differs: nothing in it is worth keeping.
+log "making $VENV from the template"
+rm -rf "$VENV"
+"$UV" venv --quiet --python "$python" "$VENV"
+rm -rf "$VENV/lib" "$VENV/include" "$VENV/share"
+for part in lib include share; do
+  [ ! -e "$TEMPLATE/$part" ] || cp -al "$TEMPLATE/$part" "$VENV/$part"
+done
+"$python" - "$TEMPLATE/bin" "$VENV/bin" <<'PY'
+import os
+import shutil
+import sys
+
+template, venv = sys.argv[1:]
+python = os.path.join(os.path.abspath(venv), "python")
+# A first line longer than the kernel reads (127 bytes) goes through sh, as pip and uv write it.
+if len(python) < 125:
+    shebang = f"#!{python}\n"
+else:
+    shebang = "#!/bin/sh\n'''exec' '" + python + "' \"$0\" \"$@\"\n' '''\n"
+for name in os.listdir(template):
+    source, dest = os.path.join(template, name), os.path.join(venv, name)
+    if os.path.lexists(dest):  # the venv's own: python, activate scripts
+        continue
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), dest)
+        continue
+    with open(source, "rb") as f:
+        content = f.read()
+    first, _, body = content.partition(b"\n")
+    if not (first.startswith(b"#!") and b"python" in first or first == b"#!/bin/sh"
+            and body.startswith(b"'''exec'")):
+        shutil.copy2(source, dest)  # not a Python command (pyspark's shell scripts, say)
+        continue
+    if first == b"#!/bin/sh":
+        body = body.split(b"\n", 2)[2]  # the long form: its exec lines go
+    with open(dest, "wb") as f:
+        f.write(shebang.encode() + body)
+    shutil.copymode(source, dest)
+PY
+export VIRTUAL_ENV="$PWD/$VENV"  # which environment uv pip works on
+"${UVPIP[@]}" install --no-deps -e .
+
 if [ "$PROFILE" = airflow ]; then
   # Airflow's own requirements must hold; hvdflow's are missing here by design.
   problems=$(broken | grep -v 'The package `hvdflow`' || true)
@@ -158,41 +263,6 @@ if [ "$PROFILE" = airflow ]; then
   exit 0
 fi
 
-if [ "$PROFILE" = classic ]; then
-  PY_TAG=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-  WHEEL_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$PY_TAG-gloo"
-  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    log "building horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION (once; about 9 minutes)"
-    build_dir=$(mktemp -d)
-    trap 'rm -rf "$build_dir"' EXIT
-    # System cmake: PyPI's cmake 4.x rejects gloo's cmake_minimum_required. pip (from the lock's
-    # dev extra) builds it: horovod's setup.py must see the installed TensorFlow.
-    PATH="/usr/bin:$PATH" \
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-      "$VENV/bin/python" -m pip --disable-pip-version-check wheel --no-build-isolation \
-        --no-deps --no-cache-dir "horovod==$HOROVOD_VERSION" -w "$build_dir" \
-        >"$build_dir/build.log" 2>&1 \
-      || { tail -40 "$build_dir/build.log" >&2; log "horovod build failed (full log above)"; exit 1; }
-    # Publish atomically: a build that dies half way must not look like a cached wheel.
-    mkdir -p "$WHEEL_CACHE"
-    tmp_dir=$(mktemp -d "$WHEEL_CACHE/.partial.XXXXXX")
-    cp "$build_dir"/horovod-*.whl "$tmp_dir"/
-    mv -T "$tmp_dir" "$WHEEL_DIR" 2>/dev/null || rm -rf "$tmp_dir"
-  else
-    log "using cached horovod wheel from $WHEEL_DIR"
-  fi
-  "${UVPIP[@]}" install --no-deps "$WHEEL_DIR"/horovod-*.whl
-
-  log "checking horovod (TensorFlow + Gloo)"
-  TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" - <<'PY'
-import horovod.tensorflow as hvd
-hvd.init()
-assert hvd.gloo_built(), "horovod was built without Gloo"
-import horovod
-print(f"[setup] horovod {horovod.__version__}: gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} size={hvd.size()}")
-PY
-fi
 # Every requirement holds, except the bounds the lock overrides on purpose
 # (requirements/overrides.txt, each with its reason).
 problems=$(broken)
