@@ -66,10 +66,14 @@ def test_the_wheel_in_a_fresh_python_313_trains_with_tf_collective_and_registers
     )  # fmt: skip
     python, hvdflow = str(venv / "bin" / "python"), str(venv / "bin" / "hvdflow")
     env = {**fresh_env(), "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
+    # uv's own default, as a new user's `uv pip install` has it: no bytecode at install (the
+    # profiles compile theirs for the suite's ~600 processes); the run below writes what it
+    # imports, since a new user's shell has no PYTHONDONTWRITEBYTECODE.
+    install_env = {k: v for k, v in uv_env().items() if k != "UV_COMPILE_BYTECODE"}
     install = subprocess.run(
         [uv(), "pip", "install", "--quiet", "--python", python,
          "-c", str(ROOT / "requirements" / "current.txt"), str(wheel)],
-        env=uv_env(), capture_output=True, text=True, timeout=900,
+        env=install_env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
     listed = subprocess.run(

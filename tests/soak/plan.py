@@ -38,26 +38,38 @@ class PlannedRun:
 
 
 def make_plan(
-    runs: int, seed: int, kinds: list[str] | None = None, *, epochs: int, each: int = 2
+    runs: int,
+    seed: int,
+    kinds: list[str] | None = None,
+    *,
+    epochs: int,
+    each: int = 2,
+    clean_first: bool = True,
 ) -> list[PlannedRun]:
     """``runs`` runs; each kind of ``kinds`` (default: all) in ``each`` of them at least, the
-    rest fault-free; from ``seed`` alone."""
+    rest fault-free; from ``seed`` alone. The first run is fault-free (``clean_first``): it
+    builds the dataset and stages the weights the others reuse, and a fault "before" it would
+    find nothing to break. Without it, the first run meets its fault while it builds them too,
+    which only faults that strike within a run can do."""
     kinds = list(kinds or FAULT_KINDS)
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown:
         raise ValueError(f"unknown fault kinds {unknown}: expected some of {list(FAULT_KINDS)}")
+    before = [k for k in kinds if FAULT_KINDS[k] == BEFORE]
+    if not clean_first and before:
+        raise ValueError(f"{before} strike before a run: they need a clean first run")
     faulty = [k for k in kinds for _ in range(each)]
-    if runs < len(faulty) + 1:
+    clean = 1 if clean_first else 0
+    if runs < len(faulty) + clean:
         raise ValueError(
-            f"runs={runs} cannot hold {each} of each of {len(kinds)} fault kinds after a first "
-            f"clean run: give --runs {len(faulty) + 1} or more, or fewer --kinds"
+            f"runs={runs} cannot hold {each} of each of {len(kinds)} fault kinds"
+            + (" after a first clean run" if clean_first else "")
+            + f": give --runs {len(faulty) + clean} or more, or fewer --kinds"
         )
     rng = random.Random(seed)
-    # The first run is fault-free: it builds the dataset and stages the weights the others
-    # reuse (and a fault "before" it would find nothing to break).
-    rest: list[str | None] = faulty + [None] * (runs - len(faulty) - 1)
+    rest: list[str | None] = faulty + [None] * (runs - len(faulty) - clean)
     rng.shuffle(rest)
-    ordered = [None, *rest]
+    ordered = [None, *rest] if clean_first else rest
     plan = []
     for index, fault in enumerate(ordered):
         plan.append(
