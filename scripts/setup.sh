@@ -144,12 +144,16 @@ broken() {
 }
 
 # The profile's packages are installed once per machine into a template environment outside
-# the clone, keyed by what decides them (the lock, its overrides, the interpreter, these
-# scripts); each clone's environment is a copy of it made of hardlinks: seconds, and almost no
-# disk. uv links the packages from its cache anyway; what the template saves each clone is their
+# the clone, keyed by what decides them (the lock, its overrides, the interpreter, uv's
+# scripts, TEMPLATE_VERSION); each clone's environment is a copy of it made of hardlinks:
+# seconds, and almost no disk. uv links the packages from its cache anyway; what the template saves each clone is their
 # bytecode (about 400 MB and half a minute of compiling per environment) and the Horovod check.
+# TEMPLATE_VERSION: raise it when what goes into a template changes here (not for comments,
+# which would otherwise cost every machine its templates again).
+TEMPLATE_VERSION=1
 ENVS=${HVDFLOW_ENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/envs}
-key=$( { cat "$LOCK" requirements/*overrides.txt scripts/setup.sh scripts/uv.sh scripts/uv-env.sh
+key=$( { cat "$LOCK" requirements/*overrides.txt scripts/uv.sh scripts/uv-env.sh
+         echo "$TEMPLATE_VERSION $HOROVOD_VERSION $TF_VERSION"
          "$python" -c 'import sys; print(sys.executable, sys.version)'; } | sha256sum | cut -c1-16)
 TEMPLATE="$ENVS/$PROFILE-$key"
 
@@ -217,7 +221,9 @@ rm -rf "$VENV"
 "$UV" venv --quiet --python "$python" "$VENV"
 rm -rf "$VENV/lib" "$VENV/include" "$VENV/share"
 for part in lib include share; do
-  [ ! -e "$TEMPLATE/$part" ] || cp -al "$TEMPLATE/$part" "$VENV/$part"
+  # Hardlinks need one file system; across two it is a copy (slower, same result).
+  [ ! -e "$TEMPLATE/$part" ] || cp -al "$TEMPLATE/$part" "$VENV/$part" 2>/dev/null \
+    || { rm -rf "${VENV:?}/$part"; cp -a "$TEMPLATE/$part" "$VENV/$part"; }
 done
 "$python" - "$TEMPLATE/bin" "$VENV/bin" <<'PY'
 import os
@@ -243,7 +249,11 @@ for name in os.listdir(template):
     first, _, body = content.partition(b"\n")
     if not (first.startswith(b"#!") and b"python" in first or first == b"#!/bin/sh"
             and body.startswith(b"'''exec'")):
-        shutil.copy2(source, dest)  # not a Python command (pyspark's shell scripts, say)
+        # Not a Python command: a binary (SeaweedFS's weed, 150 MB; ruff) or a shell script.
+        try:
+            os.link(source, dest)
+        except OSError:  # another file system
+            shutil.copy2(source, dest)
         continue
     if first == b"#!/bin/sh":
         body = body.split(b"\n", 2)[2]  # the long form: its exec lines go
