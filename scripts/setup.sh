@@ -146,8 +146,9 @@ broken() {
 # The profile's packages are installed once per machine into a template environment outside
 # the clone, keyed by what decides them (the lock, its overrides, the interpreter, uv's
 # scripts, TEMPLATE_VERSION); each clone's environment is a copy of it made of hardlinks:
-# seconds, and almost no disk. uv links the packages from its cache anyway; what the template saves each clone is their
-# bytecode (about 400 MB and half a minute of compiling per environment) and the Horovod check.
+# seconds, and almost no disk. uv links the packages from its cache anyway; what the template
+# saves each clone is their bytecode (about 400 MB and half a minute of compiling per
+# environment) and the Horovod check.
 # TEMPLATE_VERSION: raise it when what goes into a template changes here (not for comments,
 # which would otherwise cost every machine its templates again).
 TEMPLATE_VERSION=1
