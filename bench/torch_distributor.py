@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from hvdflow import LaunchOptions, TorchDistributor, get_spark
+from hvdflow.infra import LaunchOptions, TorchDistributor, get_spark
 
 SAMPLES = 4096
 BATCH = 64

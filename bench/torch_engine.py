@@ -30,8 +30,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from hvdflow import HorovodRunner, LaunchOptions, get_spark
 from hvdflow.bench.workloads import total_for_training, write_augmented_digits_idx
+from hvdflow.infra import HorovodRunner, LaunchOptions, get_spark
 from hvdflow.tasks.config import TrainingParams
 from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
 from hvdflow.tasks.train.run import training_spec

@@ -21,18 +21,18 @@ from hvdflow.bench import stats, time_to_target
 from hvdflow.bench.conditions import dataset_readers, measure
 from hvdflow.bench.workloads import write_augmented_digits_idx
 from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
+from hvdflow.flows.prefect.preprocess import preprocessed
+from hvdflow.flows.prefect.results import shared_result_storage
+from hvdflow.flows.prefect.spark_slots import spark_slots
+from hvdflow.flows.prefect.train import check_tracking_step
+from hvdflow.flows.prefect.weights import stage_weights_for
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import GRAPH_MODELS, LauncherParams
-from hvdflow.tasks.preprocess.steps import preprocessed
-from hvdflow.tasks.results import shared_result_storage
-from hvdflow.tasks.spark_slots import spark_slots
 from hvdflow.tasks.train.run import training_spec
-from hvdflow.tasks.train.steps import check_tracking_step
 from hvdflow.tasks.weights.stage import redact
-from hvdflow.tasks.weights.steps import stage_weights_for
 from hvdflow.training.gcn import write_karate_cora
 
 DEFAULT_BENCH = BenchParams()

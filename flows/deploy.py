@@ -22,8 +22,8 @@ from prefect.exceptions import ObjectNotFound
 from hvdflow.flows.benchmark import benchmark
 from hvdflow.flows.params import PipelineParams, ScoreParams
 from hvdflow.flows.pipeline import pipeline
+from hvdflow.flows.prefect.events import CHAMPION_MOVED, MODEL_NAME, MODEL_VERSION
 from hvdflow.flows.score import score
-from hvdflow.tasks.train.events import CHAMPION_MOVED, MODEL_NAME, MODEL_VERSION
 
 PIPELINE, BENCHMARK, SCORE = "hvdflow-pipeline", "hvdflow-benchmark", "hvdflow-score"
 

@@ -11,13 +11,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from hvdflow.flows.params import PipelineParams
+from hvdflow.flows.prefect.origin import flow_run_url
+from hvdflow.flows.prefect.preprocess import preprocessed
+from hvdflow.flows.prefect.results import shared_result_storage
+from hvdflow.flows.prefect.train import check_tracking_step, train_step
+from hvdflow.flows.prefect.weights import stage_weights_for
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.tracking import tracking_uri
-from hvdflow.tasks.preprocess.steps import preprocessed
-from hvdflow.tasks.results import shared_result_storage
-from hvdflow.tasks.train.model_card import STEADY_METRIC, flow_run_url
-from hvdflow.tasks.train.steps import check_tracking_step, train_step
-from hvdflow.tasks.weights.steps import stage_weights_for
+from hvdflow.tasks.train.model_card import STEADY_METRIC
 from hvdflow.training.profiling import breakdown_from_metrics, describe_breakdown
 
 DEFAULT_PARAMS = PipelineParams()

@@ -12,10 +12,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from hvdflow.flows.params import ScoreParams
+from hvdflow.flows.prefect.score import find_model_step, record_step, score_step
+from hvdflow.flows.prefect.train import check_tracking_step
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.tracking import tracking_uri
-from hvdflow.tasks.score.steps import find_model_step, record_step, score_step
-from hvdflow.tasks.train.steps import check_tracking_step
 
 ARTIFACT_KEY = "hvdflow-score-summary"
 

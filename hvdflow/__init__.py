@@ -76,13 +76,8 @@ _exported = lazy_exports(__name__, _EXPORTS)
 
 
 def __getattr__(name: str):
-    # The version is read when asked for: importlib.metadata costs a tenth of a second, which
-    # `hvdflow --help` and every rank process would otherwise pay.
-    if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+    if name == "__version__":  # read when asked for (hvdflow.infra.version says why)
+        from hvdflow.infra.version import package_version  # noqa: PLC0415
 
-        try:
-            return version("hvdflow")
-        except PackageNotFoundError:  # imported from a source tree that was never installed
-            return "0+unknown"
+        return package_version()
     return _exported(name)

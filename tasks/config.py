@@ -161,10 +161,10 @@ class TrainingParams(BaseModel):
         description=f"initial weights, staged once to the bucket: an http(s) URL, a file, or "
         f"{OFFLINE_SOURCE!r}; '' trains from scratch. A URL with a password or a signed query "
         "belongs in a reference, 'env:NAME' (the driver's variable NAME) or 'secret:block-name' "
-        "(a Prefect Secret block): parameters and logs then hold only the reference; such a "
-        "literal is refused",
-        # Prefect's server checks a deployment's parameters against this schema: a run given
-        # such a literal is refused before Prefect stores it.
+        "(a Secret block, hvdflow.infra.secrets): parameters and logs then hold only the "
+        "reference; such a literal is refused",
+        # An orchestrator's server that checks a deployment's parameters against this schema
+        # refuses a run given such a literal before storing it.
         json_schema_extra={"not": {"pattern": SECRET_URL_PATTERN}},
     )
 

@@ -32,11 +32,14 @@ from hvdflow.tasks.preprocess.job import preprocess_reported
 from hvdflow.tasks.score.job import score_images
 from hvdflow.tasks.score.model import fetch_model
 from hvdflow.tasks.score.record import record_scoring
-from hvdflow.tasks.train.model_card import AIRFLOW
+from hvdflow.tasks.train.origin import RunOrigin
 from hvdflow.tasks.train.run import train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
 from hvdflow.tasks.weights.stage import stage_weights as stage
 from hvdflow.training.models import model_input_shape
+
+# The Airflow DAG run as a training's origin: its tag value and what the model card calls it.
+ORCHESTRATOR, KIND = "airflow", "Airflow DAG run"
 
 logger = logging.getLogger("hvdflow.airflow")
 
@@ -132,9 +135,12 @@ def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> d
             uri,
             weights=StagedWeights(**weights) if weights else None,
             on_log_line=_print_line,
-            flow_run_id=f"{dag_run['dag_id']}/{dag_run['run_id']}",
-            orchestrator=AIRFLOW,
-            flow_run_url=dag_run.get("url") or None,
+            origin=RunOrigin(
+                ORCHESTRATOR,
+                f"{dag_run['dag_id']}/{dag_run['run_id']}",
+                KIND,
+                dag_run.get("url") or None,
+            ),
         )
     name = config.tracking.registered_model_name
     return {

@@ -2,8 +2,8 @@
 
 ``job`` runs it: ``plan`` (the split, the checks and each task's share, from the listing alone),
 ``stage`` (the Spark stage), ``publish`` (the metadata, reports and manifest). ``config`` holds
-what it is asked and what it published; ``steps`` is its Prefect task, cached by the dataset
-fingerprint (``sources``). The rest is what the tasks are made of: ``decode`` (an item to a
+what it is asked and what it published; ``sources`` fingerprints a dataset (an orchestrator's
+cache key). The rest is what the tasks are made of: ``decode`` (an item to a
 row), ``split``, ``schema``, ``write``. Listing, fetching and decoding the input images is
 ``hvdflow.tasks.images``', shared with scoring.
 

@@ -73,8 +73,8 @@ def preprocess_reported(start_spark, config: PreprocessConfig, report) -> Datase
     """``preprocess_images`` with what a person follows in an orchestrator's log: what is read
     and written, Spark's progress, and the dataset made or reused. ``start_spark``: a function
     that returns the Spark session, called only when there is a dataset to make (a published
-    one is found from the listing alone: no JVM starts). ``report``: a logger (Prefect's run
-    logger, or the one an Airflow task's output shows)."""
+    one is found from the listing alone: no JVM starts). ``report``: a logger (the orchestrator's
+    run logger)."""
     report.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
     manifest = preprocess_images(start_spark, config, progress=report)
     report.info(

@@ -7,6 +7,6 @@
 - ``registry``: the registry's aliases (``candidate``, ``champion``), settled race-free
 - ``model_card``: what the registered version says about itself
 - ``progress``: how far a training is, from its epoch lines
-- ``steps``: the Prefect tasks around them
+- ``origin``: the orchestrator's run that trains, as the records name it
 - ``tags``: the MLflow tags a training run carries
 """

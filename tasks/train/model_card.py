@@ -3,10 +3,11 @@ throughput figure the run reports beside its wall clock.
 
 The model version page shows the aliases (``candidate``, ``champion``) by itself; its description
 says what produced the version: the dataset's fingerprint, the number of ranks, the engine, the
-Prefect flow run (a link) and the MLflow run, so that whoever finds ``champion`` there can trace it
-back without opening anything else. The same facts are the version's tags (``version_tags``),
-for programs: ``search_model_versions("tags.`hvdflow.np` = '2'")``. Both are built by pure
-functions; ``describe_version`` writes them with MlflowClient.
+orchestrator's run (a link, from its ``RunOrigin``) and the MLflow run, so that whoever finds
+``champion`` there can trace it back without opening anything else. The same facts are the
+version's tags (``version_tags``), for programs:
+``search_model_versions("tags.`hvdflow.np` = '2'")``. Both are built by pure functions;
+``describe_version`` writes them with MlflowClient.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from hvdflow.infra.constants import HOROVOD
 from hvdflow.infra.secrets import redact_url
+from hvdflow.tasks.train.origin import RunOrigin
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +25,6 @@ logger = logging.getLogger(__name__)
 # ``images_per_s`` that includes launching the ranks and the first epoch's warm-up.
 STEADY_METRIC = "steady_images_per_s"
 DEFAULT_ENGINE = HOROVOD
-# The orchestrators whose runs train versions, and what the card calls such a run.
-PREFECT, AIRFLOW = "prefect", "airflow"
-RUN_KINDS = {PREFECT: "Prefect flow run", AIRFLOW: "Airflow DAG run"}
 
 
 def steady_images_per_s(images_per_epoch: float, epoch_times: Sequence[float]) -> float | None:
@@ -39,25 +38,12 @@ def steady_images_per_s(images_per_epoch: float, epoch_times: Sequence[float]) -
     return images_per_epoch / (sum(steady) / len(steady))
 
 
-def flow_run_url(flow_run_id: str | None) -> str | None:
-    """The Prefect UI page of ``flow_run_id``: under ``PREFECT_UI_URL``, which Prefect derives
-    from ``PREFECT_API_URL`` when unset; None for no flow run or a UI-less (ephemeral) API."""
-    if not flow_run_id:
-        return None
-    from prefect.utilities.urls import url_for
-
-    url = url_for("flow-run", obj_id=str(flow_run_id))
-    return redact_url(url) if url else None
-
-
 def version_card(
     *,
     dataset_fingerprint: str,
     np: int,
     engine: str = DEFAULT_ENGINE,
-    flow_run_url: str | None = None,
-    flow_run_id: str | None = None,
-    orchestrator: str = PREFECT,
+    origin: RunOrigin | None = None,
     run_id: str | None = None,
     steady_images_per_s: float | None = None,
     val_accuracy: float | None = None,
@@ -72,11 +58,10 @@ def version_card(
         f"- np: {np} ({ranks})",
         f"- engine: {engine}",
     ]
-    kind = RUN_KINDS[orchestrator]
-    if flow_run_url:
-        lines.append(f"- {kind}: [{flow_run_id or flow_run_url}]({flow_run_url})")
-    elif flow_run_id:
-        lines.append(f"- {kind}: `{flow_run_id}`")
+    if origin is not None and origin.url:
+        lines.append(f"- {origin.kind}: [{origin.run_id}]({origin.url})")
+    elif origin is not None:
+        lines.append(f"- {origin.kind}: `{origin.run_id}`")
     if run_id:
         lines.append(f"- MLflow run: `{run_id}`")
     if val_accuracy is not None:
@@ -98,8 +83,7 @@ def version_tags(
     np: int,
     engine: str = DEFAULT_ENGINE,
     dataset: str | None = None,
-    flow_run_id: str | None = None,
-    orchestrator: str = PREFECT,
+    origin: RunOrigin | None = None,
     run_id: str | None = None,
     val_accuracy: float | None = None,
     code_version: str | None = None,
@@ -113,9 +97,9 @@ def version_tags(
         "dataset": redact_url(dataset) if dataset else None,
         "np": str(np),
         "engine": engine,
-        "flow_run_id": flow_run_id,
-        # Which orchestrator's run flow_run_id names (a Prefect flow run, an Airflow DAG run).
-        "orchestrator": orchestrator if flow_run_id else None,
+        "flow_run_id": origin.run_id if origin else None,
+        # Which orchestrator's run flow_run_id names.
+        "orchestrator": origin.orchestrator if origin else None,
         "run_id": run_id,
         "val_accuracy": f"{val_accuracy:.6f}" if val_accuracy is not None else None,
         "code_version": code_version,
@@ -135,7 +119,6 @@ def describe_version(
     dataset_fingerprint: str,
     np: int,
     engine: str = DEFAULT_ENGINE,
-    flow_run_url: str | None = None,
     client=None,
     **more,
 ) -> str | None:
@@ -149,12 +132,11 @@ def describe_version(
     """
     if version is None:
         return None
-    card_fields = ("flow_run_id", "orchestrator", "run_id", "steady_images_per_s", "val_accuracy")
+    card_fields = ("origin", "run_id", "steady_images_per_s", "val_accuracy")
     text = version_card(
         dataset_fingerprint=dataset_fingerprint,
         np=np,
         engine=engine,
-        flow_run_url=flow_run_url,
         **{key: value for key, value in more.items() if key in card_fields},
     )
     tags = version_tags(dataset_fingerprint=dataset_fingerprint, np=np, engine=engine, **more)

@@ -2,7 +2,7 @@
 
 ``Epoch y/z`` means y-1 of z epochs are done, ``Epoch y/z done ...`` means y are. Every rank writes
 the same lines and a resumed training starts again at its checkpoint's epoch, so the percentage
-only ever grows. The Prefect progress artifact (``steps.train_step``) shows it.
+only ever grows. An orchestrator's progress display (``hvdflow.flows``) shows it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which MLflow run a training continues, where its checkpoints go, and what it must match.
 
-A training that failed transiently, or a Prefect flow run retried from the UI, continues its
+A training that failed transiently, or an orchestrator's run retried from its UI, continues its
 failed MLflow run from the last checkpoint; ``tracking.resume`` names one explicitly. A resumed
 run trains what it trained before, and the epochs it could not log during a tracking-server
 outage are logged afterwards.
@@ -32,7 +32,7 @@ def run_to_resume(
     tracking_uri: str, experiment_id: str, resume: str, flow_run_id: str | None
 ) -> str | None:
     """The MLflow run to continue: ``resume`` ('last' or a run id), else this flow run's failed
-    one (a Prefect flow run retried), else None (a new run)."""
+    one (the orchestrator's run retried), else None (a new run)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)

@@ -15,15 +15,16 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-import hvdflow
 from hvdflow.infra.constants import TORCH
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import TRACKER_WAIT_S, check_reachable, wait_until_reachable
+from hvdflow.infra.version import package_version
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
 from hvdflow.tasks.train import model_card
 from hvdflow.tasks.train.attempts import Attempts
 from hvdflow.tasks.train.config import TrainConfig
+from hvdflow.tasks.train.origin import RunOrigin
 from hvdflow.tasks.train.registry import assign_aliases
 from hvdflow.tasks.train.resume import (
     backfill_epoch_metrics,
@@ -52,7 +53,7 @@ class ModelRejected(RuntimeError):
 
 @dataclass
 class TrainResult:
-    """A tracked training, as the flow sees it (Prefect persists it: no secret in it)."""
+    """A tracked training, as the flow sees it (orchestrators persist it: no secret in it)."""
 
     run_id: str
     experiment_id: str
@@ -75,26 +76,24 @@ def train_and_track(
     weights=None,
     log_dir: str | None = None,
     on_log_line=None,
-    flow_run_id: str | None = None,
-    orchestrator: str = model_card.PREFECT,
-    flow_run_url: str | None = None,
+    origin: RunOrigin | None = None,
 ) -> TrainResult:
     """Train on ``dataset`` (a DatasetManifest) with ``config.launcher.np`` ranks; track it.
 
     A training that fails transiently (a rank killed, a host lost, a stall) runs again up to
     ``launcher.retries`` times, resuming from its last checkpoint in the same MLflow run. The run
-    continued is ``tracking.resume``'s, else the failed run of this Prefect flow run (a flow run
-    retried from the UI), else a new one.
+    continued is ``tracking.resume``'s, else the failed run of the same ``origin`` (the
+    orchestrator's run, retried from its UI), else a new one.
 
-    ``flow_run_id``: the orchestrator's run that trains (``orchestrator``: ``"prefect"`` or
-    ``"airflow"``), tagged on the MLflow run and the registered version; ``flow_run_url``, its
-    page (a Prefect flow run's is found from Prefect's settings).
+    ``origin``: the orchestrator's run that trains, tagged on the MLflow run and the registered
+    version and linked from its card.
     """
     import mlflow
 
     training, launcher, tracking = config.training, config.launcher, config.tracking
+    flow_run_id = origin.run_id if origin else None
     experiment, resume_id = _experiment_and_run_to_resume(tracking, tracking_uri, flow_run_id)
-    tags = {FLOW_RUN_TAG: flow_run_id, ORCHESTRATOR_TAG: orchestrator} if flow_run_id else None
+    tags = {FLOW_RUN_TAG: origin.run_id, ORCHESTRATOR_TAG: origin.orchestrator} if origin else None
     with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
         run_id = run.info.run_id
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
@@ -119,7 +118,7 @@ def train_and_track(
             result,
             tracking_uri,
             run_id,
-            (flow_run_id, orchestrator, flow_run_url),
+            origin,
         )
 
     logger.info(
@@ -248,16 +247,13 @@ def _publish(
     result: RankResult,
     tracking_uri: str,
     run_id: str,
-    orchestrator_run: tuple[str | None, str, str | None],
+    origin: RunOrigin | None,
 ) -> list[str]:
     """The registered version's aliases settled and its model card written; the aliases it
-    holds now. ``orchestrator_run``: the id, orchestrator and page of the run that trained."""
+    holds now. ``origin``: the orchestrator's run that trained."""
     import mlflow
 
     launcher, tracking = config.launcher, config.tracking
-    flow_run_id, orchestrator, flow_run_url = orchestrator_run
-    if orchestrator == model_card.PREFECT:
-        flow_run_url = model_card.flow_run_url(flow_run_id)
     registry = mlflow.MlflowClient(tracking_uri)
     aliases = assign_aliases(tracking.registered_model_name, result.model_version, client=registry)
     # What the MLflow pages show beside the wall clock: steady-state throughput (the first
@@ -272,14 +268,12 @@ def _publish(
         # What really trained: fewer ranks than np after an elastic resume.
         np=result.size if launcher.np > 0 else launcher.np,
         engine=training_engine(config),
-        flow_run_url=flow_run_url,
-        flow_run_id=flow_run_id,
-        orchestrator=orchestrator,
+        origin=origin,
         run_id=run_id,
         steady_images_per_s=steady,
         val_accuracy=result.final_val_accuracy,
         dataset=dataset.path,
-        code_version=hvdflow.__version__,
+        code_version=package_version(),
         evaluation=result.evaluation,
         client=registry,
     )

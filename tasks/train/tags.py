@@ -1,9 +1,9 @@
 """The MLflow tags hvdflow puts on a training run."""
 
-# The MLflow run's tag naming the orchestrator's run that trained it (a Prefect flow run, an
-# Airflow DAG run): a retried flow run (a task retried in the same DAG run) resumes it.
+# The MLflow run's tag naming the orchestrator's run that trained it (``RunOrigin.run_id``): that
+# run retried resumes it.
 FLOW_RUN_TAG = "hvdflow.flow_run_id"
-# Which orchestrator that run belongs to: "prefect" or "airflow".
+# Which orchestrator that run belongs to (``RunOrigin.orchestrator``).
 ORCHESTRATOR_TAG = "hvdflow.orchestrator"
 # The MLflow run's tag counting the trainings started for it, resumed ones included.
 ATTEMPTS_TAG = "hvdflow.training_attempts"

@@ -3,6 +3,6 @@
 - ``source``: what a weights source is (the offline one; a source as records show it), light
   enough for the parameters to check one
 - ``stage``: fetch once on the driver, store under the file's sha256, reuse by source identity
-- ``steps``: the Prefect task around it (retries on the object store, a cache that follows the
-  source)
+
+Orchestrators wrap ``stage`` in their own task (``hvdflow.flows``).
 """

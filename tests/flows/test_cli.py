@@ -284,13 +284,15 @@ def test_log_lines_reach_the_terminal_once_prefect_has_set_up_its_own_logging(tm
     try:
         configure_logging("INFO", "test", show_tracebacks=False, log_path=tmp_path / "t.log")
         adopt_prefect_logging()
-        logging.getLogger("hvdflow.tasks.train.steps").info("Spark stage 3 (save): 1/2 tasks done")
+        logging.getLogger("hvdflow.flows.prefect.train").info(
+            "Spark stage 3 (save): 1/2 tasks done"
+        )
         err = capfd.readouterr().err
     finally:
         server.removeHandler(prefects_console)
         _remove_our_handlers()
         root.setLevel(level)
-    assert err.count("INFO hvdflow.tasks.train.steps: Spark stage 3 (save): 1/2 tasks done") == 1
+    assert err.count("INFO hvdflow.flows.prefect.train: Spark stage 3 (save): 1/2 tasks done") == 1
 
 
 @pytest.mark.unit

@@ -10,7 +10,7 @@ from hvdflow.flows.params import PipelineParams, ScoreParams
 @pytest.mark.unit
 def test_the_deployments_load_by_module_path_and_scoring_follows_the_champion():
     from hvdflow.flows.deploy import deployments
-    from hvdflow.tasks.train.events import CHAMPION_MOVED, MODEL_NAME
+    from hvdflow.flows.prefect.events import CHAMPION_MOVED, MODEL_NAME
 
     made = deployments(
         PipelineParams(launcher={"np": 3}),

@@ -216,7 +216,7 @@ def held_slots_problems() -> list[str]:
     is would make every later training wait for ever."""
     from prefect.client.orchestration import get_client
 
-    from hvdflow.tasks.spark_slots import SPARK_SLOTS
+    from hvdflow.flows.prefect.spark_slots import SPARK_SLOTS
 
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(SPARK_SLOTS)

@@ -316,7 +316,7 @@ def _spark_slots(limit: int) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from hvdflow.tasks.spark_slots import SPARK_SLOTS
+    from hvdflow.flows.prefect.spark_slots import SPARK_SLOTS
 
     with get_client(sync_client=True) as client:
         client.create_global_concurrency_limit(

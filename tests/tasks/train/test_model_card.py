@@ -8,10 +8,14 @@ import pytest
 
 from hvdflow.tasks.train.model_card import (
     describe_version,
-    flow_run_url,
     steady_images_per_s,
     version_card,
     version_tags,
+)
+from hvdflow.tasks.train.origin import RunOrigin
+
+PREFECT_RUN = RunOrigin(
+    "prefect", "f-1", "Prefect flow run", "http://127.0.0.1:4200/runs/flow-run/f-1"
 )
 
 
@@ -36,8 +40,7 @@ def test_the_version_card_says_what_produced_the_version():
         dataset_fingerprint="abc123",
         np=-1,
         engine="horovod",
-        flow_run_url="http://127.0.0.1:4200/runs/flow-run/f-1",
-        flow_run_id="f-1",
+        origin=PREFECT_RUN,
         run_id="r-1",
         steady_images_per_s=2498.94,
         val_accuracy=0.92613,
@@ -92,24 +95,13 @@ def test_describe_version_writes_the_card_and_a_refusal_only_warns(caplog):
 
 
 @pytest.mark.unit
-def test_the_flow_run_link_is_under_the_prefect_ui():
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
-        assert flow_run_url("f-1") == "http://127.0.0.1:4200/runs/flow-run/f-1"
-    with temporary_settings({PREFECT_UI_URL: "https://prefect.example.org"}):
-        assert flow_run_url("f-1") == "https://prefect.example.org/runs/flow-run/f-1"
-    assert flow_run_url(None) is None
-
-
-@pytest.mark.unit
 def test_the_version_tags_are_the_cards_facts_as_strings_without_a_login():
     tags = version_tags(
         dataset_fingerprint="f" * 64,
         np=-2,
         engine="tf_collective",
         dataset="s3://u:p@bucket/datasets/abc/attempt-1",
-        flow_run_id="fr-1",
+        origin=RunOrigin("prefect", "fr-1", "Prefect flow run"),
         run_id="r-1",
         val_accuracy=0.97531234,
         code_version="0.1.0",
@@ -132,15 +124,13 @@ def test_the_version_tags_are_the_cards_facts_as_strings_without_a_login():
 def test_an_airflow_dag_run_is_named_as_such_on_the_card_and_in_the_tags():
     run = "hvdflow_pipeline/manual__2026-11-27T21:36:32+00:00"
     url = "http://127.0.0.1:8080/dags/hvdflow_pipeline/runs/manual__2026-11-27T21:36:32+00:00"
-    card = version_card(
-        dataset_fingerprint="f" * 64,
-        np=2,
-        flow_run_id=run,
-        orchestrator="airflow",
-        flow_run_url=url,
-    )
+    origin = RunOrigin("airflow", run, "Airflow DAG run", url)
+    card = version_card(dataset_fingerprint="f" * 64, np=2, origin=origin)
     assert f"- Airflow DAG run: [{run}]({url})" in card
     assert "Prefect" not in card
-    tags = version_tags(dataset_fingerprint="f" * 64, np=2, flow_run_id=run, orchestrator="airflow")
+    assert f"- Airflow DAG run: `{run}`" in version_card(
+        dataset_fingerprint="f" * 64, np=2, origin=RunOrigin("airflow", run, "Airflow DAG run")
+    )
+    tags = version_tags(dataset_fingerprint="f" * 64, np=2, origin=origin)
     assert tags["hvdflow.orchestrator"] == "airflow"
     assert tags["hvdflow.flow_run_id"] == run

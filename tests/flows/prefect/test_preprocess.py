@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hvdflow.flows.prefect.preprocess import dataset_cache_key, preprocessed
 from hvdflow.tasks.images.listing import Listing
 from hvdflow.tasks.preprocess import PreprocessConfig, sources
-from hvdflow.tasks.preprocess.steps import dataset_cache_key, preprocessed
 
 
 def write_images(root, per_class=6, classes=("cat", "dog")):

@@ -12,16 +12,16 @@ import threading
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from prefect.runtime import flow_run
 
+from hvdflow.flows.prefect.events import CHAMPION_MOVED, champion_moved
+from hvdflow.flows.prefect.origin import this_flow_run
+from hvdflow.flows.prefect.spark_slots import spark_slots
 from hvdflow.infra.launcher import CALLBACK, STDOUT
 from hvdflow.infra.spark import get_spark
 from hvdflow.infra.tracking import CHAMPION, check_reachable
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
-from hvdflow.tasks.spark_slots import spark_slots
 from hvdflow.tasks.train.config import TrainConfig
-from hvdflow.tasks.train.events import CHAMPION_MOVED, champion_moved
 from hvdflow.tasks.train.progress import EpochProgress
 from hvdflow.tasks.train.run import TrainResult, train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
@@ -75,7 +75,7 @@ def train_step(
             tracking_uri,
             weights=weights,
             on_log_line=forward,
-            flow_run_id=flow_run.id,  # a retry of this flow run resumes its MLflow run
+            origin=this_flow_run(),  # a retry of this flow run resumes its MLflow run
         )
     progress.finish()
     if CHAMPION in result.aliases and result.model_version:

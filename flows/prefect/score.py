@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from hvdflow.flows.prefect.spark_slots import spark_slots
 from hvdflow.infra.spark import SparkProgress, get_spark
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
 from hvdflow.tasks.score.job import ScoreResult, score_images
 from hvdflow.tasks.score.model import ScoringModel, fetch_model
 from hvdflow.tasks.score.record import record_scoring
-from hvdflow.tasks.spark_slots import spark_slots
 
 
 def _unless_bad_value(_task, _task_run, state) -> bool:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hvdflow.tasks.weights.steps import resolved_source_key, stage_weights_for
+from hvdflow.flows.prefect.weights import resolved_source_key, stage_weights_for
 
 
 @pytest.mark.unit

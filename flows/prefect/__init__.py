@@ -1,0 +1,6 @@
+"""Prefect's face: the plain steps of ``hvdflow.tasks`` as Prefect tasks, and what only Prefect
+has (result storage in the object store, the ``spark-slots`` concurrency limit, the
+champion-moved event, the flow run as a training's origin).
+
+The flows themselves (``hvdflow.flows.pipeline``, ``.score``, ``.benchmark``) compose these.
+"""
