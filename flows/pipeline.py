@@ -19,6 +19,7 @@ from hvdflow.flows.prefect.weights import stage_weights_for
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.train.model_card import STEADY_METRIC
+from hvdflow.tasks.weights.stage import weights_wanted
 from hvdflow.training.profiling import breakdown_from_metrics, describe_breakdown
 
 DEFAULT_PARAMS = PipelineParams()
@@ -38,8 +39,7 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
         data = params.data.preprocess_config(ranks=params.launcher.np)
         dataset = preprocessed(data, master, storage)
         weights = None
-        # Staged weights are Keras files; a PyTorch model trains from its seeded start.
-        if params.training.weights_source and params.training.framework == "tensorflow":
+        if weights_wanted(params.training):
             # A reference (env:NAME, secret:block-name) is resolved inside the task, on the driver.
             weights = stage_weights_for(
                 params.training.model, params.training.weights_source, dataset, storage

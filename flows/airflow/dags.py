@@ -161,7 +161,10 @@ def register(trained: dict, registered_model: str, *, outlet_events=None) -> dic
     asset = champion_asset(registered_model)
     version, aliases = trained.get("model_version"), trained.get("aliases") or []
     name = trained.get("registered_model")
-    if not version or CHAMPION not in aliases:
+    # The training step decides (TrainResult.champion_moved); an older hvdflow in the tasks'
+    # environment (not this one: Airflow's) does not say, and the rule is the same.
+    moved = trained.get("champion_moved", bool(version) and CHAMPION in aliases)
+    if not moved:
         held = ", ".join(aliases) or "no alias"
         raise AirflowSkipException(
             f"{name} version {version} holds {held}: {CHAMPION} did not move, nothing to score"

@@ -25,7 +25,7 @@ from hvdflow.flows.cli_support import InvalidParameters, describe_validation_err
 from hvdflow.flows.params import PipelineParams, ScoreParams
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import SparkProgress, get_spark
-from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+from hvdflow.infra.storage.object_store import ObjectStoreConfig
 from hvdflow.infra.tracking import check_reachable, tracking_uri
 from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.preprocess.job import preprocess_reported
@@ -33,10 +33,13 @@ from hvdflow.tasks.score.job import score_images
 from hvdflow.tasks.score.model import fetch_model
 from hvdflow.tasks.score.record import record_scoring
 from hvdflow.tasks.train.origin import RunOrigin
-from hvdflow.tasks.train.run import train_and_track
-from hvdflow.tasks.weights.stage import StagedWeights
-from hvdflow.tasks.weights.stage import stage_weights as stage
-from hvdflow.training.models import model_input_shape
+from hvdflow.tasks.train.run import spark_for_ranks, train_and_track
+from hvdflow.tasks.weights.stage import (
+    StagedWeights,
+    stage_into,
+    staging_inputs,
+    weights_wanted,
+)
 
 # The Airflow DAG run as a training's origin: its tag value and what the model card calls it.
 ORCHESTRATOR, KIND = "airflow", "Airflow DAG run"
@@ -96,19 +99,11 @@ def stage_weights(params: dict, dataset: dict) -> dict | None:
     the model trains from its seeded start (no weights source, or PyTorch)."""
 
     training = _pipeline(params).training
-    if not training.weights_source or training.framework != "tensorflow":
+    if not weights_wanted(training):
         logger.info("no weights to stage: %s trains from its seeded start", training.model)
         return None
-    manifest = _manifest(dataset)
-    store = ObjectStore(ObjectStoreConfig.from_env())
-    store.ensure_bucket()
-    staged = stage(
-        training.model,
-        training.weights_source,
-        store,
-        model_input_shape(manifest.image_shape),
-        manifest.num_classes,
-    )
+    config, inputs = ObjectStoreConfig.from_env(), staging_inputs(_manifest(dataset))
+    staged = stage_into(config, training.model, training.weights_source, *inputs)
     logger.info("weights for %s at %s (sha256 %s)", staged.model, staged.uri, staged.sha256[:12])
     return dataclasses.asdict(staged)
 
@@ -126,8 +121,7 @@ def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> d
         "training %s with np=%d for %d epochs", config.training.model, np, config.training.epochs
     )
     with tracking_login(tracking_uri()) as uri:
-        # Ranks on the driver (np < 0) need no Spark.
-        spark = get_spark(config.launcher.spark_master) if np > 0 else None
+        spark = spark_for_ranks(np, config.launcher.spark_master)
         result = train_and_track(
             spark,
             config,
@@ -148,6 +142,7 @@ def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> d
         "model_version": result.model_version,
         "model_uri": f"models:/{name}/{result.model_version}" if result.model_version else None,
         "aliases": list(result.aliases),
+        "champion_moved": result.champion_moved,
         "mlflow_run_id": result.run_id,
         "experiment_id": result.experiment_id,
         "tracking_uri": result.tracking_uri,

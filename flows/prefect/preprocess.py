@@ -39,7 +39,7 @@ def preprocessed(
     since) runs the task
     again: it builds the dataset anew, or picks up the attempt published since.
 
-    ``result_storage``: where the result and its cache record go (``hvdflow.flows.prefect.results``)."""
+    ``result_storage``: where the result and its cache record go (``results``)."""
     step = preprocess_step.with_options(result_storage=result_storage)
     dataset = step(config, spark_master)
     if not _still_published(dataset):

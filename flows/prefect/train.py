@@ -17,13 +17,12 @@ from hvdflow.flows.prefect.events import CHAMPION_MOVED, champion_moved
 from hvdflow.flows.prefect.origin import this_flow_run
 from hvdflow.flows.prefect.spark_slots import spark_slots
 from hvdflow.infra.launcher import CALLBACK, STDOUT
-from hvdflow.infra.spark import get_spark
-from hvdflow.infra.tracking import CHAMPION, check_reachable
+from hvdflow.infra.tracking import check_reachable
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
 from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.progress import EpochProgress
-from hvdflow.tasks.train.run import TrainResult, train_and_track
+from hvdflow.tasks.train.run import TrainResult, spark_for_ranks, train_and_track
 from hvdflow.tasks.weights.stage import StagedWeights
 
 # The Prefect progress artifact that follows a training's epochs (the flow run's Artifacts tab).
@@ -64,8 +63,7 @@ def train_step(
         config.training.epochs,
     )
 
-    # Ranks on the driver (np < 0) need no Spark: a run whose dataset was cached starts no JVM.
-    spark = get_spark(spark_master) if config.launcher.np > 0 else None
+    spark = spark_for_ranks(config.launcher.np, spark_master)
     # The ranks' barrier tasks, in turn with other flows on this cluster (none on the driver).
     with spark_slots(spark, config.launcher.np, f"training with np={config.launcher.np}", logger):
         result = train_and_track(
@@ -78,7 +76,7 @@ def train_step(
             origin=this_flow_run(),  # a retry of this flow run resumes its MLflow run
         )
     progress.finish()
-    if CHAMPION in result.aliases and result.model_version:
+    if result.champion_moved:
         # Registry consumers follow the alias: a deployment trigger can score with it at once.
         champion_moved(config.tracking.registered_model_name, result.model_version, result.run_id)
         logger.info(

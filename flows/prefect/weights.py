@@ -15,8 +15,13 @@ from hvdflow.infra.secrets import resolve
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 from hvdflow.tasks.preprocess.config import DatasetManifest
-from hvdflow.tasks.weights.stage import StagedWeights, is_intact, source_identity, stage_weights
-from hvdflow.training.models import model_input_shape
+from hvdflow.tasks.weights.stage import (
+    StagedWeights,
+    is_intact,
+    source_identity,
+    stage_into,
+    staging_inputs,
+)
 
 
 def resolved_source_key(context, parameters) -> str:
@@ -51,11 +56,9 @@ def stage_weights_step(
     input_shape: tuple[int, ...],
     num_classes: int,
 ) -> StagedWeights:
-    object_store = ObjectStore(store)
-    object_store.ensure_bucket()
     # ``source`` may be a reference: stage_weights resolves it, here on the driver, and records
     # only the redacted URL.
-    staged = stage_weights(model, source, object_store, input_shape, num_classes)
+    staged = stage_into(store, model, source, input_shape, num_classes)
     get_run_logger().info("weights for %s at %s (sha256 %s)", model, staged.uri, staged.sha256[:12])
     return staged
 
@@ -70,7 +73,7 @@ def stage_weights_for(
     to the ranks to fail their checksum on.
     """
     store = ObjectStoreConfig.from_env()
-    args = (model, source, store, model_input_shape(dataset.image_shape), dataset.num_classes)
+    args = (model, source, store, *staging_inputs(dataset))
     step = stage_weights_step.with_options(result_storage=result_storage)
     staged = step(*args)
     if not is_intact(ObjectStore(store), staged):

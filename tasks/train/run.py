@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from hvdflow.infra.constants import TORCH
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
-from hvdflow.infra.tracking import TRACKER_WAIT_S, check_reachable, wait_until_reachable
+from hvdflow.infra.tracking import (
+    CHAMPION,
+    TRACKER_WAIT_S,
+    check_reachable,
+    wait_until_reachable,
+)
 from hvdflow.infra.version import package_version
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
 from hvdflow.tasks.train import model_card
@@ -66,6 +71,21 @@ class TrainResult:
     epoch_times_log: list[float]
     history: dict[str, list[float]] = field(default_factory=dict)
     attempts: int = 1
+
+    @property
+    def champion_moved(self) -> bool:
+        """This training's version became ``champion``: registry consumers follow it now."""
+        return bool(self.model_version) and CHAMPION in self.aliases
+
+
+def spark_for_ranks(np: int, spark_master: str | None):
+    """The Spark session that the ranks' barrier tasks run on; None for ranks on the driver
+    (np < 0), which need no Spark: a run whose dataset was cached then starts no JVM."""
+    if np <= 0:
+        return None
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+
+    return get_spark(spark_master)
 
 
 def train_and_track(

@@ -27,9 +27,14 @@ from urllib.parse import urlsplit
 from hvdflow.infra.progress import ByteProgress, human_bytes
 from hvdflow.infra.secrets import resolve, split_userinfo
 from hvdflow.infra.storage.locks import cache_root, machine_lock
-from hvdflow.infra.storage.object_store import ObjectStore, file_suffix, sha256_file
+from hvdflow.infra.storage.object_store import (
+    ObjectStore,
+    ObjectStoreConfig,
+    file_suffix,
+    sha256_file,
+)
 from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
-from hvdflow.training.models import build_model
+from hvdflow.training.models import build_model, model_input_shape
 
 logger = logging.getLogger(__name__)
 
@@ -214,3 +219,25 @@ def _copy(source, target, progress: ByteProgress, chunk: int = 1 << 20) -> None:
         target.write(block)
         progress(len(block))
     progress.finish()
+
+
+def weights_wanted(training) -> bool:
+    """Whether a training (``TrainingParams``) starts from staged weights: it names a source,
+    and its framework loads Keras files (a PyTorch model trains from its seeded start)."""
+    return bool(training.weights_source) and training.framework == "tensorflow"
+
+
+def staging_inputs(dataset) -> tuple[tuple[int, ...], int]:
+    """The model input shape and class count that weights for ``dataset`` (a DatasetManifest)
+    are built for: with the model and the source, what a staged file depends on."""
+    return model_input_shape(dataset.image_shape), dataset.num_classes
+
+
+def stage_into(
+    config: ObjectStoreConfig, model: str, source: str, input_shape, num_classes: int
+) -> StagedWeights:
+    """``stage_weights`` into the bucket of ``config`` (made if missing): each face's staging
+    step, whatever caches or retries it adds around it."""
+    store = ObjectStore(config)
+    store.ensure_bucket()
+    return stage_weights(model, source, store, input_shape, num_classes)

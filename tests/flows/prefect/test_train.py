@@ -9,8 +9,8 @@ import pytest
 def test_the_training_progress_artifact_moves_with_the_epochs_and_ends_at_100(monkeypatch):
     import logging
 
-    from hvdflow.flows.prefect.train import TRAINING_PROGRESS_KEY, _ProgressArtifact
     from hvdflow.flows.prefect import train as steps
+    from hvdflow.flows.prefect.train import TRAINING_PROGRESS_KEY, _ProgressArtifact
     from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 
     calls = []
@@ -45,8 +45,8 @@ def test_a_progress_artifact_the_api_refuses_warns_once_and_never_fails_training
 ):
     import logging
 
-    from hvdflow.flows.prefect.train import _ProgressArtifact
     from hvdflow.flows.prefect import train as steps
+    from hvdflow.flows.prefect.train import _ProgressArtifact
     from hvdflow.training.epoch_log import epoch_done_line
 
     def refuse(*args, **kwargs):
