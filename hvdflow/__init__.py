@@ -30,6 +30,7 @@ from hvdflow.infra import _EXPORTS as _INFRA_EXPORTS
 from hvdflow.infra._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what the lazy exports are, for type checkers and editors (never run)
+    from hvdflow.infra.errors import TransientError as TransientError
     from hvdflow.infra.launcher._wire import LogLine as LogLine
     from hvdflow.infra.launcher.errors import EncryptionRequired as EncryptionRequired
     from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled as GpuSchedulingNotEnabled

@@ -26,6 +26,7 @@ PUBLIC_API = [
     "SparkJobFailed",
     "EncryptionRequired",
     "GpuSchedulingNotEnabled",
+    "TransientError",
     "LogLine",
     "log_to_driver",
     "report_progress",

@@ -42,6 +42,7 @@ EXPORTS = {
     "SparkJobFailed": "hvdflow.infra.launcher.errors",
     "EncryptionRequired": "hvdflow.infra.launcher.errors",
     "GpuSchedulingNotEnabled": "hvdflow.infra.launcher.errors",
+    "TransientError": "hvdflow.infra.errors",
     "LogLine": "hvdflow.infra.launcher._wire",
     "log_to_driver": "hvdflow.infra.launcher.rank_events",
     "report_progress": "hvdflow.infra.launcher.rank_events",

@@ -92,7 +92,7 @@ def stop_reason(
 def exit_reason(returncode: int) -> str:
     """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
     if returncode == _wire.EXIT_TEMPFAIL:
-        return f"exited with code {returncode} (a service it needs was unreachable)"
+        return f"exited with code {returncode} (a temporary failure: TransientError)"
     if returncode >= 0:
         return f"exited with code {returncode}"
     try:
@@ -104,7 +104,7 @@ def exit_reason(returncode: int) -> str:
 
 def exit_cause(returncode: int) -> str:
     """The cause of a non-zero exit: a signal (transient: killed from outside), EX_TEMPFAIL
-    (transient: a service was unreachable), or another exit status (the training function
+    (transient: the rank raised a TransientError), or another exit status (the training function
     failed: it would fail the same way again)."""
     if returncode < 0:
         return _wire.CAUSE_SIGNAL

@@ -27,6 +27,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
 )
+from hvdflow.infra.errors import TransientError
 from hvdflow.infra.launcher import _task_context, _wire, tf_datasets
 from hvdflow.infra.launcher._cores import bind_this_rank
 from hvdflow.infra.launcher.rank_events import emit_event
@@ -235,8 +236,8 @@ def main(argv: list[str]) -> int:
     except BaseException as e:
         traceback.print_exc()
         sys.stderr.flush()
-        # A service this rank needs was unreachable (hvdflow's object store errors say so
-        # with ``transient``): another attempt may succeed, and the training step retries it.
+        # A temporary failure (a TransientError, such as the object store not answering):
+        # another attempt may succeed, and the training step retries it.
         return _wire.EXIT_TEMPFAIL if _transient(e) else 1
     if os.environ.get(HOROVOD_RANK, "0") == "0":
         try:
@@ -258,10 +259,10 @@ def main(argv: list[str]) -> int:
 
 
 def _transient(error: BaseException) -> bool:
-    """Whether ``error``, or an exception it was raised from, says it is transient."""
+    """Whether ``error``, or an exception it was raised from, is a ``TransientError``."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if getattr(error, "transient", False) is True:
+        if isinstance(error, TransientError):
             return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__

@@ -7,6 +7,9 @@ was; each is a ``RuntimeError``, so code written for the originals catches them 
 
 from __future__ import annotations
 
+# What a training function raises to ask for another attempt: here beside what the runners
+# raise, defined below every layer (the object store raises it too).
+from hvdflow.infra.errors import TransientError as TransientError
 from hvdflow.infra.launcher import _wire
 
 

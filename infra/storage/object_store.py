@@ -32,6 +32,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.errors import TransientError
 from hvdflow.infra.storage.access import S3Access, s3_endpoint
 from hvdflow.infra.storage.uris import parse_uri
 
@@ -47,14 +48,23 @@ class ObjectStoreError(RuntimeError):
 
     ``missing``: the object or bucket does not exist (the store answered, and said so).
     ``transient``: the store did not answer (unreachable, or too slow): the same call may
-    succeed once it is back. A rank that fails with such an error exits with EX_TEMPFAIL, and
-    the training step runs another attempt from the last checkpoint.
+    succeed once it is back. Such an error is an ``ObjectStoreUnreachableError``, a
+    ``TransientError``: a rank that fails with one exits with EX_TEMPFAIL, and the training step
+    runs another attempt from the last checkpoint.
     """
 
     def __init__(self, message: str, *, missing: bool = False, transient: bool = False):
         super().__init__(message)
         self.missing = missing
         self.transient = transient
+
+
+class ObjectStoreUnreachableError(ObjectStoreError, TransientError):
+    """The store did not answer (``transient``): a ``TransientError``, so a rank that meets it
+    asks for another attempt."""
+
+    def __init__(self, message: str):
+        super().__init__(message, transient=True)
 
 
 # Error codes with which S3 servers refuse a request's key or signature. SeaweedFS answers 403
@@ -164,27 +174,24 @@ class ObjectStore:
         attempts = self.config.attempts
         where = f"object store at {endpoint}"
         if isinstance(error, ConnectTimeoutError):
-            return ObjectStoreError(
+            return ObjectStoreUnreachableError(
                 f"{where} is unreachable after {attempts} attempts (no connection within "
                 f"{self.config.connect_timeout_s:g} s, set by ObjectStoreConfig.connect_timeout_s) "
                 f"to {what} {uri}: start it with `hvdflow up`, or set AWS_ENDPOINT_URL to a "
-                "running S3-compatible server",
-                transient=True,
+                "running S3-compatible server"
             )
         if isinstance(error, BotoConnectionError):
-            return ObjectStoreError(
+            return ObjectStoreUnreachableError(
                 f"{where} is unreachable after {attempts} attempts ({type(error).__name__}) to "
                 f"{what} {uri}: start it with `hvdflow up`, or set AWS_ENDPOINT_URL to a running "
-                "S3-compatible server",
-                transient=True,
+                "S3-compatible server"
             )
         if isinstance(error, ReadTimeoutError):
-            return ObjectStoreError(
+            return ObjectStoreUnreachableError(
                 f"{where} did not answer within {self.config.read_timeout_s:g} s (set by "
                 f"ObjectStoreConfig.read_timeout_s) in {attempts} attempts to {what} {uri}: "
                 "check that the server AWS_ENDPOINT_URL names is healthy, or set "
-                "AWS_ENDPOINT_URL to one that is",
-                transient=True,
+                "AWS_ENDPOINT_URL to one that is"
             )
         if isinstance(error, NoCredentialsError):
             return ObjectStoreError(

@@ -438,7 +438,28 @@ def test_a_rank_that_found_the_object_store_unreachable_is_a_transient_failure_n
     first = str(err.value).splitlines()[0]
     # EX_TEMPFAIL: the training step runs another attempt, as for a killed rank.
     assert err.value.transient and "exited with code 75" in first, first
-    assert "ObjectStoreError: object store at http://127.0.0.1:9 is unreachable" in first, first
+    assert "ObjectStoreUnreachableError: object store at http://127.0.0.1:9 is unreachable" in first
+
+
+@pytest.mark.integration
+def test_a_users_transient_error_asks_for_another_attempt_and_any_other_error_does_not():
+    from hvdflow import TransientError
+
+    def main(transient):
+        try:
+            raise ConnectionRefusedError("feature store at 10.0.0.7:6379")
+        except ConnectionRefusedError as e:
+            if transient:
+                raise TransientError("the feature store did not answer") from e
+            raise RuntimeError("the feature store did not answer") from e
+
+    with pytest.raises(RankFailed) as err:
+        HorovodRunner(np=-1).run(main, transient=True)
+    assert err.value.transient and "exited with code 75" in str(err.value)
+    assert "TransientError: the feature store did not answer" in str(err.value)
+    with pytest.raises(RankFailed) as err:
+        HorovodRunner(np=-1).run(main, transient=False)
+    assert not err.value.transient and "exited with code 1" in str(err.value)
 
 
 @pytest.mark.integration
