@@ -24,6 +24,7 @@ from hvdflow.tasks.config import (
 )
 from hvdflow.tasks.score.config import ModelRef, ScoreConfig
 from hvdflow.tasks.train.config import TrainConfig
+from hvdflow.training.frameworks import framework
 
 # The benchmark's default workload: the bundled digits, augmented to an MNIST-sized set.
 AUGMENTED_DIGITS = "augmented_digits"
@@ -141,7 +142,7 @@ class BenchParams(BaseModel):
     @field_validator("training")
     @classmethod
     def _tensorflow_study(cls, training: TrainingParams) -> TrainingParams:
-        if training.framework != "tensorflow":
+        if not framework(training.framework).study:
             raise ValueError(
                 "the study's conditions train with TensorFlow: leave training.framework at "
                 "'tensorflow' (python -m hvdflow.bench.torch_engine measures the PyTorch trainer)"

@@ -32,6 +32,8 @@ from hvdflow.infra.secrets import (
 # parameter group here.
 from hvdflow.tasks.preprocess.config import DataParams, InputFormat
 from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
+from hvdflow.training.frameworks import DEFAULT as DEFAULT_FRAMEWORK
+from hvdflow.training.frameworks import framework
 from hvdflow.training.models import Recipe, model_names, recipe
 from hvdflow.training.optimizers import DEFAULT_LEARNING_RATES, OPTIMIZERS
 from hvdflow.training.reader import default_reader
@@ -66,7 +68,7 @@ class TrainingParams(BaseModel):
 
     model: str = "digits_mlp"
     framework: Literal["tensorflow", "torch"] = Field(
-        default="tensorflow",
+        default=DEFAULT_FRAMEWORK,
         description="what trains the model: 'tensorflow' (Keras, on launcher.engine) or "
         "'torch' (PyTorch DistributedDataParallel on the launcher's torch engine, "
         "hvdflow[torch]; digits_mlp and mnist_cnn)",
@@ -193,27 +195,22 @@ class TrainingParams(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _torch_can_train_it(self) -> TrainingParams:
-        if self.framework != "torch":
-            return self
-        extras.require(extras.TORCH, "training.framework='torch'", "framework='tensorflow'")
-        from hvdflow.training.torch_models import TORCH_MODELS  # noqa: PLC0415 (no torch import)
-
-        if self.model not in TORCH_MODELS:
+    def _framework_can_train_it(self) -> TrainingParams:
+        """What the framework's row (``hvdflow.training.frameworks``) says it cannot do."""
+        row = framework(self.framework)
+        asked = f"training.framework={self.framework!r}"
+        if row.extra is not None:
+            extras.require(row.extra, asked, f"framework={DEFAULT_FRAMEWORK!r}")
+        models = row.model_names()
+        if models is not None and self.model not in models:
             raise ValueError(
-                f"training.framework='torch' with model {self.model!r}: PyTorch trains "
-                f"{' or '.join(TORCH_MODELS)}; train {self.model} with framework 'tensorflow'"
+                f"{asked} with model {self.model!r}: {row.label} trains {' or '.join(models)}; "
+                f"train {self.model} with framework {DEFAULT_FRAMEWORK!r}"
             )
-        unsupported = {
-            "mixed_precision": self.mixed_precision,
-            "eval_every": self.eval_every,
-            "profile_batches": self.profile_batches != (0, 0),
-        }
-        for name, asked in unsupported.items():
-            if asked:
+        for name in row.refuses:
+            if getattr(self, name) != type(self).model_fields[name].default:
                 raise ValueError(
-                    f"training.{name} is TensorFlow's only: leave it at its default with "
-                    "training.framework='torch'"
+                    f"training.{name} is not for {row.label}: leave it at its default with {asked}"
                 )
         return self
 

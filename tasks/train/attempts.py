@@ -21,10 +21,9 @@ from hvdflow.infra.launcher._wire import CAUSE_UNAVAILABLE
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
+from hvdflow.training.frameworks import framework
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
-from hvdflow.training.torch_trainer import train_classifier_torch
-from hvdflow.training.trainer import train_classifier
 
 logger = logging.getLogger(__name__)
 
@@ -201,4 +200,4 @@ def _tee(*consumers):
 
 def training_function(spec: TrainSpec):
     """The function every rank runs: the Keras trainer, or the PyTorch one."""
-    return train_classifier_torch if spec.framework == "torch" else train_classifier
+    return framework(spec.framework).training_function()

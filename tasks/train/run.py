@@ -15,7 +15,6 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from hvdflow.infra.constants import TORCH
 from hvdflow.infra.secrets import redact_url
 from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import (
@@ -43,6 +42,7 @@ from hvdflow.tasks.train.tags import (
     ORCHESTRATOR_TAG,
     REJECTED_TAG,
 )
+from hvdflow.training.frameworks import framework
 from hvdflow.training.optimizers import rank_batch_size, resolve_scaling, scaled_learning_rate
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
@@ -214,7 +214,7 @@ def _run_spec(
 
 def training_engine(config: TrainConfig) -> str:
     """What synchronises the ranks: the launcher's engine, or torch's for a PyTorch training."""
-    return TORCH if config.training.framework == "torch" else config.launcher.engine
+    return framework(config.training.framework).engine or config.launcher.engine
 
 
 def _log_metrics(

@@ -34,6 +34,7 @@ from hvdflow.infra.storage.object_store import (
     sha256_file,
 )
 from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
+from hvdflow.training.frameworks import framework
 from hvdflow.training.models import build_model, model_input_shape
 
 logger = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ def _copy(source, target, progress: ByteProgress, chunk: int = 1 << 20) -> None:
 def weights_wanted(training) -> bool:
     """Whether a training (``TrainingParams``) starts from staged weights: it names a source,
     and its framework loads Keras files (a PyTorch model trains from its seeded start)."""
-    return bool(training.weights_source) and training.framework == "tensorflow"
+    return bool(training.weights_source) and framework(training.framework).stages_weights
 
 
 def staging_inputs(dataset) -> tuple[tuple[int, ...], int]:

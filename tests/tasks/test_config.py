@@ -229,5 +229,5 @@ def test_framework_torch_refuses_what_only_tensorflow_does():
     with pytest.raises(ValidationError, match="PyTorch trains digits_mlp or mnist_cnn"):
         TrainingParams(framework="torch", model="vgg16")
     for name, value in (("mixed_precision", True), ("eval_every", 0.1)):
-        with pytest.raises(ValidationError, match=f"training.{name} is TensorFlow's only"):
+        with pytest.raises(ValidationError, match=f"training.{name} is not for PyTorch"):
             TrainingParams(framework="torch", **{name: value})
