@@ -86,10 +86,10 @@ def make_caltech_like(root: Path, count: int, classes: int = 101) -> None:
 
 def pillow_loop(root: Path, image_size, color_mode) -> tuple[int, float]:
     """The executors' per-image work in one process: read, decode, fit, PNG-encode."""
-    from hvdflow.tasks.images.decode import Good  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.decode import Good  # noqa: PLC0415 (lazy: it loads NumPy)
     from hvdflow.tasks.images.encode import encode_png  # noqa: PLC0415
-    from hvdflow.tasks.images.fetch import decode_item  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.images.listing import list_class_folders  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.fetch import decode_item  # noqa: PLC0415 (lazy: it loads NumPy)
+    from hvdflow.tasks.images.listing import list_class_folders  # noqa: PLC0415 (lazy: a tenth of a second of imports)
     from hvdflow.tasks.preprocess.schema import image_shape  # noqa: PLC0415
 
     shape = image_shape(image_size, color_mode)

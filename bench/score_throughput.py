@@ -48,7 +48,7 @@ def save_model(name: str, folder: Path):
     import mlflow.tensorflow
     from mlflow.models import infer_signature
 
-    from hvdflow.tasks.score.model import local_model  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.model import local_model  # noqa: PLC0415 (lazy: it loads NumPy)
 
     keras_model = build_model(name, (*IMAGE_SIZE, 3), CLASSES, seed=0)
     example = np.random.default_rng(0).random((2, *IMAGE_SIZE, 3), dtype=np.float32)
@@ -59,8 +59,8 @@ def save_model(name: str, folder: Path):
 
 
 def spark_run(spark, model, images: Path, out: Path, batch_size: int):
-    from hvdflow.tasks.score.config import ScoreConfig  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.job import score_images  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.config import ScoreConfig  # noqa: PLC0415 (lazy: it loads NumPy)
+    from hvdflow.tasks.score.job import score_images  # noqa: PLC0415 (lazy: it loads NumPy)
 
     config = ScoreConfig(input=str(images), output=str(out), batch_size=batch_size)
     started = time.perf_counter()
@@ -73,8 +73,8 @@ def loop_run(keras_model, units, out: Path, batch_size: int) -> tuple[int, float
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from hvdflow.tasks.images.decode import Good, decode_image  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.executor import prediction_schema  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.images.decode import Good, decode_image  # noqa: PLC0415 (lazy: it loads NumPy)
+    from hvdflow.tasks.score.executor import prediction_schema  # noqa: PLC0415 (lazy: it loads NumPy)
 
     started = time.perf_counter()
     in_predict = 0.0
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.inputs import list_images  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.inputs import list_images  # noqa: PLC0415 (lazy: it loads NumPy)
 
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-score-"))
     try:

@@ -154,10 +154,10 @@ def served(tracking_uri: str, files: list[bytes], singles: int, batches: int) ->
 
 def spark_rates(tracking_uri: str, folder: Path, workdir: Path, count: int, rounds: int):
     from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.config import ModelRef, ScoreConfig  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.job import score_images  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.model import fetch_model  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.tasks.score.udf import score_udf  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.score.config import ModelRef, ScoreConfig  # noqa: PLC0415 (lazy: it loads NumPy)
+    from hvdflow.tasks.score.job import score_images  # noqa: PLC0415 (lazy: it loads NumPy)
+    from hvdflow.tasks.score.model import fetch_model  # noqa: PLC0415 (lazy: it loads NumPy)
+    from hvdflow.tasks.score.udf import score_udf  # noqa: PLC0415 (lazy: it loads NumPy)
 
     spark = get_spark("local[2]", app_name="hvdflow-bench-serving")
     model = fetch_model(ModelRef(name=NAME), tracking_uri, str(workdir / "model"))

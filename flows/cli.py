@@ -28,7 +28,7 @@ from hvdflow.infra.services.local import LocalServices
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: it loads Horovod's runner)
+    from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: a tenth of a second of imports)
     from hvdflow.training.smoke import train_digits  # noqa: PLC0415 (lazy: it loads NumPy)
 
     runner = HorovodRunner(np=args.np, driver_log_verbosity=args.driver_log_verbosity)
@@ -70,7 +70,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from hvdflow.tasks.config import TrackingParams  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.config import TrackingParams  # noqa: PLC0415 (lazy: it loads NumPy)
 
     model = args.model or TrackingParams().registered_model_name
     experiment = args.experiment or TrackingParams().experiment
@@ -123,7 +123,7 @@ SCORE_FLAGS = {
 
 
 def _pipeline_params(args: argparse.Namespace):
-    from hvdflow.flows.params import (  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.params import (  # noqa: PLC0415 (lazy: it loads NumPy)
         PipelineParams,  # no Prefect yet: it must see the services first
     )
 
@@ -183,7 +183,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     params = _pipeline_params(args)  # a bad parameter fails before anything is deployed
     score_params = None
     if args.score_input:
-        from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads Spark)
+        from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads NumPy)
 
         # Scoring follows the model the pipeline deployment registers.
         score_params = ScoreParams(
@@ -217,7 +217,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.params import ScoreParams  # noqa: PLC0415 (lazy: it loads NumPy)
 
     if args.input is None and '"input"' not in (args.params or ""):
         raise InvalidParameters(
@@ -250,7 +250,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from hvdflow.flows.params import BenchParams  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.params import BenchParams  # noqa: PLC0415 (lazy: it loads NumPy)
 
     if args.conditions:
         args.conditions = args.conditions.split(",")

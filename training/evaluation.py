@@ -24,7 +24,7 @@ def evaluate_logged(model_info, classifier, val_url: str, reader: str | None = N
     import mlflow
     import pandas as pd
 
-    from hvdflow.training.reader import open_dataset  # noqa: PLC0415 (lazy: it loads TensorFlow)
+    from hvdflow.training.reader import open_dataset  # noqa: PLC0415 (lazy: it loads NumPy)
 
     images, targets = [], []
     with open_dataset(val_url, batch_size=256, num_epochs=1, shuffle=False, reader=reader) as val:

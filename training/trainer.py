@@ -302,7 +302,7 @@ def _log_model(model, example, spec: TrainSpec) -> tuple[str | None, dict | None
 
     from hvdflow.serving.classifier import ImageClassifier  # noqa: PLC0415 (lazy: it loads MLflow)
     from hvdflow.serving.package import log_classifier  # noqa: PLC0415 (lazy: it loads MLflow)
-    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: it loads MLflow)
+    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: it loads NumPy)
 
     # Registry consumers get the architecture and weights only: the compiled model carries
     # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
