@@ -145,7 +145,8 @@ class BenchParams(BaseModel):
         if not framework(training.framework).study:
             raise ValueError(
                 "the study's conditions train with TensorFlow: leave training.framework at "
-                "'tensorflow' (python -m hvdflow.bench.torch_engine measures the PyTorch trainer)"
+                "'tensorflow' (in a checkout, python -m studies.torch_engine measures the "
+                "PyTorch trainer)"
             )
         return training
 

@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-ROOMS = ["hvdflow", "serving", "flows", "tasks", "bench", "training", "infra"]
+ROOMS = ["hvdflow", "serving", "flows", "tasks", "bench", "training", "infra", "studies"]
 # An entry's first line: its name at the margin (a top room) or two spaces in (inside the room
 # above), then the description. A name ending in "/" is a folder; another is a module's own line.
 _ENTRY = re.compile(r"^( {0,2})(\S+)(?:\s+|$)")

@@ -150,6 +150,37 @@ def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_fl
     assert runner_module == "hvdflow.infra.launcher.runner"
 
 
+def documented_studies() -> list[str]:
+    """Every ``python -m studies...`` the pages name: the one-off studies, run from a checkout."""
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return sorted(
+        {m for page in pages for m in re.findall(r"python -m (studies\.\w+)", page.read_text())}
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_every_study_benchmarks_md_names_starts_from_the_checkout_and_none_ships(installed_wheel):
+    """The studies left the wheel (the package keeps what ``hvdflow bench`` runs); each command
+    BENCHMARKS.md writes beside its figure still starts where it says: in a checkout."""
+    _, names = installed_wheel
+    studies = documented_studies()
+    on_disk = sorted(f"studies.{p.stem}" for p in (ROOT / "studies").glob("[!_]*.py"))
+    assert studies == on_disk  # every study is documented, and every documented one exists
+    bench = {Path(name).stem for name in names if name.startswith("hvdflow/bench/")}
+    assert bench and bench.isdisjoint(module.split(".")[1] for module in studies)
+    assert not any(name.startswith("studies/") for name in names)
+    failed = {}
+    for module in studies:
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if done.returncode != 0 or "usage:" not in done.stdout:
+            failed[module] = (done.returncode, done.stderr[-1500:])
+    assert failed == {}
+
+
 def documented_modules() -> list[str]:
     """Every ``python -m hvdflow...`` the README, docs/ and BENCHMARKS.md tell a user to run
     (the rank's private entry point, which the launcher runs, is not one)."""
@@ -169,7 +200,7 @@ def documented_modules() -> list[str]:
 def test_every_documented_python_m_starts_from_the_installed_wheel(installed_wheel, tmp_path):
     target, _ = installed_wheel
     modules = documented_modules()
-    assert "hvdflow.bench.step_profile" in modules  # the walk finds what the pages name
+    assert "hvdflow.airflow" in modules  # the walk finds what the pages name
     failed = {}
     for module in modules:
         # No checkout on the path: the wheel, and the environment's other packages.

@@ -26,7 +26,7 @@ numbers per class and per partition, never an image or a row: no shuffle, no col
 records, and image bytes never pass through the JVM. (The stage is a plain ``mapPartitions``
 over the planned items, not ``mapInArrow``: with nothing but paths going in and a few tuples
 coming out, a DataFrame would only add query planning and Arrow conversions in the JVM, which
-measured 10-13% slower on bench/preprocess_throughput.py.)
+measured 10-13% slower on studies/preprocess_throughput.py.)
 """
 
 from __future__ import annotations

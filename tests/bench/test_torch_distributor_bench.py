@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdflow.bench.torch_distributor import markdown
+from studies.torch_distributor import markdown
 
 
 def _run(kind: str, first: float, epoch: float) -> dict:

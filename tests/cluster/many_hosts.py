@@ -39,9 +39,9 @@ from pathlib import Path
 
 import psutil
 
-from hvdflow.bench.preprocess_throughput import make_small_images
 from hvdflow.infra._env import temporary_env
 from hvdflow.infra.services.local import LocalServices
+from studies.preprocess_throughput import make_small_images
 from tests.cluster.throughput import upload_tree
 
 RANK_ENTRY = "hvdflow.infra.launcher._rank"

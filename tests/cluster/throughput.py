@@ -26,9 +26,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from hvdflow.bench.preprocess_throughput import make_caltech_like, make_small_images
 from hvdflow.infra._env import temporary_env
 from hvdflow.infra.services.local import LocalServices
+from studies.preprocess_throughput import make_caltech_like, make_small_images
 
 PREPROCESS = textwrap.dedent(
     """

@@ -1,6 +1,6 @@
 """hvdflow's TorchDistributor against pyspark's, side by side on the same training function.
 
-``python -m hvdflow.bench.torch_distributor [--rounds 3] [--epochs 4] [--out FILE]``
+``python -m studies.torch_distributor [--rounds 3] [--epochs 4] [--out FILE]``
 
 Each round runs both, in alternating order, at ``num_processes=2, local_mode=False,
 use_gpu=False`` on one ``local[N]`` session: a small CNN with DDP over gloo on a fixed synthetic

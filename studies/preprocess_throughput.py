@@ -16,7 +16,7 @@
    against what the MNIST CNN consumes per second when training in one process on in-memory
    arrays (``--no-reader`` skips it).
 
-    .venv/bin/python -m hvdflow.bench.preprocess_throughput
+    .venv/bin/python -m studies.preprocess_throughput
 """
 
 from __future__ import annotations

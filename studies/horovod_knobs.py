@@ -8,7 +8,7 @@ the cycles ``--cycles`` names; Horovod sending fp16 gradients; and the tf_collec
 CPU ranks, ``infra/launcher/_cores.py``) and left to the scheduler (HVDFLOW_BIND_TO_CORES=0).
 Steady-state images/s (the first epoch left out) of each, best of the rounds.
 
-    .venv/bin/python -m hvdflow.bench.horovod_knobs --dataset DATASET_FOLDER \
+    .venv/bin/python -m studies.horovod_knobs --dataset DATASET_FOLDER \
         [--rounds 1] [--timeline P] [--cycles 1,10] [--cycles-only] [--binding]
 
 DATASET_FOLDER holds a published dataset's ``manifest.json`` (for ``hvdflow bench``:
@@ -21,12 +21,12 @@ import argparse
 import json
 import sys
 
-from hvdflow.bench.reader_in_rank import steady_images_per_s
 from hvdflow.bench.study import study_spec
 from hvdflow.bench.timeline import breakdown, load_events
 from hvdflow.infra import HorovodOptions, HorovodRunner, LaunchOptions
 from hvdflow.infra.constants import HVDFLOW_BIND_TO_CORES
 from hvdflow.training.trainer import train_classifier
+from studies.reader_in_rank import steady_images_per_s
 
 # How the study's tables name two ranks of each engine.
 ENGINE_NAMES = {"horovod": "hvd2", "tf_collective": "tf2"}

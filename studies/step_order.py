@@ -22,7 +22,7 @@ Images per second are timed from the first batch's start to the last batch's end
 the autotuner's next wake-up, and that pause rounded whole fits up to the same few values. The
 datasets here run without autotuning anyway, as the reader's do.
 
-    .venv/bin/python -m hvdflow.bench.step_order --variants base,early --rounds 3
+    .venv/bin/python -m studies.step_order --variants base,early --rounds 3
 """
 
 from __future__ import annotations

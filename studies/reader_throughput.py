@@ -14,7 +14,7 @@ Shown: images/s (wall) and images per CPU-second of the whole process (all its t
 reader's and TensorFlow's), the "per core" figure that matters on a rank of one thread; best
 of the rounds (the machine is shared and noisy: the best is the least disturbed).
 
-    .venv/bin/python -m hvdflow.bench.reader_throughput [--rounds 3] [--photos 600] [--no-store]
+    .venv/bin/python -m studies.reader_throughput [--rounds 3] [--photos 600] [--no-store]
 
 Where Petastorm is not installed (the current profile), the pyarrow reader runs alone.
 """
@@ -30,9 +30,9 @@ import time
 from functools import partial
 from pathlib import Path
 
-from hvdflow.bench.preprocess_throughput import make_caltech_like
 from hvdflow.infra import extras
 from hvdflow.training.reader import load_shard, open_dataset
+from studies.preprocess_throughput import make_caltech_like
 
 READERS = ("petastorm", "pyarrow") if extras.installed(extras.PETASTORM) else ("pyarrow",)
 

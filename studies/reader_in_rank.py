@@ -6,7 +6,7 @@ benchmark's dataset twice per round, alternating: once streaming every epoch fro
 training: ``in_memory_max_mb=0``), once reading its shard once and serving it from memory
 (the default). Steady-state images/s (the first epoch left out) of each, and their ratio.
 
-    .venv/bin/python -m hvdflow.bench.reader_in_rank --dataset DATASET_FOLDER [--rounds 2]
+    .venv/bin/python -m studies.reader_in_rank --dataset DATASET_FOLDER [--rounds 2]
 
 DATASET_FOLDER is a published dataset's folder, the one holding its ``manifest.json`` (for
 ``hvdflow bench``: ``$HVDFLOW_HOME/datasets/<fingerprint>``).

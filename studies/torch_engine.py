@@ -1,7 +1,7 @@
 """The pipeline's PyTorch trainer at np=1 and np=2 against one torch process on every core and
 against the machine's ceiling, side by side in one run.
 
-``python -m hvdflow.bench.torch_engine [--images 30000] [--epochs 3] [--repetitions 2]
+``python -m studies.torch_engine [--images 30000] [--epochs 3] [--repetitions 2]
 [--target 0.95] [--out FILE]``
 
 The workload is the study's MNIST-shaped stand-in (``bench.workloads``: the bundled digits,

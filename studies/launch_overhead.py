@@ -3,7 +3,7 @@
 Both run the same trivial ``f`` (``hvd.init()``, return the size) on one local[2] Spark session,
 alternating, so that both see the same machine state. Prints each repetition and the medians.
 
-    .venv/bin/python -m hvdflow.bench.launch_overhead --repeats 5
+    .venv/bin/python -m studies.launch_overhead --repeats 5
 """
 
 from __future__ import annotations

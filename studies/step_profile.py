@@ -11,7 +11,7 @@ steady epoch by the timeline (waiting for the peer, allreduce, the rest: ``bench
 last, what each takes for hvd2's step's images (two ranks' batches), and what hvd2's ranks
 would take with their ops alone, nothing exchanged.
 
-    .venv/bin/python -m hvdflow.bench.step_profile --dataset DATASET_FOLDER --out DIR
+    .venv/bin/python -m studies.step_profile --dataset DATASET_FOLDER --out DIR
 
 DATASET_FOLDER holds a published dataset's ``manifest.json`` (for ``hvdflow bench``:
 ``$HVDFLOW_HOME/datasets/<fingerprint>``). DIR receives the profiles (TensorBoard's profile tab

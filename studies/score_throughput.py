@@ -18,7 +18,7 @@ Caltech101-like JPEGs (~300x200, resized to 224x224) three ways, in one run:
 Each way runs ``--rounds`` times, interleaved; the best of each is shown (the machine is shared
 and noisy: the best is the least disturbed).
 
-    .venv/bin/python -m hvdflow.bench.score_throughput
+    .venv/bin/python -m studies.score_throughput
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdflow.bench.preprocess_throughput import make_caltech_like
 from hvdflow.serving.images import model_input
 from hvdflow.training.models import build_model
 from hvdflow.training.threads import use_threads
+from studies.preprocess_throughput import make_caltech_like
 
 IMAGE_SIZE = (224, 224)
 CLASSES = 10

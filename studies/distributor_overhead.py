@@ -15,7 +15,7 @@ was called and when it returned. Each run is split into:
   an iterator's deletion waits for it: ``hvdflow.infra.launcher.tf_datasets``);
 - after fit: from ``fit``'s return to ``run()``'s, everything the runner does afterwards.
 
-    .venv/bin/python -m hvdflow.bench.distributor_overhead --images 30000 --epochs 3 --rounds 2
+    .venv/bin/python -m studies.distributor_overhead --images 30000 --epochs 3 --rounds 2
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The images: the bundled digits at 28x28x1, and Caltech101-like photos
 (``preprocess_throughput.make_caltech_like``) fitted to 224x224x3. One thread, best of the
 rounds (the machine is shared and noisy: the best is the least disturbed).
 
-    .venv/bin/python -m hvdflow.bench.image_formats [--rounds 5] [--photos 200]
+    .venv/bin/python -m studies.image_formats [--rounds 5] [--photos 200]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdflow.bench.preprocess_throughput import make_caltech_like
+from studies.preprocess_throughput import make_caltech_like
 
 FORMATS = ("png", "jpeg", "raw")
 JPEG_QUALITY = 95

@@ -16,7 +16,7 @@ and ``score_udf`` against ``hvdflow score`` on the same images, in one run on th
    dozens of tasks for 2,000 small images). The session is warm (a first small run loaded the
    model in each Python worker); ``--rounds`` interleaved rounds, the best of each shown.
 
-    .venv/bin/python -m hvdflow.bench.serving_throughput
+    .venv/bin/python -m studies.serving_throughput
 """
 
 from __future__ import annotations
