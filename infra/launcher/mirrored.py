@@ -37,7 +37,7 @@ from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
-from hvdflow.infra.launcher.runner import HorovodRunner
+from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +45,11 @@ logger = logging.getLogger(__name__)
 IGNORE_SSL_CONF = "tensorflow.spark.distributor.ignoreSsl"
 
 
-class _WorkersRunner(HorovodRunner):
-    """The launcher as MirroredStrategyRunner uses it: its name, its size argument and its SSL
-    override in errors (the launcher refuses an encrypted cluster before any task starts)."""
-
-    ignore_ssl_conf = IGNORE_SSL_CONF
-    display_name = "MirroredStrategyRunner"
-    size_argument = "num_slots"
+# How errors name this face, its size argument and its SSL override (the launcher refuses an
+# encrypted cluster before any task starts).
+FACE = LaunchPlan(
+    face="MirroredStrategyRunner", size_argument="num_slots", ignore_ssl_conf=IGNORE_SSL_CONF
+)
 
 
 class MirroredStrategyRunner:
@@ -113,7 +111,8 @@ class MirroredStrategyRunner:
             spark = get_spark()
         self._options = dataclasses.replace(options, engine=_wire.TF_COLLECTIVE, spark=spark)
         self.sc = spark.sparkContext
-        self._launcher(1)  # checked now, as a HorovodRunner's are
+        # Checked now, as a HorovodRunner's are.
+        HorovodRunner(np=1, options=self._options, _plan=FACE)
         logger.info("MirroredStrategyRunner: %s training", "GPU" if use_gpu else "CPU")
         if local_mode:
             logger.warning(
@@ -161,15 +160,17 @@ class MirroredStrategyRunner:
     def _cluster_runner(self) -> HorovodRunner:
         tasks = self._num_tasks
         per_task = split_evenly(self.num_slots, tasks) if self.use_gpu else [0] * tasks
-        runner = self._launcher(tasks)
-        runner.gpu_plan = GpuPlan(per_task=tuple(per_task), resource_name=self.gpu_resource_name)
-        runner.asked = f"num_slots={self.num_slots} ({tasks} Spark tasks)"
+        plan = dataclasses.replace(
+            FACE,
+            gpu_plan=GpuPlan(per_task=tuple(per_task), resource_name=self.gpu_resource_name),
+            asked=f"num_slots={self.num_slots} ({tasks} Spark tasks)",
+        )
         logger.info(
             "MirroredStrategyRunner: %d worker(s) as Spark barrier tasks, %s",
             tasks,
             f"GPUs {'/'.join(map(str, per_task))}" if self.use_gpu else "CPU only",
         )
-        return runner
+        return HorovodRunner(np=tasks, options=self._options, _plan=plan)
 
     def _local_runner(self) -> HorovodRunner:
         """One worker on the driver: a single-machine strategy over num_slots of its GPUs."""
@@ -189,12 +190,14 @@ class MirroredStrategyRunner:
                     "engine='tf_collective') runs n CPU workers on the driver)"
                 )
             owned, per_task = [], 0
-        runner = self._launcher(-1)
-        runner.gpu_plan = GpuPlan(
-            per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
+        plan = dataclasses.replace(
+            FACE,
+            gpu_plan=GpuPlan(
+                per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
+            ),
+            asked=f"num_slots={self.num_slots} (local mode)",
         )
-        runner.asked = f"num_slots={self.num_slots} (local mode)"
-        return runner
+        return HorovodRunner(np=-1, options=self._options, _plan=plan)
 
     def _driver_gpus(self) -> list[str]:
         """The driver's GPUs: CUDA_VISIBLE_DEVICES where set, else its Spark GPU resource."""
@@ -208,9 +211,6 @@ class MirroredStrategyRunner:
                 "CUDA_VISIBLE_DEVICES), or pass use_gpu=False"
             )
         return gpus_owned(visible, resource.addresses if resource else ())
-
-    def _launcher(self, np: int) -> HorovodRunner:
-        return _WorkersRunner(np=np, options=self._options)
 
 
 def _in_strategy(train_fn, use_custom_strategy: bool, **kwargs: Any) -> Any:

@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -67,6 +68,26 @@ _DRAIN_S = 5.0
 _STACKS_WAIT_S = 5.0
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a face (HorovodRunner, MirroredStrategyRunner, TorchDistributor) decides before the
+    run, beyond np and the options: the one thing each face hands the launcher.
+
+    ``face``: the runner the user called, as errors name it; ``size_argument``: its argument for
+    the number of ranks; ``ignore_ssl_conf``: its Spark conf that allows an encrypted cluster;
+    ``asked``: what errors say was asked for (default: ``np=N``); ``gpu_plan``: how GPUs are
+    handed to ranks; ``layout``: how many ranks each barrier task runs (None: one per task
+    slot, a task holding k GPUs running k; on the driver, all of them).
+    """
+
+    face: str = "HorovodRunner"
+    size_argument: str = "np"
+    ignore_ssl_conf: str = "databricks.horovod.ignoreSsl"  # Databricks' own
+    asked: str | None = None
+    gpu_plan: GpuPlan = field(default_factory=GpuPlan)
+    layout: tuple[int, ...] | None = None
+
+
 class HorovodRunner:
     """Runs ``main`` as ``np`` Horovod ranks and returns rank 0's return value.
 
@@ -87,22 +108,18 @@ class HorovodRunner:
     in the Spark task that started it (``allGather``, ``barrier``, ``partitionId``, ...).
     """
 
-    # The Spark conf that lets the ranks run on a cluster with spark.ssl.enabled (Databricks').
-    ignore_ssl_conf = "databricks.horovod.ignoreSsl"
-    # How errors and warnings name the runner the user created.
-    display_name = "HorovodRunner"
-    # The argument that sets the number of ranks, named where there are too few slots.
-    size_argument = "np"
-
     def __init__(
         self,
         *,
         np: int,
         driver_log_verbosity: Verbosity = "log_callback_only",
         options: LaunchOptions | None = None,
+        _plan: LaunchPlan | None = None,
         **moved: Any,
     ):
-        options = checked_options(options, "HorovodRunner", f"np={np!r}", moved)
+        # ``_plan``: the other faces' (their own modules); a HorovodRunner's is the default.
+        self._plan = _plan or LaunchPlan()
+        options = checked_options(options, self._plan.face, f"np={np!r}", moved)
         if isinstance(np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
@@ -116,19 +133,12 @@ class HorovodRunner:
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
         self.options = options
-        # How GPUs are handed to ranks; MirroredStrategyRunner sets its own.
-        self.gpu_plan = GpuPlan()
-        # How many ranks each barrier task runs, when a wrapper (TorchDistributor) decides it;
-        # None: one per task slot (a task holding k GPUs runs k) or, on the driver, all of them.
-        self.layout: tuple[int, ...] | None = None
-        # What errors say was asked for, when a wrapper (MirroredStrategyRunner) knows better.
-        self.asked: str | None = None
         self.log_path: str | None = None
         self.run_id: str | None = None
 
     def _name(self) -> str:
         """How errors name this run: the runner the user called and what was asked of it."""
-        return f"{self.display_name} {self.asked or f'np={self.np}'}"
+        return f"{self._plan.face} {self._plan.asked or f'np={self.np}'}"
 
     @property
     def _uses_horovod(self) -> bool:
@@ -184,8 +194,8 @@ class HorovodRunner:
             heartbeat_timeout_s=self.options.heartbeat_timeout_s,
             engine=self.options.engine,
             ranks_per_task=ranks_per_task,
-            gpus_per_task=self.gpu_plan.per_task,
-            gpu_resource_name=self.gpu_plan.resource_name,
+            gpus_per_task=self._plan.gpu_plan.per_task,
+            gpu_resource_name=self._plan.gpu_plan.resource_name,
         )
 
     def _task_layout(self, conf) -> tuple[int, tuple[int, ...] | None]:
@@ -193,8 +203,8 @@ class HorovodRunner:
 
         One rank per GPU, as Databricks' HorovodRunner: tasks holding k GPUs run k ranks each.
         """
-        gpus = task_gpu_amount(conf, self.gpu_plan.resource_name)
-        if self.gpu_plan.per_task is not None or gpus is None or gpus <= 1:
+        gpus = task_gpu_amount(conf, self._plan.gpu_plan.resource_name)
+        if self._plan.gpu_plan.per_task is not None or gpus is None or gpus <= 1:
             return self.np, None
         per_task = int(gpus)
         tasks = math.ceil(self.np / per_task)
@@ -205,7 +215,7 @@ class HorovodRunner:
                 "(spark.task.resource.%s.amount): %d tasks run %s ranks, leaving GPUs idle",
                 self.np,
                 per_task,
-                self.gpu_plan.resource_name,
+                self._plan.gpu_plan.resource_name,
                 tasks,
                 "/".join(map(str, layout)),
             )
@@ -217,15 +227,15 @@ class HorovodRunner:
         spark = self.options.spark or get_spark()
         sc = spark.sparkContext
         conf = sc.getConf()
-        refuse_unencrypted(conf, self.display_name, self.ignore_ssl_conf)
-        if self.layout is not None:
-            tasks, ranks_per_task = len(self.layout), self.layout
+        refuse_unencrypted(conf, self._plan.face, self._plan.ignore_ssl_conf)
+        if self._plan.layout is not None:
+            tasks, ranks_per_task = len(self._plan.layout), self._plan.layout
         else:
             tasks, ranks_per_task = self._task_layout(conf)
-        asked = self.asked or (
+        asked = self._plan.asked or (
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
-        wait_for_slots(sc, tasks, self.options.slot_wait_s, asked, self.size_argument)
+        wait_for_slots(sc, tasks, self.options.slot_wait_s, asked, self._plan.size_argument)
         bind_host = socket.gethostbyname(conf.get("spark.driver.host"))
         with DriverChannel(bind_host, sink, rendezvous=self._uses_horovod) as channel:
             spec = self._spec(payload, channel, ranks_per_task)
@@ -248,7 +258,7 @@ class HorovodRunner:
             threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
             logger.info(
                 "%s: %d ranks in %d barrier task(s), Spark job group %s",
-                self.display_name,
+                self._plan.face,
                 self.np,
                 tasks,
                 job_group,
@@ -271,7 +281,7 @@ class HorovodRunner:
     def _run_on_driver(self, payload: bytes, sink: RunLog) -> bytes | None:
         """The ranks as one task on the driver: processes of this machine, no Spark."""
         n = -self.np
-        plan = self.gpu_plan
+        plan = self._plan.gpu_plan
         gpus = list(plan.driver_gpus) if plan.driver_gpus is not None else driver_gpu_addresses()
         if plan.per_task is None and 0 < len(gpus) < n:
             logger.warning(
@@ -281,7 +291,7 @@ class HorovodRunner:
             )
         with DriverChannel("127.0.0.1", sink, rendezvous=self._uses_horovod) as channel:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
-            layout = self.layout or (None if plan.per_task is not None else (n,))
+            layout = self._plan.layout or (None if plan.per_task is not None else (n,))
             spec = self._spec(payload, channel, layout)
             outcome: dict[str, Any] = {}
             done = threading.Event()

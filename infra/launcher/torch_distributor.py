@@ -48,7 +48,7 @@ from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled, RankFailed
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
-from hvdflow.infra.launcher.runner import HorovodRunner
+from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +58,11 @@ IGNORE_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"
 GPU_RESOURCE = "gpu"
 
 
-class _ProcessesRunner(HorovodRunner):
-    """The launcher as TorchDistributor uses it: its name, its size argument and its SSL
-    override in errors (the launcher refuses an encrypted cluster before any task starts)."""
-
-    ignore_ssl_conf = IGNORE_SSL_CONF
-    display_name = "TorchDistributor"
-    size_argument = "num_processes"
+# How errors name this face, its size argument and its SSL override (the launcher refuses an
+# encrypted cluster before any task starts).
+FACE = LaunchPlan(
+    face="TorchDistributor", size_argument="num_processes", ignore_ssl_conf=IGNORE_SSL_CONF
+)
 
 
 class TorchDistributor:
@@ -139,7 +137,8 @@ class TorchDistributor:
             spark=spark,
             on_log_line=options.on_log_line or _print_line,
         )
-        _ProcessesRunner(np=1, options=self._options)  # checked now, as a HorovodRunner's are
+        # Checked now, as a HorovodRunner's are.
+        HorovodRunner(np=1, options=self._options, _plan=FACE)
         self._driver_gpus: list[str] = []
         self.num_tasks = self._get_num_tasks()
         if local_mode:
@@ -242,31 +241,35 @@ class TorchDistributor:
     def _cluster_runner(self, restart: int) -> HorovodRunner:
         tasks = self.num_tasks
         layout = tuple(split_evenly(self.num_processes, tasks))
-        runner = self._launcher(self.num_processes, restart)
-        runner.layout = layout
-        # Every process of a task sees the task's GPUs, as torchrun's processes see their
-        # node's; LOCAL_RANK tells each which to take. 0 hides them.
-        runner.gpu_plan = GpuPlan(per_task=layout if self.use_gpu else (0,) * tasks)
-        runner.asked = f"num_processes={self.num_processes} ({tasks} Spark tasks)"
+        plan = dataclasses.replace(
+            FACE,
+            layout=layout,
+            # Every process of a task sees the task's GPUs, as torchrun's processes see their
+            # node's; LOCAL_RANK tells each which to take. 0 hides them.
+            gpu_plan=GpuPlan(per_task=layout if self.use_gpu else (0,) * tasks),
+            asked=f"num_processes={self.num_processes} ({tasks} Spark tasks)",
+        )
         logger.info(
             "TorchDistributor: %d process(es) in %d Spark barrier task(s), %s",
             self.num_processes,
             tasks,
             "GPU" if self.use_gpu else "CPU only",
         )
-        return runner
+        return self._launcher(self.num_processes, restart, plan)
 
     def _local_runner(self, restart: int) -> HorovodRunner:
         n = self.num_processes
-        runner = self._launcher(-n, restart)
-        runner.layout = (n,)
-        runner.gpu_plan = GpuPlan(
-            per_task=(n if self.use_gpu else 0,), driver_gpus=tuple(self._driver_gpus)
+        plan = dataclasses.replace(
+            FACE,
+            layout=(n,),
+            gpu_plan=GpuPlan(
+                per_task=(n if self.use_gpu else 0,), driver_gpus=tuple(self._driver_gpus)
+            ),
+            asked=f"num_processes={n} (local mode)",
         )
-        runner.asked = f"num_processes={n} (local mode)"
-        return runner
+        return self._launcher(-n, restart, plan)
 
-    def _launcher(self, np: int, restart: int = 0) -> HorovodRunner:
+    def _launcher(self, np: int, restart: int, plan: LaunchPlan) -> HorovodRunner:
         """The launcher for one attempt; its processes learn which (torchrun's variables)."""
         horovod = self._options.horovod
         counts = {
@@ -274,7 +277,8 @@ class TorchDistributor:
             TORCHELASTIC_MAX_RESTARTS: str(self.max_restarts),
         }
         horovod = horovod.model_copy(update={"extra_env": {**horovod.extra_env, **counts}})
-        return _ProcessesRunner(np=np, options=dataclasses.replace(self._options, horovod=horovod))
+        options = dataclasses.replace(self._options, horovod=horovod)
+        return HorovodRunner(np=np, options=options, _plan=plan)
 
 
 def _print_line(line: _wire.LogLine) -> None:
