@@ -37,7 +37,7 @@ from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
-from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan
+from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan, face_options
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +104,8 @@ class MirroredStrategyRunner:
         self.use_gpu = use_gpu
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = use_custom_strategy
-        spark = options.spark
-        if spark is None:
-            from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
-
-            spark = get_spark()
-        self._options = dataclasses.replace(options, engine=_wire.TF_COLLECTIVE, spark=spark)
-        self.sc = spark.sparkContext
-        # Checked now, as a HorovodRunner's are.
-        HorovodRunner(np=1, options=self._options, _plan=FACE)
+        self._options = face_options(options, FACE, engine=_wire.TF_COLLECTIVE)
+        self.sc = self._options.spark.sparkContext
         logger.info("MirroredStrategyRunner: %s training", "GPU" if use_gpu else "CPU")
         if local_mode:
             logger.warning(

@@ -23,6 +23,7 @@ rendezvous server on the driver: no MPI, no ssh.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -86,6 +87,19 @@ class LaunchPlan:
     asked: str | None = None
     gpu_plan: GpuPlan = field(default_factory=GpuPlan)
     layout: tuple[int, ...] | None = None
+
+
+def face_options(options: LaunchOptions, plan: LaunchPlan, **fixed: Any) -> LaunchOptions:
+    """A face's options: what the face fixes (``engine``, ...), on the session the options name
+    or else the active (or default) one; checked now, as a HorovodRunner's are when made."""
+    spark = options.spark
+    if spark is None:
+        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+
+        spark = get_spark()
+    options = dataclasses.replace(options, spark=spark, **fixed)
+    HorovodRunner(np=1, options=options, _plan=plan)
+    return options
 
 
 class HorovodRunner:

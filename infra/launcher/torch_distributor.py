@@ -48,7 +48,7 @@ from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
 from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled, RankFailed
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
-from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan
+from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan, face_options
 
 logger = logging.getLogger(__name__)
 
@@ -123,22 +123,12 @@ class TorchDistributor:
         self.num_processes = num_processes
         self.local_mode = local_mode
         self.use_gpu = use_gpu
-        spark = options.spark
-        if spark is None:
-            from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
-
-            spark = get_spark()
-        self.spark = spark
         # Every line the processes write is printed on the driver's stdout, as the original
         # streams each process's output there, unless the options take the lines themselves.
-        self._options = dataclasses.replace(
-            options,
-            engine=_wire.TORCH,
-            spark=spark,
-            on_log_line=options.on_log_line or _print_line,
+        self._options = face_options(
+            options, FACE, engine=_wire.TORCH, on_log_line=options.on_log_line or _print_line
         )
-        # Checked now, as a HorovodRunner's are.
-        HorovodRunner(np=1, options=self._options, _plan=FACE)
+        self.spark = self._options.spark
         self._driver_gpus: list[str] = []
         self.num_tasks = self._get_num_tasks()
         if local_mode:
