@@ -85,6 +85,7 @@ STACK_DEPENDENT = (
     "tests/serving/",
     "tests/tasks/images/",
     "tests/tasks/preprocess/",
+    "tests/flows/prefect/test_preprocess.py",
     "tests/tasks/test_config.py",
     "tests/infra/test_extras.py",
     "tests/infra/launcher/test_tf_engine.py",
