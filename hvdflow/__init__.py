@@ -1,4 +1,4 @@
-"""hvdflow: Spark-to-deep-learning pipelines on Prefect.
+"""hvdflow: Spark-to-deep-learning pipelines on Prefect or Airflow.
 
 Everything hvdflow installs lives under this one name, so that a project's own ``tasks.py`` or
 ``flows/`` (Prefect's usual layout) cannot hide it. The public API reads like the tools it
@@ -14,9 +14,11 @@ The rooms below, lowest first; each imports only from the ones before it:
 - ``hvdflow.serving``: what travels inside the registered model (the image code, the pyfunc)
 - ``hvdflow.infra``: Spark, the barrier launcher, the embedded servers, object storage
 - ``hvdflow.training``: what runs inside each rank (models, reader, callbacks, optimizers)
-- ``hvdflow.tasks``: the pipeline's steps (preprocess, stage weights, train, register, score)
+- ``hvdflow.tasks``: the pipeline's steps (preprocess, stage weights, train, register, score),
+  plain functions that know no orchestrator
 - ``hvdflow.bench``: the benchmark's conditions and statistics
-- ``hvdflow.flows``: the Prefect flows and the ``hvdflow`` command line
+- ``hvdflow.flows``: the Prefect flows and the ``hvdflow`` command line; each orchestrator's
+  face over the steps (``flows.prefect``, ``flows.airflow``)
 
 Exports are lazy: ``import hvdflow`` costs nothing, and a rank process that imports
 ``hvdflow.training`` never pays for Spark.
