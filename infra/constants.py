@@ -80,6 +80,8 @@ HVDFLOW_RUN_ID = "HVDFLOW_RUN_ID"
 # --- hvdflow: user configuration ---
 # Spark master for the default session (local[N] when unset), like spark-submit's --master.
 HVDFLOW_SPARK_MASTER = "HVDFLOW_SPARK_MASTER"
+# Spark Connect's own variable: the sc:// URL of the server a client reaches.
+SPARK_REMOTE = "SPARK_REMOTE"
 
 # --- Spark conf keys ---
 # Python used by executors: without it workers start the system Python and cannot import

@@ -1,9 +1,15 @@
-"""The Spark session hvdflow runs on: ``local[N]`` by default, any master when configured."""
+"""The Spark session hvdflow runs on: ``local[N]`` by default, any master when configured, or a
+remote Spark through Spark Connect (``sc://host:15002``, or the standard ``SPARK_REMOTE``).
+
+A Connect session has no SparkContext and no RDDs: what hvdflow reads from Spark goes through
+``spark.conf`` and DataFrames, so that one path serves both kinds of session.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -13,14 +19,54 @@ from pyspark.sql import SparkSession
 
 from hvdflow.infra import constants as c
 from hvdflow.infra._env import temporary_env
+from hvdflow.infra.connect import CONNECT_PORT, is_connect, is_connect_url
 from hvdflow.infra.progress import EVERY_S, tasks_line
 
 logger = logging.getLogger(__name__)
 
 
 def default_master() -> str:
-    """``$HVDFLOW_SPARK_MASTER``, else ``local[N]`` with one slot per core."""
-    return os.environ.get(c.HVDFLOW_SPARK_MASTER) or f"local[{os.cpu_count() or 1}]"
+    """``$HVDFLOW_SPARK_MASTER``, else ``$SPARK_REMOTE`` (Spark Connect's own variable), else
+    ``local[N]`` with one slot per core."""
+    return (
+        os.environ.get(c.HVDFLOW_SPARK_MASTER)
+        or os.environ.get(c.SPARK_REMOTE)
+        or f"local[{os.cpu_count() or 1}]"
+    )
+
+
+class ConnectClientMissing(ImportError):
+    """This Python lacks Spark Connect's client (gRPC and its protos), or has one too old."""
+
+
+def require_connect_client(url: str) -> None:
+    """Raise ConnectClientMissing, saying in one line what to install, where this Python cannot
+    talk to a Spark Connect server."""
+    try:
+        import pyspark.sql.connect.session  # noqa: F401, PLC0415 (lazy: only for sc:// URLs)
+    except ImportError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConnectClientMissing(
+            f"{url}: this Python cannot talk to Spark Connect ({reason}): install its client "
+            "with `pip install 'hvdflow[connect]'`. It needs protobuf 5 or newer, which "
+            "TensorFlow 2.15 (hvdflow's classic profile) caps below: use the current profile "
+            "(`make setup-current`) or an environment of its own"
+        ) from None
+
+
+def client_address(spark) -> str:
+    """The address Spark's executors reach this process at: the driver's own on a classic
+    session; through Spark Connect, ``$SPARK_LOCAL_IP``, else the address this machine routes
+    to the Connect server from (the server's executors usually sit beside it)."""
+    if not is_connect(spark):
+        return socket.gethostbyname(spark.conf.get(c.SPARK_DRIVER_HOST))
+    chosen = os.environ.get(c.SPARK_LOCAL_IP)
+    if chosen:
+        return chosen
+    server = socket.gethostbyname(spark.client.host)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((server, CONNECT_PORT))  # a datagram socket sends nothing: routing only
+        return probe.getsockname()[0]
 
 
 def executor_python() -> str:
@@ -85,16 +131,25 @@ def get_spark(
     app_name: str = "hvdflow",
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """The active session if there is one, else a new one on ``master`` (see default_master)."""
+    """The active session if there is one, else a new one on ``master`` (see default_master):
+    a classic session on a master URL, or a Spark Connect session on an ``sc://`` URL (only
+    ``conf``'s session settings apply there: the server owns the rest)."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    master = master or default_master()
+    if is_connect_url(master):
+        require_connect_client(master)
+        builder = SparkSession.builder.remote(master).appName(app_name)
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        logger.info("connecting to Spark Connect at %s", master)
+        return builder.getOrCreate()
     # The JVM's active session is per thread; Prefect runs tasks in worker threads. One Spark
     # context per process: reuse the one that exists.
     existing = SparkSession._instantiatedSession
     if existing is not None and existing.sparkContext._jsc is not None:
         return existing
-    master = master or default_master()
     builder = SparkSession.builder.master(master).appName(app_name)
     session_conf = spark_conf(master, conf)
     for key, value in session_conf.items():
@@ -156,7 +211,11 @@ class SparkProgress:
     """
 
     def __init__(self, spark, log, every_s: float = EVERY_S):
-        self._tracker = spark.sparkContext.statusTracker()
+        # Classic: the driver's status tracker, polled. Spark Connect: the stages the server
+        # reports with each operation's responses (a progress handler), kept until polled.
+        self._spark = spark
+        self._tracker = None if is_connect(spark) else spark.sparkContext.statusTracker()
+        self._reported: dict[str | None, list[tuple[int, str, int, int, int]]] = {}
         self._log = log
         self._every_s = every_s
         self._stages = StageProgress()
@@ -165,7 +224,26 @@ class SparkProgress:
             target=self._run, daemon=True, name="hvdflow-spark-progress"
         )
 
+    def _on_connect_progress(self, stages, inflight_tasks, operation_id, done) -> None:
+        """Spark Connect's progress handler: the operation's stages, as the server sent them."""
+        if done:
+            self._reported.pop(operation_id, None)
+            return
+        self._reported[operation_id] = [
+            (
+                s.stage_id,
+                "through Spark Connect",
+                s.num_completed_tasks,
+                s.num_tasks,
+                min(inflight_tasks, s.num_tasks - s.num_completed_tasks),
+            )
+            for s in stages or ()
+            if not s.done
+        ]
+
     def _active(self) -> list[tuple[int, str, int, int, int]]:
+        if self._tracker is None:
+            return [stage for stages in list(self._reported.values()) for stage in stages]
         stages = []
         for stage_id in self._tracker.getActiveStageIds():
             info = self._tracker.getStageInfo(stage_id)
@@ -190,9 +268,13 @@ class SparkProgress:
                 logger.debug("Spark progress unavailable: %s", e)
 
     def __enter__(self) -> SparkProgress:
+        if self._tracker is None:
+            self._spark.registerProgressHandler(self._on_connect_progress)
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self._tracker is None:
+            self._spark.removeProgressHandler(self._on_connect_progress)

@@ -71,7 +71,7 @@ profiles=("$@")
 for profile in "${profiles[@]}"; do
   case "$profile" in
     classic) lock classic 3.11 dev profile petastorm addons torch ;;
-    current) lock current 3.13 dev ;;
+    current) lock current 3.13 dev connect ;;
     airflow) lock airflow 3.11 ;;
     *) printf '[lock] %s: expected classic, current or airflow\n' "$profile" >&2; exit 2 ;;
   esac

@@ -30,6 +30,7 @@ HEAVY_FIXTURES = {
     "prefect_harness",
     "netns_cluster",
     "prefect_server",
+    "connect_server",
     "deployed_pipeline_run",
     "browser",
 }
@@ -219,6 +220,19 @@ def spark(tmp_path_factory):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server on local[2] from pyspark's own jars, started once. Its clients
+    run as separate processes (tests/connect_client.py): a Connect session in this process
+    would turn every later pyspark call of this worker into a Connect one."""
+    from hvdflow.infra.services.spark_connect import SparkConnectServer
+
+    with SparkConnectServer(
+        tmp_path_factory.mktemp("spark-connect"), conf={"spark.sql.shuffle.partitions": "2"}
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

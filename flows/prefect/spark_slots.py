@@ -56,7 +56,8 @@ def spark_slots(spark, occupy: int | None, what: str, logger) -> Iterator[None]:
     if occupy is not None and occupy <= 0:
         yield
         return
-    cluster = max(task_slots(spark.sparkContext), occupy or 1)
+    # Not countable through Spark Connect to a cluster: what this run needs founds the limit.
+    cluster = max(task_slots(spark) or 0, occupy or 1)
     limit = slots_limit(cluster)
     wanted = limit if occupy is None else occupy
     if wanted > limit:

@@ -6,12 +6,29 @@ re-checks it for minutes. The runner fails fast instead, naming np and the slots
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 
+from hvdflow.infra.connect import is_connect
 
-def task_slots(sc) -> int:
-    """Tasks the cluster can run at once now (executor cores / spark.task.cpus, summed)."""
-    jsc = sc._jsc.sc()
+logger = logging.getLogger(__name__)
+
+_LOCAL_MASTER = re.compile(r"local\[(\d+)(,\d+)?\]$")
+
+
+def task_slots(spark) -> int | None:
+    """Tasks the cluster can run at once now (executor cores / spark.task.cpus, summed).
+
+    Through Spark Connect there is no SparkContext to ask: a ``local[N]`` server's master says
+    N; for any other, None (not known here).
+    """
+    if is_connect(spark):
+        local = _LOCAL_MASTER.match(spark.conf.get("spark.master", ""))
+        if local is None:
+            return None
+        return int(local.group(1)) // int(spark.conf.get("spark.task.cpus", "1"))
+    jsc = spark.sparkContext._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     return int(jsc.maxNumConcurrentTasks(profile))
 
@@ -23,20 +40,29 @@ def task_gpu_amount(conf, resource_name: str) -> float | None:
 
 
 def wait_for_slots(
-    sc, tasks: int, wait_s: float, asked: str | None = None, setting: str = "np"
+    spark, tasks: int, wait_s: float, asked: str | None = None, setting: str = "np"
 ) -> None:
     """Fail fast where Spark would re-check a barrier stage without slots for minutes.
 
     ``asked`` says what needs the ``tasks`` slots (default: ``np=<tasks>``); ``setting`` is the
-    argument to lower.
+    argument to lower. Where the slots cannot be counted (Spark Connect to a cluster), Spark's
+    own barrier check decides (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``).
     """
     asked = asked or f"np={tasks}"
     deadline = time.monotonic() + wait_s
-    while (slots := task_slots(sc)) < tasks:
+    while (slots := task_slots(spark)) is not None and slots < tasks:
         if time.monotonic() >= deadline:
+            master = spark.conf.get("spark.master", "?")
             raise RuntimeError(
-                f"{asked} needs {tasks} task slots but the cluster ({sc.master}) has {slots} "
+                f"{asked} needs {tasks} task slots but the cluster ({master}) has {slots} "
                 f"after waiting {wait_s:g} s (slot_wait_s): lower {setting}, or add executors, "
                 "cores or GPUs (barrier mode starts every task at once)"
             )
         time.sleep(0.5)
+    if slots is None:
+        logger.info(
+            "%s: the cluster's free task slots cannot be counted through Spark Connect; Spark's "
+            "barrier check fails the stage if there are fewer than %d",
+            asked,
+            tasks,
+        )

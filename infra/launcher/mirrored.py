@@ -31,6 +31,7 @@ import os
 from functools import partial
 from typing import Any
 
+from hvdflow.infra.connect import is_connect
 from hvdflow.infra.constants import CUDA_VISIBLE_DEVICES
 from hvdflow.infra.launcher import _wire
 from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
@@ -105,7 +106,9 @@ class MirroredStrategyRunner:
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = use_custom_strategy
         self._options = face_options(options, FACE, engine=_wire.TF_COLLECTIVE)
-        self.sc = self._options.spark.sparkContext
+        # The original's attribute; a Spark Connect session has no SparkContext.
+        spark = self._options.spark
+        self.sc = None if is_connect(spark) else spark.sparkContext
         logger.info("MirroredStrategyRunner: %s training", "GPU" if use_gpu else "CPU")
         if local_mode:
             logger.warning(
@@ -123,7 +126,7 @@ class MirroredStrategyRunner:
         if not self.use_gpu:
             return self.num_slots
         key = f"spark.task.resource.{self.gpu_resource_name}.amount"
-        amount = task_gpu_amount(self.sc.getConf(), self.gpu_resource_name)
+        amount = task_gpu_amount(self._options.spark.conf, self.gpu_resource_name)
         if amount is None:
             raise GpuSchedulingNotEnabled(
                 f"use_gpu=True but the Spark conf {key} is not set: this cluster may not have "
@@ -194,7 +197,8 @@ class MirroredStrategyRunner:
 
     def _driver_gpus(self) -> list[str]:
         """The driver's GPUs: CUDA_VISIBLE_DEVICES where set, else its Spark GPU resource."""
-        resource = self.sc.resources.get(self.gpu_resource_name)
+        # Through Spark Connect, local mode runs on this client, which holds no Spark resource.
+        resource = self.sc.resources.get(self.gpu_resource_name) if self.sc else None
         visible = os.environ.get(CUDA_VISIBLE_DEVICES)
         if resource is None and visible is None:
             name = self.gpu_resource_name

@@ -27,13 +27,11 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Literal
 
 import cloudpickle
@@ -50,7 +48,8 @@ from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, spl
 from hvdflow.infra.launcher._runlog import RunLog
 from hvdflow.infra.launcher._slots import task_gpu_amount, wait_for_slots
 from hvdflow.infra.launcher._spark_errors import first_line
-from hvdflow.infra.launcher._task import TaskSpec, barrier_task, run_task
+from hvdflow.infra.launcher._stage import run_barrier_stage
+from hvdflow.infra.launcher._task import TaskSpec, run_task
 from hvdflow.infra.launcher.errors import RankFailed, SparkJobFailed, rank_failed
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
 
@@ -236,11 +235,10 @@ class HorovodRunner:
         return tasks, layout
 
     def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
-        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+        from hvdflow.infra.spark import client_address, get_spark  # noqa: PLC0415 (loads Spark)
 
         spark = self.options.spark or get_spark()
-        sc = spark.sparkContext
-        conf = sc.getConf()
+        conf = spark.conf
         refuse_unencrypted(conf, self._plan.face, self._plan.ignore_ssl_conf)
         if self._plan.layout is not None:
             tasks, ranks_per_task = len(self._plan.layout), self._plan.layout
@@ -249,21 +247,16 @@ class HorovodRunner:
         asked = self._plan.asked or (
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
-        wait_for_slots(sc, tasks, self.options.slot_wait_s, asked, self._plan.size_argument)
-        bind_host = socket.gethostbyname(conf.get("spark.driver.host"))
-        with DriverChannel(bind_host, sink, rendezvous=self._uses_horovod) as channel:
+        wait_for_slots(spark, tasks, self.options.slot_wait_s, asked, self._plan.size_argument)
+        with DriverChannel(client_address(spark), sink, rendezvous=self._uses_horovod) as channel:
             spec = self._spec(payload, channel, ranks_per_task)
-            job_group = f"hvdflow-{self.run_id}"
+            tag = f"hvdflow-{self.run_id}"
             outcome: dict[str, Any] = {}
             done = threading.Event()
 
             def job() -> None:
                 try:
-                    sc.setJobGroup(job_group, self._name(), interruptOnCancel=True)
-                    rdd = sc.parallelize(range(tasks), tasks)
-                    outcome["rows"] = (
-                        rdd.barrier().mapPartitions(partial(barrier_task, spec)).collect()
-                    )
+                    outcome["result"] = run_barrier_stage(spark, spec, tasks, tag)
                 except BaseException as e:  # reported by the waiting thread
                     outcome["error"] = e
                 finally:
@@ -271,17 +264,17 @@ class HorovodRunner:
 
             threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
             logger.info(
-                "%s: %d ranks in %d barrier task(s), Spark job group %s",
+                "%s: %d ranks in %d barrier task(s), Spark job tag %s",
                 self._plan.face,
                 self.np,
                 tasks,
-                job_group,
+                tag,
             )
             self._wait(
                 done,
                 channel,
                 sink,
-                cancel=lambda: sc.cancelJobGroup(job_group),
+                cancel=lambda: spark.interruptTag(tag),
                 ended_badly=lambda: "error" in outcome,
             )
             if "error" in outcome:
@@ -289,8 +282,7 @@ class HorovodRunner:
                     f"{self._name()}: the Spark job that ran the {self.np} ranks failed: "
                     f"{first_line(outcome['error'])}"
                 ) from None
-            rows = outcome["rows"]
-            return rows[0] if rows else None
+            return outcome["result"]
 
     def _run_on_driver(self, payload: bytes, sink: RunLog) -> bytes | None:
         """The ranks as one task on the driver: processes of this machine, no Spark."""

@@ -38,6 +38,7 @@ import sys
 from functools import partial
 from typing import Any
 
+from hvdflow.infra.connect import is_connect
 from hvdflow.infra.constants import (
     CUDA_VISIBLE_DEVICES,
     TORCHELASTIC_MAX_RESTARTS,
@@ -141,7 +142,7 @@ class TorchDistributor:
     def _get_num_tasks(self) -> int:
         """Spark tasks that train: ``num_processes`` on CPU and in local mode; with GPUs,
         ``ceil(num_processes / spark.task.resource.gpu.amount)``. Checks the GPU set-up."""
-        conf = self.spark.sparkContext.getConf()
+        conf = self.spark.conf
         if not self.use_gpu:
             return self.num_processes
         if not self.local_mode:
@@ -168,7 +169,10 @@ class TorchDistributor:
 
     def _owned_driver_gpus(self) -> list[str]:
         """The driver's GPUs: CUDA_VISIBLE_DEVICES where set, else its Spark GPU resource."""
-        resource = self.spark.sparkContext.resources.get(GPU_RESOURCE)
+        # Through Spark Connect, local mode runs on this client, which holds no Spark resource.
+        resource = (
+            None if is_connect(self.spark) else self.spark.sparkContext.resources.get(GPU_RESOURCE)
+        )
         visible = os.environ.get(CUDA_VISIBLE_DEVICES)
         if resource is None and visible is None:
             raise RuntimeError(

@@ -119,14 +119,19 @@ class Attempts:
     def _ranks_for_next_attempt(self, failure: str) -> int:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
-        sc = (self.spark or get_spark()).sparkContext
+        spark = self.spark or get_spark()
         # HorovodRunner runs one rank per GPU: a task slot of k GPUs holds k ranks.
-        gpus = task_gpu_amount(sc.getConf(), "gpu")
+        gpus = task_gpu_amount(spark.conf, "gpu")
         ranks_per_slot = int(gpus) if gpus is not None and gpus > 1 else 1
+
+        def ranks_that_fit() -> int:
+            slots = task_slots(spark)  # None: not countable (Spark Connect): as many as before
+            return self.launcher.np if slots is None else slots * ranks_per_slot
+
         time.sleep(SLOTS_NOTICE_S)
         np = ranks_for_next_attempt(
             self.launcher,
-            lambda: task_slots(sc) * ranks_per_slot,
+            ranks_that_fit,
             failure,
             settle_s=self.launcher.elastic_wait_s,
         )

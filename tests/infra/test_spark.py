@@ -10,7 +10,15 @@ import textwrap
 
 import pytest
 
-from hvdflow.infra.spark import launch_env, spark_conf, ui_bind_address
+from hvdflow.infra.connect import is_connect_url
+from hvdflow.infra.spark import (
+    ConnectClientMissing,
+    default_master,
+    get_spark,
+    launch_env,
+    spark_conf,
+    ui_bind_address,
+)
 
 PY = sys.executable
 # What every session hvdflow starts gets, local or not.
@@ -199,3 +207,25 @@ def test_a_long_stage_is_logged_as_lines_with_counts_and_a_rate(spark):
     assert any(re.search(r", [\d.]+ tasks/s$", line) for line in moving)
     assert re.search(r"no longer running \(6 tasks; seen for \d+ s\)$", log.lines[-1])
     assert len(log.lines) <= 8  # a line when it moved, not one every 0.3 s
+
+
+@pytest.mark.unit
+def test_spark_remote_is_the_default_master_after_hvdflows_own(monkeypatch):
+    monkeypatch.delenv("HVDFLOW_SPARK_MASTER", raising=False)
+    monkeypatch.setenv("SPARK_REMOTE", "sc://spark.example:15002")
+    assert default_master() == "sc://spark.example:15002"
+    monkeypatch.setenv("HVDFLOW_SPARK_MASTER", "spark://master:7077")
+    assert default_master() == "spark://master:7077"
+    assert is_connect_url("sc://h:1") and not is_connect_url("spark://h:7077")
+
+
+@pytest.mark.unit
+def test_a_connect_url_without_its_client_says_what_to_install(monkeypatch):
+    # As in the classic profile, where gRPC's status protos are missing (or protobuf too old).
+    monkeypatch.setattr("pyspark.sql.SparkSession.getActiveSession", lambda: None)
+    monkeypatch.setitem(sys.modules, "pyspark.sql.connect.session", None)
+    with pytest.raises(ConnectClientMissing) as raised:
+        get_spark("sc://spark.example:15002")
+    message = str(raised.value)
+    assert message.startswith("sc://spark.example:15002: this Python cannot talk to Spark Connect")
+    assert "pip install 'hvdflow[connect]'" in message and "\n" not in message

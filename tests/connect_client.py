@@ -1,0 +1,53 @@
+"""Runs a script as a Spark Connect client: a process of its own with SPARK_REMOTE set, as a
+user's notebook or orchestrator worker would be (a Connect session inside the test's own process
+would turn every later pyspark call there into a Connect one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+# What a client script prints last: one JSON line, the test's answer.
+ANSWER = "ANSWER "
+
+
+def connect_client_problem() -> str | None:
+    """Why this Python cannot be a Spark Connect client (None: it can). The classic profile
+    cannot: TensorFlow 2.15 caps protobuf below what Connect's client needs."""
+    try:
+        import pyspark.sql.connect.session  # noqa: F401, PLC0415
+    except ImportError as e:
+        return str(e).strip().splitlines()[0]
+    return None
+
+
+def run_client(server, script: str, timeout_s: float = 300.0, **env: str) -> dict:
+    """Run ``script`` (which ends with ``answer(value)``) against ``server``; its answer.
+
+    Fails the test with the client's output when it exits non-zero or answers nothing.
+    """
+    preamble = textwrap.dedent(
+        f"""
+        import json, logging, os, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        def answer(value):
+            print({ANSWER!r} + json.dumps(value), flush=True)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", preamble + textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **server.env(), **env},
+    )
+    answers = [ln for ln in result.stdout.splitlines() if ln.startswith(ANSWER)]
+    if result.returncode != 0 or not answers:
+        raise AssertionError(
+            f"the Connect client exited {result.returncode} with no answer:\n"
+            f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}"
+        )
+    return json.loads(answers[-1][len(ANSWER) :])
