@@ -150,7 +150,11 @@ def _pipeline_command(
         choices=["tensorflow", "torch"],
         help="what trains the model (default tensorflow; torch needs hvdflow[torch])",
     )
-    command.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
+    command.add_argument(
+        "--spark-master",
+        help="a master or a Spark Connect URL (sc://host:15002); default: "
+        "$HVDFLOW_SPARK_MASTER, else $SPARK_REMOTE, else local[N]",
+    )
     command.add_argument(
         "--params",
         help='pipeline parameters as nested JSON, e.g. \'{"training": {"optimizer": '
@@ -193,7 +197,11 @@ def _add_score(commands: Commands, handlers: Mapping[str, Handler]) -> None:
     score.add_argument("--alias", help="registry alias (default: champion)")
     score.add_argument("--version", help="registry version number, instead of an alias")
     score.add_argument("--batch-size", type=int, help="images per predict call (default 64)")
-    score.add_argument("--spark-master", help="default: $HVDFLOW_SPARK_MASTER or local[N]")
+    score.add_argument(
+        "--spark-master",
+        help="a master or a Spark Connect URL (sc://host:15002); default: "
+        "$HVDFLOW_SPARK_MASTER, else $SPARK_REMOTE, else local[N]",
+    )
     score.add_argument(
         "--params",
         help='scoring parameters as nested JSON, e.g. \'{"data": {"max_bad_fraction": 0.5}}\'; '

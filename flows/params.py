@@ -184,7 +184,10 @@ class ScoreParams(BaseModel):
     model: ModelRef = ModelRef()
     data: ScoreConfig
     spark_master: str | None = Field(
-        default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
+        default=None,
+        description="a Spark master (local[N], spark://host:7077, yarn, ...) or a Spark "
+        "Connect URL (sc://host:15002); default: $HVDFLOW_SPARK_MASTER, else $SPARK_REMOTE, "
+        "else local[N]",
     )
     experiment: str = Field(default="hvdflow-scoring", min_length=1)
 

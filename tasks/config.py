@@ -306,7 +306,10 @@ class LauncherParams(BaseModel):
         "default: horovod where it is installed (hvdflow[horovod]), else tf_collective",
     )
     spark_master: str | None = Field(
-        default=None, description="default: $HVDFLOW_SPARK_MASTER, else local[N]"
+        default=None,
+        description="a Spark master (local[N], spark://host:7077, yarn, ...) or a Spark "
+        "Connect URL (sc://host:15002); default: $HVDFLOW_SPARK_MASTER, else $SPARK_REMOTE, "
+        "else local[N]",
     )
     start_timeout_s: float = Field(default=300.0, gt=0)
     heartbeat_timeout_s: float = Field(

@@ -51,3 +51,21 @@ def run_client(server, script: str, timeout_s: float = 300.0, **env: str) -> dic
             f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}"
         )
     return json.loads(answers[-1][len(ANSWER) :])
+
+
+JAVA_TOOLS = ("java", "javac", "jar", "jshell", "keytool", "jps", "jstack")
+
+
+def path_without_java(folder) -> str:
+    """A PATH of one folder with every program of this PATH but Java's (links), as on an
+    orchestrator worker that never installed a JDK."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            link = folder / name
+            if name in JAVA_TOOLS or link.exists() or link.is_symlink():
+                continue
+            link.symlink_to(os.path.join(directory, name))
+    return str(folder)

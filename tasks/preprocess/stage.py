@@ -12,6 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 
+from hvdflow.infra.spark_map import default_parallelism, map_slices
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3
 from hvdflow.tasks.images.fetch import executor_errors
@@ -25,8 +26,7 @@ from hvdflow.tasks.preprocess.write import SPLITS, WritePlan, write_partition
 def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, attempt: str):
     """Decode and write every image in one Spark stage, check what the tasks reported, and
     publish the attempt (``publish.finish``); a failed check discards the attempt."""
-    sc = spark.sparkContext
-    partitions = partition_count(sc.defaultParallelism, listing, config)
+    partitions = partition_count(default_parallelism(spark), listing, config)
     planned_items = plan_partitions(listing, split, partitions, config)
     plan = WritePlan(
         decode=DecodePlan(
@@ -48,17 +48,17 @@ def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, at
     def write(planned):
         return write_partition(planned, plan)
 
-    # One (partition, items) pair per slice: every task gets the items planned for it. The
-    # items travel as small pickled values; decoded images never pass through the JVM.
+    # One (partition, items) pair per task. The items travel as small pickled values; decoded
+    # images never pass through the JVM.
     planned = list(enumerate(planned_items.items))
-    sc.setJobDescription(
-        f"hvdflow preprocess: decoding and writing {sum(i.count for i in listing.items)} images"
-    )
-    try:
-        with executor_errors():
-            written = sc.parallelize(planned, partitions).mapPartitions(write).collect()
-    finally:
-        sc.setJobDescription(None)
+    with executor_errors():
+        written = map_slices(
+            spark,
+            planned,
+            write,
+            f"hvdflow preprocess: decoding and writing "
+            f"{sum(i.count for i in listing.items)} images",
+        )
     try:
         report = Report.of(written)
         check_quality(config, report.good, report.bad, report.reasons, report.examples)
