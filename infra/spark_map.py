@@ -2,8 +2,9 @@
 classic session and through Spark Connect (which has no ``sc.parallelize``).
 
 ``spark.range(0, n, 1, numPartitions=n)`` puts id i in partition i, so task i runs slice i; the
-slices travel with the function (small pickled plans, not data), each task's results come back
-as pickled rows.
+slices travel with the function (small pickled plans, not data). ``map_slices`` brings each
+task's results back as pickled rows; ``slices_frame`` makes a DataFrame whose partition i holds
+slice i's rows, for a stage that goes on from there (``mapInPandas``...).
 """
 
 from __future__ import annotations
@@ -66,6 +67,42 @@ def _run_slices(fn: Callable[[Iterator], Iterable], slices: Sequence, batches):
                 yield pa.RecordBatch.from_pydict(rows, schema=schema)
 
 
+# Arrow types of the DDL names slices_frame's schemas use.
+_ARROW_TYPES = {"string": "string", "int": "int32", "long": "int64", "double": "float64"}
+
+
+def _emit_rows(slices: Sequence[Sequence[tuple]], schema: str, batches):
+    """``mapInArrow``'s function: this task's slice as Arrow rows of ``schema``."""
+    import pyarrow as pa  # noqa: PLC0415 (executors: Spark's Arrow runner has loaded it)
+
+    fields = [field.split() for field in schema.split(",")]
+    arrow = pa.schema([(name, getattr(pa, _ARROW_TYPES[kind])()) for name, kind in fields])
+    for batch in batches:
+        for index in batch.column(0).to_pylist():
+            rows = slices[index]
+            if rows:
+                columns = zip(*rows, strict=True)
+                arrays = [pa.array(c, type=t) for c, t in zip(columns, arrow.types, strict=True)]
+                yield pa.RecordBatch.from_arrays(arrays, schema=arrow)
+
+
+def slices_frame(spark, slices: Sequence[Sequence[tuple]], schema: str):
+    """A DataFrame of ``schema`` (DDL of string, int, long and double columns) whose partition i
+    holds the rows (tuples) of ``slices[i]``: work planned per task, for the stage to go on."""
+    unknown = {f.split()[1] for f in schema.split(",")} - set(_ARROW_TYPES)
+    if unknown:
+        raise ValueError(f"slices_frame: column types {sorted(unknown)} are not supported")
+    return spark.range(0, len(slices), 1, numPartitions=len(slices)).mapInArrow(
+        partial(_emit_rows, [list(rows) for rows in slices], schema), schema
+    )
+
+
+def job_description(spark, description: str | None) -> None:
+    """Name the next jobs in the Spark UI (classic sessions; Spark Connect has no SparkContext)."""
+    if not is_connect(spark):
+        spark.sparkContext.setJobDescription(description)
+
+
 def map_slices(
     spark, slices: Sequence, fn: Callable[[Iterator], Iterable], description: str
 ) -> list[Any]:
@@ -79,13 +116,10 @@ def map_slices(
     frame = spark.range(0, len(slices), 1, numPartitions=len(slices)).mapInArrow(
         partial(_run_slices, fn, list(slices)), RESULT_SCHEMA
     )
-    sc = None if is_connect(spark) else spark.sparkContext
-    if sc is not None:
-        sc.setJobDescription(description)
+    job_description(spark, description)
     try:
         rows = frame.collect()
     finally:
-        if sc is not None:
-            sc.setJobDescription(None)
+        job_description(spark, None)
     rows.sort(key=lambda row: (row.slice, row.seq))
     return [cloudpickle.loads(row.value) for row in rows]

@@ -21,6 +21,8 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hvdflow.infra.connect import is_connect
+from hvdflow.infra.spark_map import default_parallelism, job_description, slices_frame
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.attempts import new_attempt
 from hvdflow.infra.storage.files import Location
@@ -82,7 +84,7 @@ def score_images(spark, config: ScoreConfig, model: ScoringModel) -> ScoreResult
 
     plan = ExecutorPlan(
         model_key=model.cache_key,
-        archive=ship_model(spark.sparkContext, model),
+        archive=ship_model(spark, model),
         labels=model.labels,
         image_size=image_size,
         color_mode=color_mode,
@@ -169,8 +171,7 @@ def partitions_for(images: int, units: int, slots: int) -> int:
 
 
 def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
-    sc = spark.sparkContext
-    partitions = partitions_for(listing.rows, len(listing.units), sc.defaultParallelism)
+    partitions = partitions_for(listing.rows, len(listing.units), default_parallelism(spark))
     assigned = assign_partitions([unit.rows for unit in listing.units], partitions)
     planned: list[list[tuple]] = [[] for _ in range(partitions)]
     for unit, p in zip(listing.units, assigned, strict=True):
@@ -179,21 +180,22 @@ def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
     def score(batches):
         return score_partition(batches, plan)
 
-    # One list of rows per slice: every task gets the units planned for it, then they go
-    # through Arrow in batches to the function that scores them.
-    units = sc.parallelize(planned, partitions).flatMap(lambda rows: rows)
-    frame = spark.createDataFrame(units, INPUT_SCHEMA).mapInPandas(score, REPORT_SCHEMA)
-    sc.setJobDescription(f"hvdflow score: {listing.rows} images from {config.input}")
+    # Every task gets the units planned for it, which go through Arrow in batches to the
+    # function that scores them: one stage, on a classic session or through Spark Connect.
+    frame = slices_frame(spark, planned, INPUT_SCHEMA).mapInPandas(score, REPORT_SCHEMA)
+    job_description(spark, f"hvdflow score: {listing.rows} images from {config.input}")
     try:
         with executor_errors():
             return frame.collect()
     finally:
-        sc.setJobDescription(None)
+        job_description(spark, None)
 
 
-def ship_model(sc, model: ScoringModel) -> str:
-    """The model's archive name on the executors; zipped and added to Spark once per app."""
-    key = (sc.applicationId, model.cache_key)
+def ship_model(spark, model: ScoringModel) -> str:
+    """The model's archive name on the executors; zipped and added to Spark once per
+    application (classic: ``sc.addArchive``) or per Spark Connect session (``addArtifacts``)."""
+    connect = is_connect(spark)
+    key = (spark.session_id if connect else spark.sparkContext.applicationId, model.cache_key)
     if key in _shipped:
         return _shipped[key]
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", model.name)
@@ -209,7 +211,10 @@ def ship_model(sc, model: ScoringModel) -> str:
                     full = os.path.join(folder, file_name)
                     archive.write(full, os.path.relpath(full, model.local_dir))
         os.replace(partial, path)
-    sc.addArchive(f"{path}#{name}")
+    if connect:
+        spark.addArtifacts(f"{path}#{name}", archive=True)
+    else:
+        spark.sparkContext.addArchive(f"{path}#{name}")
     _shipped[key] = name
     return name
 

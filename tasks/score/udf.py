@@ -55,7 +55,7 @@ def score_udf(
     spark = spark or SparkSession.active()
     model = fetch_model(ModelRef.from_uri(model_uri), tracking_uri or default_tracking_uri())
     size, color_mode = image_settings(model, image_size)
-    archive = ship_model(spark.sparkContext, model)
+    archive = ship_model(spark, model)
     key, labels = model.cache_key, model.labels
 
     @pandas_udf(RESULT_TYPE)

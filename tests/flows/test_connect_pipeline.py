@@ -1,6 +1,8 @@
-"""`hvdflow run` through Spark Connect from a worker without Java: the pipeline ends with a
-champion, and both ranks' output is in the run's log. Current profile only (Connect's client
-needs protobuf 5 or newer, which the classic profile's TensorFlow caps below)."""
+"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: the
+pipeline ends with a champion, both ranks' output is in the run's log, and the champion scores
+the images (its model shipped to the executors as a Connect artifact). Current profile only
+(Connect's client needs protobuf 5 or newer, which the classic profile's TensorFlow caps
+below)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ pytestmark = [
 ]
 
 
-def test_the_pipeline_through_connect_from_a_worker_without_java(connect_server, tmp_path):
+def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
+    connect_server, tmp_path
+):
     from mlflow import MlflowClient
 
     from hvdflow.infra.services.local import LocalServices
@@ -37,17 +41,22 @@ def test_the_pipeline_through_connect_from_a_worker_without_java(connect_server,
     }
     env.update(HVDFLOW_HOME=str(home), PATH=path_without_java(tmp_path / "bin"))
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "hvdflow.flows.cli", "run", "--np", "2"]
-            + ["--spark-master", connect_server.url, "--params", '{"training": {"epochs": 1}}'],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        out = done.stdout + done.stderr
-        assert done.returncode == 0, out[-4000:]
+
+        def hvdflow(*argv: str) -> str:
+            done = subprocess.run(
+                [sys.executable, "-m", "hvdflow.flows.cli", *argv]
+                + ["--spark-master", connect_server.url],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            out = done.stdout + done.stderr
+            assert done.returncode == 0, out[-4000:]
+            return out
+
+        out = hvdflow("run", "--np", "2", "--params", '{"training": {"epochs": 1}}')
         assert "java" not in os.listdir(tmp_path / "bin")
         # Progress lines from Connect's progress handler (no status tracker there).
         assert re.search(r"Spark stage \d+ \(through Spark Connect\): \d+/\d+ tasks", out)
@@ -58,6 +67,9 @@ def test_the_pipeline_through_connect_from_a_worker_without_java(connect_server,
         (log,) = (home / "logs" / "runs").glob("*/driver.log")
         text = log.read_text()
         assert "[1,0]<" in text and "[1,1]<" in text
+
+        scored = hvdflow("score", "--input", str(home / "data" / "digits"))
+        assert re.search(r"1797 images scored into .*, 0 quarantined", scored), scored[-3000:]
     finally:
         subprocess.run(
             [sys.executable, "-m", "hvdflow.flows.cli", "down"], env=env, timeout=120, check=False
