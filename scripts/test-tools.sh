@@ -23,3 +23,13 @@ install_if_missing ip iproute2 "the multi-host tests"
 # The browser tests (tests/ui) drive Debian's chromium headless through playwright, which is told
 # to use it (playwright's own browser downloads cannot be reached here).
 install_if_missing chromium chromium "the browser tests"
+
+# The suite writes checkpoints, datasets and models to a real SeaweedFS on this disk; with a few
+# GB left its uploads fail ("failed to find writable volumes") and look like regressions. Say so
+# first: uv's cache keeps every wheel it ever unpacked (`uv cache prune` drops what nothing uses).
+free_gb=$(df -Pk . | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+log "disk: ${free_gb} GB free here"
+if [ "$free_gb" -lt 10 ]; then
+  log "only ${free_gb} GB free: the object-store tests need ~10 GB; free some (\`$(bash scripts/uv.sh) cache prune\`, old clones) before testing"
+  [ "${CI:-}" != true ] || exit 1
+fi

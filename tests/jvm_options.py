@@ -43,6 +43,11 @@ jvm.stdin.close()  # the gateway JVM exits at its stdin's end, writing the archi
 jvm.wait(timeout=120)
 """
 DUMP_TIMEOUT_S = 300.0
+# Archives kept in the cache: the newest few. The key follows the jars' path (an archive made
+# for one clone's venv does not fit another's class path), so every clone of a CI machine adds
+# one of ~150 MB; unpruned, they filled this machine's disk. A JVM started with an archive that
+# has gone since runs without one (Java 17, -Xshare:auto).
+KEEP_ARCHIVES = 4
 
 
 def jvm_options(make_archive: bool) -> str:
@@ -71,10 +76,22 @@ def spark_class_archive(make: bool) -> Path | None:
         with machine_lock(f"{archive}.lock", DUMP_TIMEOUT_S, "the Spark class archive"):
             if not archive.exists():
                 _dump(archive)
+                prune_archives(archive.parent, KEEP_ARCHIVES)
     except (OSError, subprocess.SubprocessError, TimeoutError) as e:
         print(f"tests: no Spark class archive ({e}); JVMs start without one", file=sys.stderr)
         return None
     return archive
+
+
+def prune_archives(folder: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest archives in ``folder`` (and their lock files)."""
+    archives = sorted(folder.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in archives[keep:]:
+        for path in (old, old.with_name(old.name + ".lock")):
+            path.unlink(missing_ok=True)
+        removed.append(old)
+    return removed
 
 
 def _dump(archive: Path) -> None:
