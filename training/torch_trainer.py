@@ -26,12 +26,12 @@ import time
 import numpy as np
 
 from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
-from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.checkpoints import CheckpointState, CheckpointStore, epoch_folder
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
+from hvdflow.training.finish import finish_training
 from hvdflow.training.models import model_input_shape
 from hvdflow.training.optimizers import learning_rate_plan, rank_batch_size
-from hvdflow.training.quality import divergence, rejection
+from hvdflow.training.quality import divergence
 from hvdflow.training.reader import load_shard, steps_per_epoch
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
@@ -127,32 +127,24 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
     if distributed:
         dist.destroy_process_group()
 
-    rejected = None
-    if spec.chance_margin is not None:
-        rejected = rejection(history, data.num_classes, spec.chance_margin, plan.describe())
-    version, evaluation = None, None
-    if rank == 0 and rejected:
-        log_to_driver(f"not registering the model: {rejected}")
-    if rank == 0 and spec.tracking and spec.tracking.registered_model_name and not rejected:
-        import mlflow
-
-        wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
+    def log_model():
         example = (val_x if val_x is not None else train_x)[:4].permute(0, 2, 3, 1).numpy()
-        version, evaluation = _log_model(model, example, spec)
-    return RankResult(
+        return _log_model(model, example, spec)
+
+    return finish_training(
+        spec,
+        rank=rank,
         size=size,
-        history={key: tuple(values) for key, values in history.items()},
-        epoch_times=tuple(epoch_times),
+        plan=plan,
+        history=history,
+        epoch_times=epoch_times,
         train_seconds=train_s,
-        steps_per_epoch=steps,
-        images_per_epoch=steps * batch * size,
-        resumed_from_epoch=resumed.epoch if resumed else 0,
-        scaled_learning_rate=plan.target,
-        warmup_steps=plan.warmup_steps,
+        steps=steps,
+        batch=batch,
+        resumed=resumed,
         stopped=stopped,
-        rejected=rejected,
-        model_version=version,
-        evaluation=evaluation,
+        registers=bool(spec.tracking and spec.tracking.registered_model_name),
+        log_model=log_model,
     )
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 from hvdflow.infra.launcher.rank_events import log_to_driver
-from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.checkpoints import CheckpointStore
 from hvdflow.training.engines import NONE, start_engine
+from hvdflow.training.finish import finish_training
 from hvdflow.training.models import build_model, model_input_shape
 from hvdflow.training.optimizers import (
     learning_rate_plan,
@@ -21,7 +21,6 @@ from hvdflow.training.optimizers import (
     rank_batch_size,
 )
 from hvdflow.training.profiling import log_profile, profile_folder
-from hvdflow.training.quality import rejection
 from hvdflow.training.reader import load_shard, open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
@@ -103,32 +102,20 @@ def train_classifier(spec: TrainSpec) -> RankResult:
         checkpoints.close()
     profiled = log_profile(profile, spec) if profile and not spec.profile_dir else None
 
-    whole = _whole_history(resumed, history)
-    rejected = None
-    if spec.chance_margin is not None:
-        rejected = rejection(whole, data.num_classes, spec.chance_margin, plan.describe())
-    version, evaluation = None, None
-    if engine.rank == 0 and rejected:
-        log_to_driver(f"not registering the model: {rejected}")
-    if engine.rank == 0 and spec.tracking and not rejected:
-        import mlflow
-
-        wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
-        version, evaluation = _log_model(model, example, spec)
-    return RankResult(
+    return finish_training(
+        spec,
+        rank=engine.rank,
         size=engine.size,
-        history={key: tuple(values) for key, values in whole.items()},
-        epoch_times=tuple((resumed.epoch_times if resumed else []) + timer.epoch_times),
+        plan=plan,
+        history=_whole_history(resumed, history),
+        epoch_times=(resumed.epoch_times if resumed else []) + timer.epoch_times,
         train_seconds=train_s,
-        steps_per_epoch=steps,
-        images_per_epoch=steps * batch * engine.size,
-        resumed_from_epoch=resumed.epoch if resumed else 0,
-        scaled_learning_rate=plan.target,
-        warmup_steps=plan.warmup_steps,
+        steps=steps,
+        batch=batch,
+        resumed=resumed,
         stopped=guard.reason,
-        rejected=rejected,
-        model_version=version,
-        evaluation=evaluation,
+        registers=bool(spec.tracking),
+        log_model=lambda: _log_model(model, example, spec),
         profile=profiled,
     )
 

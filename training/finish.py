@@ -1,0 +1,64 @@
+"""How every image trainer ends, whatever the framework: judge the model against chance, log
+and register it from rank 0 (the framework's own ``log_model``), and say what the rank saw as
+one ``RankResult``. The Keras and the PyTorch trainers differ before this, not here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
+from hvdflow.training.quality import rejection
+from hvdflow.training.result import RankResult
+from hvdflow.training.spec import TrainSpec
+
+
+def finish_training(
+    spec: TrainSpec,
+    *,
+    rank: int,
+    size: int,
+    plan,
+    history: Mapping[str, Sequence[float]],
+    epoch_times: Sequence[float],
+    train_seconds: float,
+    steps: int,
+    batch: int,
+    resumed,
+    stopped: str | None,
+    registers: bool,
+    log_model: Callable[[], tuple[str | None, dict | None]],
+    profile: dict[str, Any] | None = None,
+) -> RankResult:
+    """Rank ``rank``'s result; rank 0 logs and registers the model (``log_model()``: its
+    version and evaluation) where ``registers`` and the model is no better than chance is not
+    the case (``spec.chance_margin``). ``history`` and ``epoch_times`` cover the checkpoint
+    ``resumed`` from, if any, first; ``plan`` is the learning-rate plan."""
+    rejected = None
+    if spec.chance_margin is not None:
+        rejected = rejection(history, spec.data.num_classes, spec.chance_margin, plan.describe())
+    version, evaluation = None, None
+    if rank == 0 and rejected:
+        log_to_driver(f"not registering the model: {rejected}")
+    if rank == 0 and registers and not rejected:
+        import mlflow  # noqa: PLC0415 (lazy: only rank 0 of a tracked run registers)
+
+        wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
+        version, evaluation = log_model()
+    return RankResult(
+        size=size,
+        history={key: tuple(values) for key, values in history.items()},
+        epoch_times=tuple(epoch_times),
+        train_seconds=train_seconds,
+        steps_per_epoch=steps,
+        images_per_epoch=steps * batch * size,
+        resumed_from_epoch=resumed.epoch if resumed else 0,
+        scaled_learning_rate=plan.target,
+        warmup_steps=plan.warmup_steps,
+        stopped=stopped,
+        rejected=rejected,
+        model_version=version,
+        evaluation=evaluation,
+        profile=profile,
+    )
