@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher._engines import engine as engine_row
 
 # What a rank prints when it fails only because another rank died first: Horovod's shutdown
 # message, or Gloo's transport finding its peer's socket gone in the middle of a collective
@@ -48,14 +49,6 @@ def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None,
     return root, sorted({f["rank"] for f in ordered[1:]} - {root["rank"]})
 
 
-# Where a rank has joined the job, by engine: what the start timeout waits for.
-START_POINTS = {
-    _wire.HOROVOD: "hvd.init()",
-    _wire.TF_COLLECTIVE: "tf.distribute.MultiWorkerMirroredStrategy()",
-    _wire.TORCH: "torch.distributed.init_process_group()",
-}
-
-
 def stop_reason(
     *,
     aborted: bool,
@@ -69,7 +62,8 @@ def stop_reason(
     """Why a task stops its rank, still running, now, and the cause (``_wire.CAUSE_*``); None
     to let it run. ``aborted``: the driver cancelled the run; ``driver_silent``: nothing heard
     from the driver for ``heartbeat_timeout_s``; ``waited_s``: since the rank started, which
-    counts against ``start_timeout_s`` until it reached its engine's start (``START_POINTS``)."""
+    counts against ``start_timeout_s`` until it reached its engine's start (its row's
+    ``start_point``, ``_engines``)."""
     if aborted:
         return "stopped: the driver cancelled the run", _wire.CAUSE_STOPPED
     if driver_silent:
@@ -79,7 +73,7 @@ def stop_reason(
             _wire.CAUSE_LOST,
         )
     if not init_reached and waited_s > start_timeout_s:
-        start = START_POINTS[engine]
+        start = engine_row(engine).start_point
         return (
             f"did not reach {start} within {start_timeout_s:g} s "
             f"(HorovodRunner start_timeout_s): raise it if main does slow work before "

@@ -10,8 +10,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
-import importlib.abc
-import importlib.util
 import os
 import signal
 import sys
@@ -28,9 +26,10 @@ from hvdflow.infra.constants import (
     HVDFLOW_STACKS_FILE,
 )
 from hvdflow.infra.errors import TransientError
-from hvdflow.infra.launcher import _task_context, _wire, tf_datasets
+from hvdflow.infra.launcher import _task_context, _wire
 from hvdflow.infra.launcher._cores import bind_this_rank
-from hvdflow.infra.launcher.rank_events import emit_event
+from hvdflow.infra.launcher._engines import engine
+from hvdflow.infra.launcher._patching import patch_on_import
 
 # linux/prctl.h: the signal this process gets when the thread that started it exits.
 _PR_SET_PDEATHSIG = 1
@@ -38,13 +37,6 @@ _PR_SET_PDEATHSIG = 1
 _ORPHANED_EXIT = 128 + signal.SIGKILL
 # The signal on which the rank writes its Python stacks (the task sends it when the run stalls).
 STACKS_SIGNAL = signal.SIGUSR1
-# Where TensorFlow defines MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy).
-_STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
-# Where torch defines init_process_group (torch.distributed re-exports it).
-_C10D_MODULE = "torch.distributed.distributed_c10d"
-# How long a tf_collective worker that finished waits for the others to finish (the driver's own
-# timeouts stop a run that hangs long before this).
-_EXIT_BARRIER_MS = 24 * 3600 * 1000
 
 
 def _die_with_parent() -> None:
@@ -82,152 +74,13 @@ def _dump_stacks_on_signal() -> None:
         faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True)
 
 
-def _report_init_reached() -> None:
-    """Wrap Horovod's init so the supervisor knows this rank joined the job (start timeout)."""
-    from horovod.common import basics
-
-    original = basics.HorovodBasics.init
-    if getattr(original, "_hvdflow_wrapped", False):
-        return
-
-    def init(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        emit_event(_wire.EVENT_INIT)
-        return result
-
-    init._hvdflow_wrapped = True
-    # Frameworks bind `init = _basics.init` at import, so patch the class before any import.
-    basics.HorovodBasics.init = init
-
-
-class _ThenPatch(importlib.abc.Loader):
-    """A module's own loader, followed by ``patch(module)`` once the module has run."""
-
-    def __init__(self, loader, patch):
-        self._loader, self._patch = loader, patch
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        self._patch(module)
-
-    def __getattr__(self, name):  # get_source and the rest: tracebacks still show the lines
-        return getattr(self._loader, name)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patch a module when something first imports it, instead of importing it to patch it."""
-
-    def __init__(self, name: str, patch):
-        self._name, self._patch = name, patch
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self._name:
-            return None
-        sys.meta_path.remove(self)  # once; and the other finders find the real module
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenPatch(spec.loader, self._patch)
-        return spec
-
-
-def patch_on_import(name: str, patch) -> None:
-    """``patch(module)`` now if ``name`` is loaded, else when something first imports it."""
-    if name in sys.modules:
-        patch(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _PatchOnImport(name, patch))
-
-
-def _report_strategy_created() -> None:
-    """The tf_collective engine's start: the rank created its MultiWorkerMirroredStrategy.
-
-    Patched on the base class of ``tf.distribute.MultiWorkerMirroredStrategy`` (and of its
-    deprecated ``experimental`` alias) when TensorFlow loads it, so that any code creating one
-    counts. Not imported here: TensorFlow takes seconds of CPU to import, and a function that
-    never uses it (a launcher check, a GPU-placement probe) should not pay for it.
-    """
-
-    def patch(cars) -> None:
-        cls = cars.CollectiveAllReduceStrategy
-        original = cls.__init__
-
-        def init(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            emit_event(_wire.EVENT_INIT)
-
-        cls.__init__ = init
-
-    patch_on_import(_STRATEGY_MODULE, patch)
-
-
-def _report_process_group_initialised() -> None:
-    """The torch engine's start: the rank returned from ``init_process_group()``.
-
-    Patched where torch defines it when torch loads; ``torch.distributed`` re-exports the
-    module's function at import, so the package's name is patched too. Not imported here, for
-    the same reason as TensorFlow above (torch's import takes a second of CPU).
-    """
-
-    def wrap(original):
-        if getattr(original, "_hvdflow_wrapped", False):
-            return original
-
-        def init_process_group(*args, **kwargs):
-            result = original(*args, **kwargs)
-            emit_event(_wire.EVENT_INIT)
-            return result
-
-        init_process_group._hvdflow_wrapped = True
-        return init_process_group
-
-    def patch_c10d(module) -> None:
-        module.init_process_group = wrap(module.init_process_group)
-
-    def patch_package(module) -> None:
-        if hasattr(module, "init_process_group"):  # absent where torch has no distributed
-            module.init_process_group = wrap(module.init_process_group)
-
-    patch_on_import(_C10D_MODULE, patch_c10d)
-    patch_on_import("torch.distributed", patch_package)
-
-
-def _wait_for_the_other_tf_workers() -> None:
-    """Hold this tf_collective worker until every worker has returned from main.
-
-    TensorFlow's collectives pull each tensor from the worker that holds it: a worker that has
-    its own result may still be serving a peer's last read. Exiting then fails that peer with
-    "Socket closed" (seen in CI at the final gather). The coordination service's barrier
-    releases the workers together; without a strategy (main made none) there is nothing to wait
-    for. A barrier that fails means a worker failed, and that worker's own exit reports it.
-    """
-    if "tensorflow" not in sys.modules:
-        return  # main never loaded TensorFlow, so it made no strategy
-    from tensorflow.python.eager import context
-
-    if context.context().coordination_service is None:
-        return
-    try:
-        context.context().wait_at_barrier("hvdflow_main_returned", _EXIT_BARRIER_MS)
-    except Exception as e:  # noqa: BLE001 (this worker's own work is done)
-        print(f"hvdflow: not every worker reached the end of main: {e}", file=sys.stderr)
-
-
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
     bind_this_rank()  # before TensorFlow or Horovod start a thread: they all inherit it
     _dump_stacks_on_signal()
-    if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
-        _report_strategy_created()
-        # fit's end would wait up to a minute for tf.data's autotuning thread (tf_datasets).
-        patch_on_import(tf_datasets.DEVICE_DATASETS_MODULE, tf_datasets.wrap_device_datasets)
-    elif os.environ.get(HVDFLOW_ENGINE) == _wire.TORCH:
-        _report_process_group_initialised()
-    else:
-        _report_init_reached()
+    rank_engine = engine(os.environ.get(HVDFLOW_ENGINE) or _wire.HOROVOD)
+    rank_engine.in_rank()  # reports when this rank has joined the job (start timeout)
     _task_context.install_in_rank(patch_on_import)
     with open(payload_path, "rb") as f:
         fn, kwargs = cloudpickle.load(f)
@@ -253,8 +106,8 @@ def main(argv: list[str]) -> int:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, result_path)
-    if os.environ.get(HVDFLOW_ENGINE) == _wire.TF_COLLECTIVE:
-        _wait_for_the_other_tf_workers()
+    if rank_engine.after_main is not None:
+        rank_engine.after_main()
     return 0
 
 

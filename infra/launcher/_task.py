@@ -14,7 +14,6 @@ driver for ``heartbeat_timeout_s`` kills its rank too (``_liveness``).
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
 import socket
@@ -33,14 +32,13 @@ from hvdflow.infra.constants import (
     HVDFLOW_EVENT_FD,
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
-    TF_CONFIG,
 )
 from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
+from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 from hvdflow.infra.launcher._task_context import TaskContextServer
 from hvdflow.infra.launcher.errors import RankFailed, rank_failed
-from hvdflow.infra.ports import unclaimed_port
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -242,10 +240,9 @@ def run_task(
             )
             env[HVDFLOW_ENGINE] = spec.engine
             ranks.append((slot, who, env, link))
-        if spec.engine == _wire.TF_COLLECTIVE:
-            _set_tf_configs(ranks, all_gather)
-        elif spec.engine == _wire.TORCH:
-            _set_torch_envs(ranks, all_gather, partition, len(task_hosts), spec.run_id)
+        task_env = engine(spec.engine).task_env
+        if task_env is not None:
+            task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
             return _supervise(slot.rank, who, env, spec, link, task_context)
@@ -273,52 +270,6 @@ def _rank_gpus(
     if spec.gpus_per_task is not None:
         return _placement.worker_gpus(spec.gpus_per_task[partition], gpu_addresses)
     return _placement.gpu_for_rank(index_in_task, gpu_addresses)
-
-
-def _set_tf_configs(ranks: list, all_gather: Callable[[str], list[str]] | None) -> None:
-    """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange)."""
-    if all_gather is None:
-        raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
-    mine = [
-        {"rank": slot.rank, "endpoint": f"{slot.hostname}:{_free_port(slot.hostname)}"}
-        for slot, *_ in ranks
-    ]
-    workers = [worker for message in all_gather(json.dumps(mine)) for worker in json.loads(message)]
-    for slot, _who, env, _link in ranks:
-        env[TF_CONFIG] = _placement.tf_config(workers, slot.rank)
-
-
-def _set_torch_envs(
-    ranks: list,
-    all_gather: Callable[[str], list[str]] | None,
-    partition: int,
-    task_count: int,
-    run_id: str,
-) -> None:
-    """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
-    (GROUP_RANK its partition), its ranks that node's local processes, and every rank meets at
-    the port rank 0's task reserved (one exchange, as pyspark's TorchDistributor does)."""
-    if all_gather is None:
-        raise RuntimeError("the torch engine needs the tasks' all_gather")
-    first = ranks[0][0]
-    master = ""
-    if first.rank == 0:
-        master = f"{first.hostname}:{_free_port(first.hostname)}"
-    master = next(m for m in all_gather(master) if m)
-    host, _, port = master.rpartition(":")
-    for index, (slot, _who, env, _link) in enumerate(ranks):
-        torchrun = _placement.torch_env(
-            slot,
-            local_rank=index,
-            local_world_size=len(ranks),
-            group_rank=partition,
-            group_world_size=task_count,
-            master_addr=host,
-            master_port=int(port),
-            run_id=run_id,
-        )
-        # The options' own choices (extra_env) win: a thread count, or the attempt's number.
-        env.update({name: value for name, value in torchrun.items() if name not in env})
 
 
 def _supervise_together(ranks: list, spec: TaskSpec) -> bytes | None:
@@ -518,16 +469,6 @@ def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
     if len(text) > _wire.MAX_STACKS_CHARS:
         text = text[: _wire.MAX_STACKS_CHARS] + "\n[... stacks truncated]"
     return text or "(it wrote no stacks: is it stuck outside Python, or are signals blocked?)"
-
-
-def _free_port(host: str) -> int:
-    """A port free on ``host`` now, for the rank's TensorFlow server to listen on.
-
-    The rank binds it a few seconds later. spark-tensorflow-distributor takes any port
-    ``bind(0)`` gives, from the range outgoing connections use too, so one may take it first
-    ("Could not start gRPC server"); this one is from below that range (``infra.ports``).
-    """
-    return unclaimed_port(host)
 
 
 def _resolve(hostname: str) -> str | None:

@@ -111,7 +111,7 @@ def install_in_rank(patch_on_import) -> None:
     """In the rank: serve ``BarrierTaskContext.get()`` where the task passed a context.
 
     ``patch_on_import(module_name, patch)`` runs ``patch(module)`` when the module is first
-    imported (``_rank._PatchOnImport``), so pyspark is loaded only by code that uses it.
+    imported (``_patching.patch_on_import``), so pyspark is loaded only by code that uses it.
     """
     fd = os.environ.get(HVDFLOW_TASK_CONTEXT_FD)
     info = os.environ.get(HVDFLOW_TASK_CONTEXT)

@@ -37,12 +37,12 @@ from typing import Any, Literal
 import cloudpickle
 
 from hvdflow.infra import extras
-from hvdflow.infra.constants import HOROVOD
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _stall, _wire
 from hvdflow.infra.launcher._channel import DriverChannel
 from hvdflow.infra.launcher._decisions import error_line
 from hvdflow.infra.launcher._encryption import refuse_unencrypted
+from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._payload import pickle_payload
 from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, split_evenly
 from hvdflow.infra.launcher._runlog import RunLog
@@ -155,15 +155,17 @@ class HorovodRunner:
 
     @property
     def _uses_horovod(self) -> bool:
-        return self.options.engine == HOROVOD
+        """Whether the driver serves Horovod's rendezvous (the engine's row says)."""
+        return engine(self.options.engine).rendezvous
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
         payload = pickle_payload(main, kwargs)
-        if self._uses_horovod:
+        needs = engine(self.options.engine).extra
+        if needs is not None:
             extras.require(
-                extras.HOROVOD,
-                f"{self._name()} with engine='horovod'",
+                needs,
+                f"{self._name()} with engine={self.options.engine!r}",
                 "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
                 "MultiWorkerMirroredStrategy)",
             )

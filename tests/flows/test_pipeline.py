@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from hvdflow.flows.pipeline import PipelineParams, pipeline, profile_lines, throughput_lines
-from hvdflow.infra.launcher._decisions import START_POINTS
+from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from hvdflow.tasks.config import default_engine
 from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
@@ -59,7 +59,7 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
     # after preprocessing and staging finished. The engine is the profile's default.
     failed = pipeline(params(tmp_path, start_timeout_s=0.5), return_state=True)
     assert failed.is_failed()
-    start = START_POINTS[default_engine()]
+    start = engine(default_engine()).start_point
     assert f"did not reach {start} within 0.5 s" in str(failed.result(raise_on_failure=False))
     assert wait_for_no_ranks() == []
 

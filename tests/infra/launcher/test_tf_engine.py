@@ -125,8 +125,8 @@ def test_a_tf_worker_reports_its_start_when_it_creates_the_strategy_and_not_befo
     # The start timeout ends when the strategy exists; TensorFlow loads when main asks for it.
     code = (
         "import sys\n"
-        "from hvdflow.infra.launcher import _rank\n"
-        "_rank._report_strategy_created()\n"
+        "from hvdflow.infra.launcher import _engines\n"
+        "_engines._report_strategy_created()\n"
         "print('tensorflow loaded:', 'tensorflow' in sys.modules, flush=True)\n"
         "import tensorflow as tf\n"
         "tf.distribute.MultiWorkerMirroredStrategy()\n"
