@@ -1,6 +1,7 @@
-"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: the
-pipeline ends with a champion, both ranks' output is in the run's log, and the champion scores
-the images (its model shipped to the executors as a Connect artifact). Current profile only
+"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: rank 1
+SIGKILLed in epoch 2 is named and the training runs again from its checkpoint, the pipeline
+ends with a champion, both ranks' output is in the run's log, and the champion scores the
+images (its model shipped to the executors as a Connect artifact). Current profile only
 (Connect's client needs protobuf 5 or newer, which the classic profile's TensorFlow caps
 below)."""
 
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from tests.connect_client import connect_client_problem, path_without_java
+from tests.helpers import rank_processes, wait_for_no_ranks
 
 pytestmark = [
     pytest.mark.slow,
@@ -24,6 +27,15 @@ pytestmark = [
         "runs in `make test-current`",
     ),
 ]
+
+
+def kill_rank(rank: int) -> bool:
+    """SIGKILL this session's rank ``rank`` (started by the Connect server's executors)."""
+    for proc in rank_processes():
+        if proc.environ().get("HOROVOD_RANK") == str(rank):
+            proc.send_signal(signal.SIGKILL)
+            return True
+    return False
 
 
 def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
@@ -40,36 +52,51 @@ def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
         if k not in ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "JAVA_HOME")
     }
     env.update(HVDFLOW_HOME=str(home), PATH=path_without_java(tmp_path / "bin"))
+
+    def hvdflow(*argv: str, kill_rank_1_at: str | None = None) -> str:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hvdflow.flows.cli", *argv]
+            + ["--spark-master", connect_server.url],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        lines, killed = [], False
+        try:
+            for line in process.stdout:
+                lines.append(line)
+                if kill_rank_1_at and not killed and kill_rank_1_at in line:
+                    killed = kill_rank(1)
+            process.wait(timeout=900)
+        finally:
+            process.kill()
+        out = "".join(lines)
+        assert process.returncode == 0, out[-4000:]
+        assert killed or not kill_rank_1_at, "rank 1 was never found to kill"
+        return out
+
     try:
-
-        def hvdflow(*argv: str) -> str:
-            done = subprocess.run(
-                [sys.executable, "-m", "hvdflow.flows.cli", *argv]
-                + ["--spark-master", connect_server.url],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            out = done.stdout + done.stderr
-            assert done.returncode == 0, out[-4000:]
-            return out
-
-        out = hvdflow("run", "--np", "2", "--params", '{"training": {"epochs": 1}}')
+        params = '{"training": {"epochs": 3}}'
+        out = hvdflow("run", "--np", "2", "--params", params, kill_rank_1_at="Epoch 2/3")
         assert "java" not in os.listdir(tmp_path / "bin")
-        # Progress lines from Connect's progress handler (no status tracker there).
-        assert re.search(r"Spark stage \d+ \(through Spark Connect\): \d+/\d+ tasks", out)
+        assert re.search(r"training attempt 1 of 3 failed \(.*rank 1 .*SIGKILL", out), out[-4000:]
+        assert re.search(r"resuming after epoch [12]\b", out)
 
         client = MlflowClient(LocalServices(home).urls()["mlflow"])
         champion = client.get_model_version_by_alias("hvdflow-classifier", "champion")
         assert champion.version == "1"
-        (log,) = (home / "logs" / "runs").glob("*/driver.log")
-        text = log.read_text()
+        run = client.get_run(champion.run_id)
+        assert run.data.metrics["training_attempts"] == 2
+        logs = sorted((home / "logs" / "runs").glob("*/driver.log"))
+        assert len(logs) == 2  # one per attempt
+        text = logs[-1].read_text()
         assert "[1,0]<" in text and "[1,1]<" in text
 
         scored = hvdflow("score", "--input", str(home / "data" / "digits"))
         assert re.search(r"1797 images scored into .*, 0 quarantined", scored), scored[-3000:]
+        assert wait_for_no_ranks() == []
     finally:
         subprocess.run(
             [sys.executable, "-m", "hvdflow.flows.cli", "down"], env=env, timeout=120, check=False

@@ -8,6 +8,8 @@ the current profile (`make test-current`)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.connect_client import connect_client_problem, run_client
@@ -113,3 +115,36 @@ except RankFailed as e:
     )
     assert "rank 1" in answer["error"].splitlines()[0], answer["error"]
     assert "rank one cannot go on" in answer["error"]
+
+
+def test_a_long_stage_is_logged_from_connects_progress_handler(connect_server):
+    answer = run_client(
+        connect_server,
+        SESSION
+        + """
+import time
+from hvdflow.infra.spark import SparkProgress
+
+class Lines:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, fmt, *args):
+        self.lines.append(fmt % args)
+
+def slow(batches):
+    import time
+    for batch in batches:
+        time.sleep(1.5)
+        yield batch
+
+log = Lines()
+with SparkProgress(spark, log, every_s=0.3):
+    spark.range(0, 6, 1, numPartitions=6).mapInArrow(slow, "id long").collect()
+    time.sleep(1.0)  # one more look after the stage
+answer(log.lines)
+""",
+    )
+    assert any(
+        re.match(r"Spark stage \d+ \(through Spark Connect\): \d+/6 tasks", line) for line in answer
+    ), answer
