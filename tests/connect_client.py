@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 # What a client script prints last: one JSON line, the test's answer.
 ANSWER = "ANSWER "
 
@@ -69,3 +71,11 @@ def path_without_java(folder) -> str:
                 continue
             link.symlink_to(os.path.join(directory, name))
     return str(folder)
+
+
+# Tests that need Connect's client: skipped in the classic profile, run by `make test-current`.
+needs_connect_client = pytest.mark.skipif(
+    connect_client_problem() is not None,
+    reason=f"no Spark Connect client in this profile ({connect_client_problem()}): runs in "
+    "`make test-current`",
+)

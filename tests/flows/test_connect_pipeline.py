@@ -15,17 +15,13 @@ import sys
 
 import pytest
 
-from tests.connect_client import connect_client_problem, path_without_java
+from tests.connect_client import needs_connect_client, path_without_java
 from tests.helpers import rank_processes, wait_for_no_ranks
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.current,
-    pytest.mark.skipif(
-        connect_client_problem() is not None,
-        reason=f"no Spark Connect client in this profile ({connect_client_problem()}): "
-        "runs in `make test-current`",
-    ),
+    needs_connect_client,
 ]
 
 

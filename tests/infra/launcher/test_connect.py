@@ -12,16 +12,12 @@ import re
 
 import pytest
 
-from tests.connect_client import connect_client_problem, run_client
+from tests.connect_client import needs_connect_client, run_client
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.current,
-    pytest.mark.skipif(
-        connect_client_problem() is not None,
-        reason=f"no Spark Connect client in this profile ({connect_client_problem()}): "
-        "runs in `make test-current`",
-    ),
+    needs_connect_client,
 ]
 
 SESSION = """
