@@ -30,7 +30,8 @@ DESCRIPTIONS = {
     "input": "the images: a folder of class sub-folders, MNIST IDX files, or s3://bucket/prefix "
     "(empty: the bundled digits)",
     "input_format": "folders, mnist_idx or digits (empty: digits, the bundled set)",
-    "spark_master": "the Spark master URL (empty: $HVDFLOW_SPARK_MASTER, else local[N])",
+    "spark_master": "the Spark master URL, or a Spark Connect URL sc://host:15002 (empty: "
+    "$HVDFLOW_SPARK_MASTER, else $SPARK_REMOTE, else local[N])",
     NESTED_FIELD: 'any other parameter as nested JSON, e.g. {"training": {"batch_size": 64}}',
 }
 
