@@ -127,7 +127,13 @@ def _image_inputs(params: BenchParams) -> tuple[dict, dict]:
     if training.weights_source:
         # As in the paper's fix for "too many requests": fetch once, ranks read the bucket.
 
-        staged = stage_weights_for(training.model, training.weights_source, dataset, storage)
+        staged = stage_weights_for(
+            training.model,
+            training.weights_source,
+            dataset,
+            storage,
+            spark_master=params.launcher.spark_master,
+        )
     # The study times every condition to its end and reports the accuracy it reached: no
     # condition stops early or is judged (and nothing is registered).
     spec = training_spec(training, dataset, staged).replace(chance_margin=None)

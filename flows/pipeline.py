@@ -42,7 +42,11 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
         if weights_wanted(params.training):
             # A reference (env:NAME, secret:block-name) is resolved inside the task, on the driver.
             weights = stage_weights_for(
-                params.training.model, params.training.weights_source, dataset, storage
+                params.training.model,
+                params.training.weights_source,
+                dataset,
+                storage,
+                spark_master=master,
             )
         train = train_step.with_options(result_storage=storage)
         result = train(params.train_config(), dataset, weights, uri, master)

@@ -103,7 +103,8 @@ def stage_weights(params: dict, dataset: dict) -> dict | None:
         logger.info("no weights to stage: %s trains from its seeded start", training.model)
         return None
     config, inputs = ObjectStoreConfig.from_env(), staging_inputs(_manifest(dataset))
-    staged = stage_into(config, training.model, training.weights_source, *inputs)
+    master = _pipeline(params).launcher.spark_master
+    staged = stage_into(config, training.model, training.weights_source, *inputs, master)
     logger.info("weights for %s at %s (sha256 %s)", staged.model, staged.uri, staged.sha256[:12])
     return dataclasses.asdict(staged)
 

@@ -55,16 +55,22 @@ def stage_weights_step(
     store: ObjectStoreConfig,
     input_shape: tuple[int, ...],
     num_classes: int,
+    spark_master: str | None = None,
 ) -> StagedWeights:
     # ``source`` may be a reference: stage_weights resolves it, here on the driver, and records
-    # only the redacted URL.
-    staged = stage_into(store, model, source, input_shape, num_classes)
+    # only the redacted URL. Through Spark Connect the offline build runs on an executor.
+    staged = stage_into(store, model, source, input_shape, num_classes, spark_master)
     get_run_logger().info("weights for %s at %s (sha256 %s)", model, staged.uri, staged.sha256[:12])
     return staged
 
 
 def stage_weights_for(
-    model: str, source: str, dataset: DatasetManifest, result_storage=None
+    model: str,
+    source: str,
+    dataset: DatasetManifest,
+    result_storage=None,
+    *,
+    spark_master: str | None = None,
 ) -> StagedWeights:
     """Stage ``model``'s weights built for ``dataset``'s image shape and classes (the task).
 
@@ -73,7 +79,7 @@ def stage_weights_for(
     to the ranks to fail their checksum on.
     """
     store = ObjectStoreConfig.from_env()
-    args = (model, source, store, *staging_inputs(dataset))
+    args = (model, source, store, *staging_inputs(dataset), spark_master)
     step = stage_weights_step.with_options(result_storage=result_storage)
     staged = step(*args)
     if not is_intact(ObjectStore(store), staged):

@@ -24,6 +24,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
+from hvdflow.infra._env import temporary_env
+from hvdflow.infra.connect import is_connect_url
+from hvdflow.infra.constants import FORWARDED_TO_RANKS
 from hvdflow.infra.progress import ByteProgress, human_bytes
 from hvdflow.infra.secrets import resolve, split_userinfo
 from hvdflow.infra.storage.locks import cache_root, machine_lock
@@ -235,10 +238,56 @@ def staging_inputs(dataset) -> tuple[tuple[int, ...], int]:
 
 
 def stage_into(
-    config: ObjectStoreConfig, model: str, source: str, input_shape, num_classes: int
+    config: ObjectStoreConfig,
+    model: str,
+    source: str,
+    input_shape,
+    num_classes: int,
+    spark_master: str | None = None,
 ) -> StagedWeights:
     """``stage_weights`` into the bucket of ``config`` (made if missing): each face's staging
-    step, whatever caches or retries it adds around it."""
+    step, whatever caches or retries it adds around it.
+
+    Where the Spark is reached through Spark Connect (``spark_master``, else the default master,
+    is an ``sc://`` URL), the offline build (``keras:weights=None``) runs in a Spark task
+    instead: the orchestrator's worker then needs no TensorFlow (``_stage_on_executor``).
+    """
+    if source == OFFLINE_SOURCE and is_connect_url(spark_master or _default_master()):
+        return _stage_on_executor(config, model, input_shape, num_classes, spark_master)
     store = ObjectStore(config)
     store.ensure_bucket()
     return stage_weights(model, source, store, input_shape, num_classes)
+
+
+def _default_master() -> str:
+    from hvdflow.infra.spark import default_master  # noqa: PLC0415 (lazy: it loads Spark)
+
+    return default_master()
+
+
+def _stage_on_executor(
+    config: ObjectStoreConfig, model: str, input_shape, num_classes: int, spark_master
+) -> StagedWeights:
+    """``stage_into`` of the offline build, in one Spark task. The executor gets the driver's
+    object-store variables (``FORWARDED_TO_RANKS``, as ranks do: in the task's closure, never
+    logged) and answers with the ``StagedWeights`` record; the weights go straight to the
+    bucket."""
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.infra.spark_map import map_slices  # noqa: PLC0415 (lazy: it loads Spark)
+
+    env = {k: os.environ[k] for k in FORWARDED_TO_RANKS if k in os.environ}
+    logger.info("building %s's initial weights in a Spark task (Spark Connect)", model)
+    (staged,) = map_slices(
+        get_spark(spark_master),
+        [(config, model, input_shape, num_classes, env)],
+        _stage_slices,
+        f"hvdflow: building {model}'s initial weights",
+    )
+    return staged
+
+
+def _stage_slices(slices):
+    """``map_slices``' function on the executor: stage each (config, model, shape, classes, env)."""
+    for config, model, input_shape, num_classes, env in slices:
+        with temporary_env(env):
+            yield stage_into(config, model, OFFLINE_SOURCE, input_shape, num_classes, "local")

@@ -1,4 +1,5 @@
-"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: rank 1
+"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: the
+flow's process loads no TensorFlow (the initial weights are built on an executor), rank 1
 SIGKILLed in epoch 2 is named and the training runs again from its checkpoint, the pipeline
 ends with a champion, both ranks' output is in the run's log, and the champion scores the
 images (its model shipped to the executors as a Connect artifact). Current profile only
@@ -23,6 +24,18 @@ pytestmark = [
     pytest.mark.current,
     needs_connect_client,
 ]
+
+
+# `hvdflow` as the command line runs it, saying at exit which frameworks its process loaded.
+CLI_SAYING_WHAT_LOADED = """
+import atexit, sys
+def loaded():
+    found = sorted(m for m in ("tensorflow", "torch") if m in sys.modules)
+    print("frameworks loaded in the flow's process:", found or "none", flush=True)
+atexit.register(loaded)
+from hvdflow.flows.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 def kill_rank(rank: int) -> bool:
@@ -51,7 +64,7 @@ def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
 
     def hvdflow(*argv: str, kill_rank_1_at: str | None = None) -> str:
         process = subprocess.Popen(
-            [sys.executable, "-m", "hvdflow.flows.cli", *argv]
+            [sys.executable, "-c", CLI_SAYING_WHAT_LOADED, *argv]
             + ["--spark-master", connect_server.url],
             env=env,
             cwd=tmp_path,
@@ -77,6 +90,9 @@ def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
         params = '{"training": {"epochs": 3}}'
         out = hvdflow("run", "--np", "2", "--params", params, kill_rank_1_at="Epoch 2/3")
         assert "java" not in os.listdir(tmp_path / "bin")
+        # The default weights (built offline) were built by an executor: no TensorFlow here.
+        assert "initial weights in a Spark task (Spark Connect)" in out
+        assert "frameworks loaded in the flow's process: none" in out
         assert re.search(r"training attempt 1 of 3 failed \(.*rank 1 .*SIGKILL", out), out[-4000:]
         assert re.search(r"resuming after epoch [12]\b", out)
 
