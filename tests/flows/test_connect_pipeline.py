@@ -1,5 +1,5 @@
-"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: the
-flow's process loads no TensorFlow (the initial weights are built on an executor), rank 1
+"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: their
+processes load no TensorFlow or torch (the initial weights are built on an executor), rank 1
 SIGKILLed in epoch 2 is named and the training runs again from its checkpoint, the pipeline
 ends with a champion, both ranks' output is in the run's log, and the champion scores the
 images (its model shipped to the executors as a Connect artifact). Current profile only
@@ -108,6 +108,7 @@ def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
 
         scored = hvdflow("score", "--input", str(home / "data" / "digits"))
         assert re.search(r"1797 images scored into .*, 0 quarantined", scored), scored[-3000:]
+        assert "frameworks loaded in the flow's process: none" in scored
         assert wait_for_no_ranks() == []
     finally:
         subprocess.run(
