@@ -254,6 +254,13 @@ def stage_into(
     """
     if source == OFFLINE_SOURCE and is_connect_url(spark_master or _default_master()):
         return _stage_on_executor(config, model, input_shape, num_classes, spark_master)
+    return _stage_here(config, model, source, input_shape, num_classes)
+
+
+def _stage_here(
+    config: ObjectStoreConfig, model: str, source: str, input_shape, num_classes: int
+) -> StagedWeights:
+    """``stage_weights`` in this process, into the bucket of ``config`` (made if missing)."""
     store = ObjectStore(config)
     store.ensure_bucket()
     return stage_weights(model, source, store, input_shape, num_classes)
@@ -290,4 +297,4 @@ def _stage_slices(slices):
     """``map_slices``' function on the executor: stage each (config, model, shape, classes, env)."""
     for config, model, input_shape, num_classes, env in slices:
         with temporary_env(env):
-            yield stage_into(config, model, OFFLINE_SOURCE, input_shape, num_classes, "local")
+            yield _stage_here(config, model, OFFLINE_SOURCE, input_shape, num_classes)
