@@ -204,7 +204,8 @@ class TrainingParams(BaseModel):
         models = row.model_names()
         if models is not None and self.model not in models:
             raise ValueError(
-                f"{asked} with model {self.model!r}: {row.label} trains {' or '.join(models)}; "
+                f"{asked} with model {self.model!r}: {row.label} trains "
+                f"{', '.join(models[:-1])} or {models[-1]}; "
                 f"train {self.model} with framework {DEFAULT_FRAMEWORK!r}"
             )
         for name in row.refuses:

@@ -25,6 +25,7 @@ from hvdflow.infra import extras
 from hvdflow.infra.storage.access import s3_endpoint
 from hvdflow.training import parquet_reader
 from hvdflow.training.autograph import run_petastorm_unconverted
+from hvdflow.training.synthetic import is_synthetic, synthetic_shard
 
 # Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: every rank's reader printed
 # the same dozen FutureWarnings per attempt (most of the ranks' log at np=8, BENCHMARKS.md,
@@ -96,7 +97,10 @@ def load_shard(
     reader: Reader | None = None,
 ):
     """This rank's whole shard as numpy arrays, one per field, in the stored order; the same
-    arrays with either ``reader``."""
+    arrays with either ``reader``. A ``synthetic:`` URL (``training.synthetic``) is answered
+    from memory."""
+    if is_synthetic(url):
+        return synthetic_shard(url, rank=rank, size=size, fields=tuple(fields))
     reader = _checked_reader(reader)
     if reader == "pyarrow":
         return parquet_reader.load_shard(url, rank=rank, size=size, fields=tuple(fields))
@@ -209,9 +213,11 @@ def open_dataset(
     (``normalize=True``), labels as int32. ``in_memory``: load the shard once (``load_shard``)
     and serve it from memory, reshuffled every epoch. ``reader``: Petastorm's, or pyarrow's
     (``hvdflow.training.parquet_reader``), which needs no Petastorm and unpickles nothing.
+    A ``synthetic:`` split is always served from memory.
     """
     import tensorflow as tf
 
+    in_memory = in_memory or is_synthetic(url)
     reader = _checked_reader(reader)
     # Our map functions are graph code as written (their one branch tests a static shape).
     as_written = tf.autograph.experimental.do_not_convert

@@ -5,7 +5,9 @@ batch) as the Keras ones, so a run's parameters mean the same under either frame
 module takes torch's ``(batch, channels, height, width)`` float images in [0, 1]
 (``torch_images`` makes them from the stored ones) and returns logits (Keras' models end in a
 softmax; torch's cross-entropy takes logits).
-Only the models that need no pretrained base: the paper's MNIST CNN and the digits MLP.
+The paper's MNIST CNN, the digits MLP, and VGG16 as ``keras.applications`` builds it without
+its top (the paper's Caltech101 network; from random initial weights: nothing is staged for
+torch, so no ImageNet base, as ``weights_source: "keras:weights=None"``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from __future__ import annotations
 from hvdflow.training.models import model_input_shape
 from hvdflow.training.optimizers import SGD_MOMENTUM
 
-TORCH_MODELS = ("digits_mlp", "mnist_cnn")
+TORCH_MODELS = ("digits_mlp", "mnist_cnn", "vgg16")
+# keras.applications.VGG16's convolutions: channels of each 3x3 layer, "M" a 2x2 max pool.
+_VGG16_LAYERS = (
+    *(64, 64, "M", 128, 128, "M"),
+    *(256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"),
+)
 
 
 def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None = None):
@@ -22,7 +29,8 @@ def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None
     if key not in TORCH_MODELS:
         raise ValueError(
             f"model {name!r} has no PyTorch version: training.framework 'torch' trains "
-            f"{' or '.join(TORCH_MODELS)}; the others train with framework 'tensorflow'"
+            f"{', '.join(TORCH_MODELS[:-1])} or {TORCH_MODELS[-1]}; the others train with "
+            "framework 'tensorflow'"
         )
     import torch
 
@@ -37,6 +45,9 @@ def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None
             nn.ReLU(),
             nn.Linear(32, num_classes),
         ]
+    elif key == "vgg16":
+        layers = [*_vgg16_features(channels), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        layers.append(nn.Linear(512, num_classes))  # pooling="avg", then the new head
     else:  # mnist_cnn: Databricks' HorovodRunner example, as training.models builds it
         flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)
         layers = [
@@ -53,6 +64,19 @@ def build_torch_model(name: str, input_shape, num_classes: int, seed: int | None
             nn.Linear(128, num_classes),
         ]
     return nn.Sequential(*layers)
+
+
+def _vgg16_features(channels: int) -> list:
+    import torch
+
+    nn, layers = torch.nn, []
+    for width in _VGG16_LAYERS:
+        if width == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU()]
+            channels = width
+    return layers
 
 
 def torch_images(images):

@@ -48,8 +48,9 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
     import torch.distributed as dist
 
     distributed = spec.use_horovod and "WORLD_SIZE" in os.environ
+    device = rank_device()
     if distributed:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank() if distributed else 0
     size = dist.get_world_size() if distributed else 1
     # The launcher sets OMP_NUM_THREADS to the rank's share of its host; alone, every core.
@@ -74,16 +75,21 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
             f"{plan.describe()}; PyTorch {torch.__version__}"
         )
     model = build_torch_model(spec.model_name, data.input_shape, data.num_classes, seed=spec.seed)
+    model.to(device)  # before the optimizer: its state lives where the parameters do
     optimizer = make_torch_optimizer(opt.name, model.parameters(), plan.base)
     checkpoints, resumed = _resume(spec, model, optimizer, rank)
-    network = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    network = model
+    if distributed:
+        ids = [device.index] if device.type == "cuda" else None
+        network = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
+    # The shard stays in host memory (pinned on a GPU host); each batch is copied over.
     images, labels = load_shard(data.train_url, rank=rank, size=size, reader="pyarrow")
-    train_x, train_y = torch_images(images), torch.from_numpy(labels.astype(np.int64))
+    train_x, train_y = _host_tensors(images, labels, device)
     val_x = val_y = None
     if data.val_rows:
         images, labels = load_shard(data.val_url, rank=rank, size=size, reader="pyarrow")
-        val_x, val_y = torch_images(images), torch.from_numpy(labels.astype(np.int64))
+        val_x, val_y = _host_tensors(images, labels, device)
 
     history = {k: list(v) for k, v in (resumed.history if resumed else {}).items()}
     epoch_times = list(resumed.epoch_times) if resumed else []
@@ -100,7 +106,7 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
         )
         if val_x is not None:
             logs.update(_evaluate(network, val_x, val_y))
-        logs = _summed_over_ranks(logs, distributed)
+        logs = _summed_over_ranks(logs, distributed, device)
         took = time.perf_counter() - began
         logs["lr"] = plan.at_step((epoch + 1) * steps - 1)
         logs["epoch_time_s"] = took
@@ -128,6 +134,7 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
         dist.destroy_process_group()
 
     def log_model():
+        model.to("cpu")  # registry consumers load it on whatever they have
         example = (val_x if val_x is not None else train_x)[:4].permute(0, 2, 3, 1).numpy()
         return _log_model(model, example, spec)
 
@@ -180,11 +187,33 @@ def _log_model(model, example: np.ndarray, spec: TrainSpec) -> tuple[str | None,
     return (str(version) if version is not None else None), evaluation
 
 
+def rank_device():
+    """This rank's GPU where it has one (the ``LOCAL_RANK``-th of those it sees, as torchrun
+    and the launcher's torch engine number them), else the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _host_tensors(images, labels, device):
+    import torch
+
+    x, y = torch_images(images), torch.from_numpy(labels.astype(np.int64))
+    if device.type == "cuda":  # pinned: the copy of each batch runs beside the computation
+        x, y = x.pin_memory(), y.pin_memory()
+    return x, y
+
+
 def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: int, seed: int):
     """One epoch of ``steps`` batches from this rank's shard, in an order seeded by the epoch;
     the sums of loss and correct predictions over the images trained, and their count."""
     import torch
 
+    device = next(network.parameters()).device
     network.train()
     order = np.random.default_rng((seed, epoch)).permutation(len(y))
     # A shard a little smaller than the average still gives every rank the same steps.
@@ -192,7 +221,8 @@ def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: 
     loss_sum, correct = 0.0, 0
     for step in range(steps):
         rows = torch.from_numpy(order[step * batch : (step + 1) * batch])
-        images, labels = x[rows], y[rows]
+        images = x[rows].to(device, non_blocking=True)
+        labels = y[rows].to(device, non_blocking=True)
         for group in optimizer.param_groups:
             group["lr"] = plan.at_step(epoch * steps + step)
         report_progress(epoch * steps + step + 1, epoch * steps + step)
@@ -214,24 +244,27 @@ def _evaluate(network, x, y, batch: int = 1024) -> dict[str, float]:
     network.eval()
     loss_sum, correct = 0.0, 0
     module = getattr(network, "module", network)  # no gradient sync to wait for here
+    device = next(module.parameters()).device
     with torch.no_grad():
         for start in range(0, len(y), batch):
-            logits = module(x[start : start + batch])
-            labels = y[start : start + batch]
+            logits = module(x[start : start + batch].to(device, non_blocking=True))
+            labels = y[start : start + batch].to(device, non_blocking=True)
             loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
             correct += int((logits.argmax(1) == labels).sum())
     return {"val_loss": loss_sum, "val_accuracy": float(correct), "val_count": float(len(y))}
 
 
-def _summed_over_ranks(sums: dict[str, float], distributed: bool) -> dict[str, float]:
+def _summed_over_ranks(sums: dict[str, float], distributed: bool, device) -> dict[str, float]:
     """The epoch's metrics over every rank's images: the sums added up, then divided."""
     import torch
     import torch.distributed as dist
 
     keys = sorted(sums)
     values = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-    if distributed:
+    if distributed:  # on the rank's device: NCCL reduces GPU tensors only
+        values = values.to(device)
         dist.all_reduce(values)
+        values = values.cpu()
     total = dict(zip(keys, values.tolist(), strict=True))
     logs = {
         "loss": total["loss"] / total["count"],
@@ -275,7 +308,9 @@ class _TorchCheckpoint:
     def read(self, prefix: str):
         import torch
 
-        state = torch.load(os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE))
+        device = next(self.model.parameters()).device  # written on a GPU, read anywhere
+        path = os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE)
+        state = torch.load(path, map_location=device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         return self

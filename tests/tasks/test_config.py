@@ -226,8 +226,8 @@ def test_framework_torch_refuses_what_only_tensorflow_does():
     if not extras.installed(extras.TORCH):
         pytest.skip("torch is not installed here (the classic profile checks this)")
     assert TrainingParams(framework="torch", model="mnist_cnn").global_batch  # the recipe's
-    with pytest.raises(ValidationError, match="PyTorch trains digits_mlp or mnist_cnn"):
-        TrainingParams(framework="torch", model="vgg16")
+    with pytest.raises(ValidationError, match="PyTorch trains digits_mlp, mnist_cnn or vgg16"):
+        TrainingParams(framework="torch", model="inceptionv3")
     for name, value in (("mixed_precision", True), ("eval_every", 0.1)):
         with pytest.raises(ValidationError, match=f"training.{name} is not for PyTorch"):
             TrainingParams(framework="torch", **{name: value})

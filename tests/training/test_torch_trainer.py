@@ -28,8 +28,17 @@ def _needs_torch():
 
 @pytest.mark.unit
 def test_a_model_without_a_torch_version_is_refused_by_name():
-    with pytest.raises(ValueError, match="model 'vgg16' has no PyTorch version"):
-        build_torch_model("vgg16", (224, 224, 3), 10)
+    with pytest.raises(ValueError, match="model 'inceptionv3' has no PyTorch version"):
+        build_torch_model("inceptionv3", (299, 299, 3), 10)
+
+
+@pytest.mark.unit
+def test_vgg16_in_torch_has_the_keras_networks_weights_and_pools_any_image_size():
+    torch = pytest.importorskip("torch", reason="torch is not installed (the classic profile)")
+    network = build_torch_model("vgg16", (32, 32, 3), 101, seed=0)
+    # keras.applications.VGG16(include_top=False): 14,714,688 weights; the head 512 x 101 + 101.
+    assert sum(p.numel() for p in network.parameters()) == 14_714_688 + 512 * 101 + 101
+    assert network(torch.zeros(2, 3, 32, 32)).shape == (2, 101)
 
 
 def _run(spec, np: int, **options):
