@@ -198,7 +198,7 @@ def measure(
     from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: a tenth of a second of imports)
 
     c = parse_condition(condition)
-    kwargs = dict(train_kwargs)
+    kwargs = seeded_for(trainer, train_kwargs, repetition)
     lines: list[LogLine] = []
     launched = time.time()  # the clock LogLine.time reads
     started = time.perf_counter()
@@ -274,6 +274,17 @@ def with_options(trainer: str, kwargs: dict, **options) -> dict:
         spec = spec if isinstance(spec, TrainSpec) else TrainSpec.from_dict(spec)
         return {"spec": spec.replace(**options)}
     return {**kwargs, **{k: v for k, v in options.items() if k == "use_horovod"}}
+
+
+def seeded_for(trainer: str, kwargs: dict, repetition: int) -> dict:
+    """``kwargs`` for repetition ``repetition`` (from 0): MLPerf Training's rule, each repetition
+    its own seed (the study's seed plus the repetition: initial weights, shuffling, the
+    evaluation subset), the same for every condition within it. Repetitions with one seed
+    would all cross the target after the same images and sample the machine, not the training."""
+    if trainer == "classifier":
+        spec = with_options(trainer, kwargs)["spec"]
+        return {"spec": spec.replace(seed=spec.seed + repetition)}
+    return {**kwargs, "seed": kwargs.get("seed", 0) + repetition}
 
 
 def to_json(trainer: str, kwargs: dict) -> str:

@@ -4,10 +4,13 @@ The summary table (``bench.stats``) gives each condition's mean time to the targ
 hide a repetition where np=2 got there later than np=1 (BENCHMARKS.md, "Time to accuracy in
 every repetition"), so this table pairs the conditions by repetition: repetitions run
 interleaved (every condition once per round), and round r of a condition is compared with round
-r of the reference. It gives each repetition's time, the median and its ratio to the
-reference's median, in how many rounds the condition got there first, the images it trained
-until then, and its final val_accuracy against the reference's. With evaluations every few steps
-(``eval_every``), it also says what share of the training time they took.
+r of the reference. It gives each repetition's time, MLPerf Training's figure (the mean after
+dropping the fastest and the slowest repetition), the median and its ratio to the reference's
+median, in how many rounds the condition got there first, the images it trained until then, and
+its final val_accuracy against the reference's. With evaluations every few steps
+(``eval_every``), it also says what share of the training time they took. Each repetition trains
+with its own seed (``bench.conditions.seeded_for``), so the rounds sample the training's noise,
+not only the machine's.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def rows(
         runs = rounds.get(condition, {})
         times = {r: m.seconds_to(target) for r, m in sorted(runs.items())}
         reached = [t for t in times.values() if t is not None]
-        median = _median(reached) if len(reached) == len(times) else None
+        every = len(reached) == len(times)
+        median = _median(reached) if every else None
         paired = [r for r in times if r in ref_times and condition != reference]
         first = sum(
             1
@@ -55,6 +59,7 @@ def rows(
             {
                 "condition": condition,
                 "times_s": list(times.values()),
+                "trimmed_mean_s": trimmed_mean(reached) if every else None,
                 "median_s": median,
                 "median_vs_reference": (
                     median / ref_median
@@ -83,16 +88,17 @@ def markdown(table: list[dict], target: float, reference: str) -> str:
         return "n/a" if value is None else format(value, spec) + suffix
 
     lines = [
-        f"| condition | time to {target:g} per repetition (s) | median (s) "
+        f"| condition | time to {target:g} per repetition (s) | trimmed mean (s) | median (s) "
         f"| median vs {reference} | first in (rounds vs {reference}) | images to target "
         f"| final val_accuracy | vs {reference} (points) | evaluations' share of training |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         times = ", ".join("not reached" if t is None else f"{t:.1f}" for t in r["times_s"])
         first = f"{r['first_in']}/{r['paired_rounds']}" if r["paired_rounds"] else "-"
         lines.append(
-            f"| {r['condition']} | {times} | {fmt(r['median_s'], '.1f')} "
+            f"| {r['condition']} | {times} | {fmt(r['trimmed_mean_s'], '.1f')} "
+            f"| {fmt(r['median_s'], '.1f')} "
             f"| {fmt(r['median_vs_reference'], '.2f', 'x')} | {first} "
             f"| {fmt(r['images_to_target'], '.0f')} | {fmt(r['final_val_accuracy'], '.4f')} "
             f"| {fmt(r['final_vs_reference_points'], '+.2f')} "
@@ -142,6 +148,26 @@ def plot_curves(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def trimmed_mean(values: list[float]) -> float | None:
+    """MLPerf Training's score of a set of runs: the mean once the fastest and the slowest are
+    dropped (from 3 runs on; fewer: the plain mean)."""
+    if not values:
+        return None
+    kept = sorted(values)[1:-1] if len(values) >= 3 else values
+    return statistics.mean(kept)
+
+
+def evaluation_metrics(measurements: list[Measurement]):
+    """The interval evaluations as MLflow metrics, ``(key, value, step)``: per condition and
+    round, the validation accuracy and the seconds since its launch, at the step of the images
+    trained (comparable across conditions whatever their batch)."""
+    for m in measurements:
+        prefix = f"{m.condition}_r{m.repetition + 1}"
+        for seconds, images, accuracy, _took in m.evaluations:
+            yield f"{prefix}_interval_val_accuracy", float(accuracy), int(images)
+            yield f"{prefix}_interval_seconds", float(seconds), int(images)
 
 
 def _median(values: list[float]) -> float | None:

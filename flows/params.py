@@ -101,7 +101,7 @@ class BenchParams(BaseModel):
     training: TrainingParams = TrainingParams(**BENCH_TRAINING)
     launcher: LauncherParams = LauncherParams()
     conditions: list[str] = Field(default_factory=default_conditions)
-    repetitions: int = Field(default=3, ge=1)
+    repetitions: int = Field(default=5, ge=1)  # MLPerf Training runs 5 to 10 seeds
     threads_per_rank: int = Field(
         default=1,
         ge=1,

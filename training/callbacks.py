@@ -123,6 +123,12 @@ class MlflowEpochMetrics(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._sender.put(epoch, {k: float(v) for k, v in (logs or {}).items()})
 
+    def log_evaluation(self, step: int, images: int, accuracy: float) -> None:
+        """An interval evaluation (``training.interval_eval``) at optimizer step ``step``: the
+        run's accuracy-over-training chart (against step, or MLflow's relative time)."""
+        metrics = {"interval_val_accuracy": accuracy, "interval_images_trained": float(images)}
+        self._sender.put(step, metrics, kind="evaluation")
+
     def on_train_end(self, logs=None):
         self._sender.close(self.flush_s)
 

@@ -8,7 +8,8 @@ counts the evaluations' time in the time to train; so does this.
 The subset is the same images whatever the number of ranks: ``subset_rows`` picks them from the
 whole validation split with the training seed, and rank r of n evaluates every n-th of them, so
 each rank's evaluation costs its share (1/n), as its training does; the ranks' counts are summed
-(``Engine.sum_over_ranks``) and rank 0 logs the accuracy (``epoch_log.evaluation_line``). The
+(``Engine.sum_over_ranks``) and rank 0 logs the accuracy (``epoch_log.evaluation_line``, and to
+the MLflow run at the optimizer step: ``MlflowEpochMetrics.log_evaluation``). The
 interval is a fraction of an epoch, that is a number of images trained whatever the global batch,
 so that every condition of a study pays the same share of its time for evaluating.
 """
@@ -61,8 +62,10 @@ class IntervalEvaluation(tf.keras.callbacks.Callback):
         every_steps: int,
         steps_per_epoch: int,
         images_per_step: int,
+        on_evaluation=None,
     ):
         super().__init__()
+        self.on_evaluation = on_evaluation  # rank 0's (step, images trained, accuracy) sink
         self.engine = engine
         self.images = images
         self.labels = labels.astype(np.int64)
@@ -104,6 +107,8 @@ class IntervalEvaluation(tf.keras.callbacks.Callback):
                     time.perf_counter() - started,
                 )
             )
+            if self.on_evaluation is not None:
+                self.on_evaluation(self.step, self.step * self.images_per_step, accuracy)
         return accuracy
 
     def _correct(self) -> float:

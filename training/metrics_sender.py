@@ -29,9 +29,11 @@ class EpochMetricsSender:
         self._thread = threading.Thread(target=self._run, daemon=True, name="hvdflow-mlflow")
         self._thread.start()
 
-    def put(self, epoch: int, metrics: dict[str, float]) -> None:
+    def put(self, epoch: int, metrics: dict[str, float], kind: str = "epoch") -> None:
+        """``metrics`` at MLflow step ``epoch`` (for ``kind="evaluation"``: an optimizer step,
+        which ``close`` does not count among the epochs)."""
         with self._wake:
-            self._pending.append((epoch, metrics, int(time.time() * 1000)))
+            self._pending.append((epoch, metrics, int(time.time() * 1000), kind))
             self._wake.notify()
 
     def close(self, flush_s: float) -> list[int]:
@@ -41,7 +43,10 @@ class EpochMetricsSender:
             self._wake.notify()
         self._thread.join(flush_s)
         with self._wake:
-            unsent = [epoch for epoch, _, _ in self._pending]
+            unsent = [epoch for epoch, _, _, kind in self._pending if kind == "epoch"]
+            evaluations = sum(kind == "evaluation" for _, _, _, kind in self._pending)
+        if evaluations:
+            log_to_driver(f"MLflow: {evaluations} interval evaluation(s) not sent (in the log)")
         if unsent:
             log_to_driver(
                 f"MLflow: epochs {[e + 1 for e in unsent]} not sent before training ended (the "
@@ -59,7 +64,7 @@ class EpochMetricsSender:
                     self._wake.wait()
                 if not self._pending:
                     return
-                epoch, metrics, at = self._pending[0]
+                epoch, metrics, at, kind = self._pending[0]
             # A server that goes down in the middle of a send holds it in MLflow's own retries
             # (minutes of backoff) without an error: a send slower than retry_s is an outage too.
             slow = threading.Timer(self.retry_s, outage.begin, (epoch, "no answer"))
@@ -76,7 +81,8 @@ class EpochMetricsSender:
             slow.cancel()
             with self._wake:
                 self._pending.popleft()
-                self.sent.append(epoch)
+                if kind == "epoch":
+                    self.sent.append(epoch)
             outage.end()
 
     def _send(self, epoch: int, metrics: dict[str, float], at: int) -> None:

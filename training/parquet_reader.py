@@ -235,11 +235,19 @@ class ShardReader:
     def pieces(self, seed: int | None = None) -> list[tuple[str, int]]:
         return shard_pieces(self.description.row_groups, self.rank, self.size, seed)
 
-    def read_piece(self, piece: tuple[str, int]) -> tuple[np.ndarray, ...]:
-        """One row group's columns, decoded: one array per field, rows first."""
+    def piece_rows(self, piece: tuple[str, int]) -> int:
+        """The rows of one row group, from its file's footer (nothing decoded)."""
+        name, index = piece
+        return self._file(name).metadata.row_group(index).num_rows
+
+    def read_piece(self, piece: tuple[str, int], rows=None) -> tuple[np.ndarray, ...]:
+        """One row group's columns, decoded: one array per field, rows first. ``rows``: only
+        these rows of it (indices within the row group), the others left undecoded."""
         name, index = piece
         parquet = self._file(name)
         table = parquet.read_row_group(index, columns=[f.name for f in self.fields])
+        if rows is not None:
+            table = table.take(rows)
         try:
             return tuple(_decoded(f, table.column(f.name)) for f in self.fields)
         except UnreadableImage as e:
@@ -337,6 +345,24 @@ def load_shard(url: str, *, rank: int = 0, size: int = 1, fields=("image", "labe
     ``load_shard`` gives (``hvdflow.training.reader``)."""
     reader = ShardReader(url, rank=rank, size=size, fields=fields)
     parts = list(reader.iter_pieces(reader.pieces()))
+    if not parts:
+        return tuple(np.empty((0, *f.shape), dtype=f.dtype) for f in reader.fields)
+    return tuple(np.concatenate(columns) for columns in zip(*parts, strict=True))
+
+
+def load_rows(url: str, rows, fields=("image", "label")):
+    """Rows ``rows`` (sorted indices into the split's stored order, ``load_shard``'s at one
+    rank) as numpy arrays, one per field: only the row groups holding them are read, and only
+    those rows decoded. What a rank's share of an evaluation subset costs it."""
+    reader = ShardReader(url, fields=fields)
+    wanted = np.asarray(rows, dtype=np.int64)
+    parts, start = [], 0
+    for piece in reader.pieces():
+        count = reader.piece_rows(piece)
+        lo, hi = np.searchsorted(wanted, [start, start + count])
+        if hi > lo:
+            parts.append(reader.read_piece(piece, wanted[lo:hi] - start))
+        start += count
     if not parts:
         return tuple(np.empty((0, *f.shape), dtype=f.dtype) for f in reader.fields)
     return tuple(np.concatenate(columns) for columns in zip(*parts, strict=True))

@@ -20,8 +20,9 @@ from hvdflow.training.optimizers import (
     make_planned_optimizer,
     rank_batch_size,
 )
+from hvdflow.training.parquet_reader import load_rows
 from hvdflow.training.profiling import log_profile, profile_folder
-from hvdflow.training.reader import load_shard, open_dataset, shard_megabytes, steps_per_epoch
+from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 
@@ -96,7 +97,7 @@ def train_classifier(spec: TrainSpec) -> RankResult:
         spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
     )
     if spec.eval_every > 0 and data.val_rows:
-        callbacks.append(_interval_evaluation(spec, engine, steps, batch))
+        callbacks.append(_interval_evaluation(spec, engine, steps, batch, callbacks))
     history, train_s, example = _fit(spec, engine, model, steps, batch, callbacks, resumed)
     if checkpoints is not None:
         checkpoints.close()
@@ -199,26 +200,32 @@ def _callbacks(
     return callbacks
 
 
-def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int):
+def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, callbacks):
     """The evaluation of a fixed validation subset every ``spec.eval_every`` of an epoch, with
-    this rank's part of the subset (``training.interval_eval``)."""
+    this rank's part of the subset (``training.interval_eval``); rank 0 sends each to the
+    MLflow run where ``callbacks`` log to one."""
+    from hvdflow.training.callbacks import MlflowEpochMetrics  # noqa: PLC0415 (lazy: TensorFlow)
     from hvdflow.training.interval_eval import (  # noqa: PLC0415 (lazy: it loads TensorFlow)
         IntervalEvaluation,
         eval_interval_steps,
         subset_rows,
     )
 
-    # pyarrow's reader whatever spec.reader: its order is the stored one, so the subset is the
-    # same images in every run (Petastorm's workers may hand row groups over in any order).
-    images, labels = load_shard(spec.data.val_url, reader="pyarrow")
-    rows = subset_rows(len(labels), spec.eval_images, spec.seed)[engine.rank :: engine.size]
+    # By the stored order (pyarrow's reader, whatever spec.reader): the subset is the same
+    # images in every run (Petastorm's workers may hand row groups over in any order). Each
+    # rank reads and decodes only its part of it.
+    rows = subset_rows(spec.data.val_rows, spec.eval_images, spec.seed)[engine.rank :: engine.size]
+    images, labels = load_rows(spec.data.val_url, rows)
     return IntervalEvaluation(
         engine,
-        images[rows],
-        labels[rows],
+        images,
+        labels,
         every_steps=eval_interval_steps(steps, spec.eval_every),
         steps_per_epoch=steps,
         images_per_step=batch * engine.size,
+        on_evaluation=next(
+            (c.log_evaluation for c in callbacks if isinstance(c, MlflowEpochMetrics)), None
+        ),
     )
 
 

@@ -51,14 +51,16 @@ def test_rounds_are_paired_and_a_round_that_never_reached_the_target_is_lost():
     rows = {r["condition"]: r for r in time_to_target.rows(ROUNDS, 0.97, "hvd1", ["hvd1", "hvd2"])}
     one, two = rows["hvd1"], rows["hvd2"]
     assert one["times_s"] == [100, 100, 50] and one["median_s"] == 100
+    assert one["trimmed_mean_s"] == 100  # MLPerf's: 50 and one 100 dropped
+    assert two["trimmed_mean_s"] is None
     assert one["median_vs_reference"] is None and one["paired_rounds"] == 0
     assert two["times_s"] == [60, 90, None]
     assert two["median_s"] is None  # a round that never got there: no median to boast of
     assert (two["first_in"], two["paired_rounds"]) == (2, 3)
     assert two["final_vs_reference_points"] == pytest.approx(100 * (0.9793333 - 0.982), abs=1e-4)
     table = time_to_target.markdown(list(rows.values()), 0.97, "hvd1")
-    assert "| hvd2 | 60.0, 90.0, not reached | n/a | n/a | 2/3 |" in table
-    assert "| hvd1 | 100.0, 100.0, 50.0 | 100.0 | n/a | - | 2000 |" in table
+    assert "| hvd2 | 60.0, 90.0, not reached | n/a | n/a | n/a | 2/3 |" in table
+    assert "| hvd1 | 100.0, 100.0, 50.0 | 100.0 | 100.0 | n/a | - | 2000 |" in table
 
 
 @pytest.mark.unit
@@ -69,3 +71,21 @@ def test_the_median_ratio_is_against_the_references_median(tmp_path):
     assert two["first_in"] == 3
     path = time_to_target.plot_curves(reached, tmp_path, "mnist_cnn", 0.97)
     assert path.name == "accuracy_over_time.png" and path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.unit
+def test_the_trimmed_mean_drops_the_fastest_and_the_slowest_round():
+    assert time_to_target.trimmed_mean([10.0, 30.0, 11.0, 12.0, 13.0]) == 12.0
+    assert time_to_target.trimmed_mean([10.0, 20.0]) == 15.0  # too few to drop any
+    assert time_to_target.trimmed_mean([]) is None
+
+
+@pytest.mark.unit
+def test_each_rounds_evaluations_become_metrics_at_the_images_trained():
+    metrics = list(time_to_target.evaluation_metrics(ROUNDS[1:2]))
+    assert metrics == [
+        ("hvd2_r1_interval_val_accuracy", 0.95, 1000),
+        ("hvd2_r1_interval_seconds", 30.0, 1000),
+        ("hvd2_r1_interval_val_accuracy", 0.972, 2000),
+        ("hvd2_r1_interval_seconds", 60.0, 2000),
+    ]

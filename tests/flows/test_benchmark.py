@@ -109,6 +109,12 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     assert metrics["anova_p"] == pytest.approx(result["anova"][1])
     assert metrics["tf2_time_to_target_s"] == pytest.approx(rows["tf2"]["time_to_target_s"])
     assert metrics["tf2_val_accuracy"] == pytest.approx(rows["tf2"]["val_accuracy"])
+    # Each round's evaluations in the run's charts, at the images trained.
+    second = next(m for m in measured if m.condition == "tf2" and m.repetition == 1)
+    history = client.get_metric_history(result["mlflow_run_id"], "tf2_r2_interval_val_accuracy")
+    assert sorted((h.step, h.value) for h in history) == [
+        (int(e[1]), pytest.approx(e[2])) for e in second.evaluations
+    ]
     with get_client(sync_client=True) as prefect:
         by_key = {a.key: a for a in prefect.read_latest_artifacts()}
     assert {"hvdflow-benchmark-table", "hvdflow-benchmark-summary"} <= set(by_key)

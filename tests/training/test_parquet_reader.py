@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdflow.training.parquet_reader import SCHEMA_FILE, shard_pieces
+from hvdflow.training.interval_eval import subset_rows
+from hvdflow.training.parquet_reader import SCHEMA_FILE, load_rows, shard_pieces
 from hvdflow.training.reader import load_shard, open_dataset
 
 FIELDS = ("image", "label", "source")
@@ -222,6 +223,20 @@ def test_every_shard_is_petastorms_row_for_row(digits_dataset):
     images, labels, _ = load_shard(url, fields=FIELDS, reader="pyarrow")
     assert images.shape == (digits_dataset.train_rows, 8, 8) and images.dtype == np.uint8
     assert labels.dtype == np.int32 and set(labels) == set(range(10))
+
+
+@pytest.mark.integration
+def test_a_ranks_part_of_an_evaluation_subset_is_those_rows_of_the_whole_split(digits_dataset):
+    """What each rank evaluates: its every-n-th of the subset, read without the whole split."""
+    url, rows = digits_dataset.val_url, digits_dataset.val_rows
+    whole = load_shard(url, fields=FIELDS, reader="pyarrow")
+    subset = subset_rows(rows, 100, seed=3)
+    for rank in (0, 1):
+        part = load_rows(url, subset[rank::2], fields=FIELDS)
+        for field, ours, all_rows in zip(FIELDS, part, whole, strict=True):
+            np.testing.assert_array_equal(ours, all_rows[subset[rank::2]], err_msg=field)
+    empty = load_rows(url, [])
+    assert empty[0].shape == (0, 8, 8) and len(empty[1]) == 0
 
 
 @pytest.mark.integration

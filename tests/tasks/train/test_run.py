@@ -21,7 +21,7 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     spark, mlflow_server, digits_dataset, tmp_path
 ):
     config = TrainConfig(
-        training={"epochs": 3, "learning_rate": 0.01},
+        training={"epochs": 3, "learning_rate": 0.01, "eval_every": 0.5},
         launcher={"np": 2},
         tracking={"experiment": "tests-train", "registered_model_name": "tests-digits"},
     )
@@ -46,6 +46,11 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
         history = client.get_metric_history(result.run_id, key)
         assert sorted(m.step for m in history) == [0, 1, 2], key  # one point per epoch
     assert len(client.get_metric_history(result.run_id, "epoch_time_log_s")) == 3
+    # The evaluations every half epoch, at the optimizer's step: accuracy over the training.
+    interval = client.get_metric_history(result.run_id, "interval_val_accuracy")
+    steps = [m.step for m in sorted(interval, key=lambda m: m.step)]
+    assert len(steps) >= 6 and steps == sorted(set(steps)) and steps[0] > 0
+    assert max(m.value for m in interval) > 0.5
     assert run.data.metrics["images_per_s"] > 0 and run.data.metrics["wall_clock_s"] > 0
     assert run.data.metrics["val_accuracy"] > 0.5  # it learned the digits
     assert any(k.startswith("system/") for k in run.data.metrics)  # system metrics on
