@@ -15,11 +15,13 @@ CODE := hvdflow infra training tasks flows bench serving tests
 setup:
 	bash scripts/setup.sh $(PROFILE)
 
-# The environments `make test` uses: classic, current, and Airflow's own (the Airflow tests).
+# The environments `make test` uses: classic, current, Airflow's own (the Airflow tests) and the
+# thin Spark Connect worker's (client).
 setup-all:
 	bash scripts/setup.sh classic
 	bash scripts/setup.sh current
 	bash scripts/setup.sh airflow
+	bash scripts/setup.sh client
 
 # The main job, end to end, on the embedded defaults.
 run: setup
@@ -45,6 +47,7 @@ test-classic:
 
 test-current:
 	bash scripts/setup.sh current
+	bash scripts/setup.sh client
 	.venv-current/bin/python -m compileall -q $(CODE)
 	.venv-current/bin/python -m pytest -n 2 --durations=15 -m current $(PYTEST_ARGS)
 

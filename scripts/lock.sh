@@ -35,7 +35,8 @@ lock() {  # profile, Python version, extras...
   local sources=(requirements/"$profile".in) profile_overrides=()
   [ ! -f requirements/"$profile"-overrides.txt ] \
     || profile_overrides=(--override requirements/"$profile"-overrides.txt)
-  [ "$profile" = airflow ] || sources=(pyproject.toml "${sources[@]}")
+  # Airflow's and the thin client's environments hold hvdflow without its dependencies.
+  case "$profile" in airflow|client) ;; *) sources=(pyproject.toml "${sources[@]}") ;; esac
   local out=requirements/"$profile".txt
   if [ "$check" = 1 ]; then
     out="$scratch/$profile.txt"
@@ -67,13 +68,14 @@ pins() { grep -v '^#' "$1" | sed 's/ .*//' | grep .; }
 
 stale=0
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow)
+[ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow client)
 for profile in "${profiles[@]}"; do
   case "$profile" in
     classic) lock classic 3.11 dev profile petastorm addons torch ;;
     current) lock current 3.13 dev connect ;;
     airflow) lock airflow 3.11 ;;
-    *) printf '[lock] %s: expected classic, current or airflow\n' "$profile" >&2; exit 2 ;;
+    client) lock client 3.13 ;;
+    *) printf '[lock] %s: expected classic, current, airflow or client\n' "$profile" >&2; exit 2 ;;
   esac
 done
 exit "$stale"

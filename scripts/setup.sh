@@ -10,6 +10,9 @@
 # - current: .venv-current, Python 3.13 (scripts/python.sh finds or builds it, into a cache
 #   outside the clone): the newest releases the index serves; no Horovod, Petastorm or
 #   tensorflow-addons; the engine is tf_collective.
+# - client: .venv-client, Python 3.13: the thin orchestrator worker for Spark Connect
+#   (pyspark-client, Prefect, MLflow's client; no Java, TensorFlow, torch or full pyspark) and
+#   hvdflow without its dependencies (README, "A thin worker for Spark Connect").
 # - airflow: .venv-airflow, Python 3.11, Airflow 3.3 alone and hvdflow without its dependencies:
 #   Airflow's own environment, as a user's Airflow has it. The DAGs import hvdflow.airflow there;
 #   their tasks run in another profile's environment (HVDFLOW_PYTHON). Airflow does not resolve
@@ -43,11 +46,15 @@ case "$PROFILE" in
     PYTHON=${PYTHON:-python3.11}
     VENV=.venv-airflow
     ;;
+  client)
+    VENV=.venv-client
+    PYTHON=${PYTHON_CURRENT:-$(bash scripts/python.sh 3.13)}
+    ;;
   torch)
     log "PROFILE=torch: PyTorch is in the classic profile now (make run; make test)"
     exit 2
     ;;
-  *) log "PROFILE=$PROFILE: expected classic, current or airflow"; exit 2 ;;
+  *) log "PROFILE=$PROFILE: expected classic, current, airflow or client"; exit 2 ;;
 esac
 LOCK="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1
@@ -265,12 +272,12 @@ PY
 export VIRTUAL_ENV="$PWD/$VENV"  # which environment uv pip works on
 "${UVPIP[@]}" install --no-deps -e .
 
-if [ "$PROFILE" = airflow ]; then
-  # Airflow's own requirements must hold; hvdflow's are missing here by design.
+if [ "$PROFILE" = airflow ] || [ "$PROFILE" = client ]; then
+  # The environment's own requirements must hold; hvdflow's are missing here by design.
   problems=$(broken | grep -v 'The package `hvdflow`' || true)
-  [ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "Airflow's environment is broken"; exit 1; }
+  [ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "$VENV is broken"; exit 1; }
   echo "$want" > "$STAMP"
-  log "ready: $VENV (Airflow's environment)"
+  log "ready: $VENV ($PROFILE: hvdflow without its dependencies)"
   exit 0
 fi
 

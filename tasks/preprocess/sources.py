@@ -62,6 +62,10 @@ def _read_whole(path: str, access: S3Access | None) -> bytes:
     return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
 
 
+class MissingDigits(RuntimeError):
+    """The bundled digits cannot be written here: scikit-learn (or Pillow) is not installed."""
+
+
 def write_digits_tree(root: str) -> str:
     """scikit-learn's bundled 1,797 real 8x8 digits as a class-folder tree of PNGs (once)."""
     base = Path(root)
@@ -69,8 +73,16 @@ def write_digits_tree(root: str) -> str:
     if done.exists():
         return str(base)
     # Imported only to write the tree: scikit-learn's datasets take over a second to import.
-    from PIL import Image
-    from sklearn.datasets import load_digits
+    try:
+        from PIL import Image
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise MissingDigits(
+            f"the bundled digits ({root}) are written from scikit-learn's copy, and this "
+            f"environment lacks it ({e.name}: the thin Spark Connect worker has neither it nor "
+            "Pillow): give the input of your own (--input DIR or s3://..., a folder of class "
+            "sub-folders the cluster can read), or pip install scikit-learn pillow"
+        ) from None
 
     digits = load_digits()
     for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):

@@ -1,5 +1,7 @@
-"""`hvdflow run` and `hvdflow score` through Spark Connect from a worker without Java: their
-processes load no TensorFlow or torch (the initial weights are built on an executor), rank 1
+"""`hvdflow run` and `hvdflow score` through Spark Connect from a thin worker: the client
+profile's environment (.venv-client: pyspark-client, no full pyspark, TensorFlow or torch), no
+Java on PATH, the services started beside it from a full environment as a cluster's would be.
+Their processes load no TensorFlow or torch (the initial weights are built on an executor), rank 1
 SIGKILLed in epoch 2 is named and the training runs again from its checkpoint, the pipeline
 ends with a champion, both ranks' output is in the run's log, and the champion scores the
 images (its model shipped to the executors as a Connect artifact). Current profile only
@@ -8,6 +10,7 @@ below)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,6 +21,10 @@ import pytest
 
 from tests.connect_client import needs_connect_client, path_without_java
 from tests.helpers import rank_processes, wait_for_no_ranks
+from tests.uv import CHECKOUT
+
+# The thin worker's interpreter (scripts/setup.sh client; `make test-current` makes it).
+THIN_PYTHON = CHECKOUT / ".venv-client" / "bin" / "python"
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,6 +42,19 @@ def loaded():
 atexit.register(loaded)
 from hvdflow.flows.cli import main
 sys.exit(main(sys.argv[1:]))
+"""
+
+
+WHAT_IS_INSTALLED = """
+import json
+from importlib.metadata import PackageNotFoundError, version
+def installed(name):
+    try:
+        return bool(version(name))
+    except PackageNotFoundError:
+        return False
+names = ("pyspark-client", "pyspark", "tensorflow", "torch", "mlflow")
+print(json.dumps({name: installed(name) for name in names}))
 """
 
 
@@ -62,10 +82,26 @@ def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
     }
     env.update(HVDFLOW_HOME=str(home), PATH=path_without_java(tmp_path / "bin"))
 
+    assert THIN_PYTHON.exists(), "no thin worker environment: run scripts/setup.sh client"
+    seen = subprocess.run(
+        [str(THIN_PYTHON), "-c", WHAT_IS_INSTALLED], capture_output=True, text=True
+    )
+    assert json.loads(seen.stdout) == {
+        "pyspark-client": True,
+        "pyspark": False,  # the full distribution, its jars
+        "tensorflow": False,
+        "torch": False,
+        "mlflow": False,  # the server's distribution: mlflow-skinny, the client, is there
+    }, seen.stderr
+
+    # A file, not `python -c`: pyspark's Connect client takes a __main__ without a file for
+    # its own doctests, and looks for a SPARK_HOME, which pyspark-client has none of.
+    cli = tmp_path / "hvdflow_cli.py"
+    cli.write_text(CLI_SAYING_WHAT_LOADED)
+
     def hvdflow(*argv: str, kill_rank_1_at: str | None = None) -> str:
         process = subprocess.Popen(
-            [sys.executable, "-c", CLI_SAYING_WHAT_LOADED, *argv]
-            + ["--spark-master", connect_server.url],
+            [str(THIN_PYTHON), str(cli), *argv] + ["--spark-master", connect_server.url],
             env=env,
             cwd=tmp_path,
             stdout=subprocess.PIPE,
@@ -87,6 +123,15 @@ def test_the_pipeline_and_scoring_through_connect_from_a_worker_without_java(
         return out
 
     try:
+        # The cluster's services (object store, tracking server, Prefect), up before the worker.
+        up = [sys.executable, "-m", "hvdflow.flows.cli", "up"]
+        subprocess.run(up, env=env, timeout=300, check=True, capture_output=True)
+        # The bundled digits are written from scikit-learn's copy, which the thin worker lacks
+        # (it says so): here by the full environment, as a user's data would already be there.
+        write = "import sys; from hvdflow.tasks.preprocess.sources import write_digits_tree as w; "
+        write += "w(sys.argv[1])"
+        digits = str(home / "data" / "digits")
+        subprocess.run([sys.executable, "-c", write, digits], env=env, timeout=120, check=True)
         params = '{"training": {"epochs": 3}}'
         out = hvdflow("run", "--np", "2", "--params", params, kill_rank_1_at="Epoch 2/3")
         assert "java" not in os.listdir(tmp_path / "bin")
