@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from hvdflow.infra.storage.access import S3Access
 from hvdflow.tasks.train.registry import CONTENDER_TAG
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG
 from tests.helpers import RANK_ENTRY
@@ -148,7 +149,7 @@ class Ledger:
 
     def record_and_compare(self, store) -> tuple[list[str], dict]:
         problems = []
-        client = store._client
+        client = S3Access.from_env(store.config).client()  # the listing's ETags: boto3's own
         manifests = [k for k in store.list_keys("datasets/") if k.endswith("/manifest.json")]
         current = set()
         for key in manifests:
@@ -228,8 +229,8 @@ def held_slots_problems() -> list[str]:
 def leftover_processes(stack) -> list[str]:
     """Ranks, executors, drivers and flow-run processes when no run is in flight: there must be
     none besides the worker. Each found is noted, then killed."""
-    found = {p.pid: f"rank {p.pid}" for p in faults._in_hosts(stack, RANK_ENTRY)}
-    found |= {p.pid: f"executor {p.pid}" for p in faults._in_hosts(stack, faults.EXECUTOR_MAIN)}
+    found = {p.pid: f"rank {p.pid}" for p in faults.in_hosts(stack, RANK_ENTRY)}
+    found |= {p.pid: f"executor {p.pid}" for p in faults.in_hosts(stack, faults.EXECUTOR_MAIN)}
     worker = stack.worker.pid if stack.worker else None
     mine = {os.getpid()}
     for proc in s.processes_with_env("HVDFLOW_HOME", str(stack.home)):
@@ -273,7 +274,7 @@ def wait_for_no_leftovers(stack, settle_s: float = 30.0) -> list[str]:
 
 
 def _any_left(stack) -> bool:
-    if faults._in_hosts(stack, RANK_ENTRY) or faults._in_hosts(stack, faults.EXECUTOR_MAIN):
+    if faults.in_hosts(stack, RANK_ENTRY) or faults.in_hosts(stack, faults.EXECUTOR_MAIN):
         return True
     worker = stack.worker.pid if stack.worker else None
     services = {info["pid"] for info in stack.services.state().values()}

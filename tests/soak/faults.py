@@ -24,7 +24,7 @@ SERVICE_DOWN_S = 20.0
 DISK_FULL_S = 15.0
 
 
-def _in_hosts(stack, marker: str) -> list[psutil.Process]:
+def in_hosts(stack, marker: str) -> list[psutil.Process]:
     inodes = set(stack.cluster.netns_inodes.values())
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -37,7 +37,7 @@ def _in_hosts(stack, marker: str) -> list[psutil.Process]:
 
 
 def _kill_one(stack, marker: str, which: int, what: str) -> dict:
-    found = _in_hosts(stack, marker)
+    found = in_hosts(stack, marker)
     if not found:
         return {"struck": f"no {what} was running"}
     victim = found[which % len(found)]
