@@ -31,6 +31,7 @@ from hvdflow.infra.constants import (
     TF_COLLECTIVE,
     TF_CONFIG,
 )
+from hvdflow.infra.errors import TransientError
 from hvdflow.infra.launcher.tf_datasets import device_datasets_without_autotuning
 from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.threads import share_cores, use_threads
@@ -128,14 +129,32 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
                 "MirroredStrategyRunner"
             )
         device_datasets_without_autotuning()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                implementation=tf.distribute.experimental.CommunicationImplementation.RING
-            )
-        )
+        strategy = _multi_worker_strategy(tf)
         rank = int(json.loads(os.environ[TF_CONFIG])["task"]["index"])
         return Engine(name, rank, strategy.num_replicas_in_sync, local_size, strategy=strategy)
     if name == NONE:
         use_threads(threads or share_cores(1))
         return Engine(name)
     raise ValueError(f"engine {name!r} is unknown: expected one of {', '.join(ENGINES)}")
+
+
+def _multi_worker_strategy(tf):
+    """The strategy on this rank's TF_CONFIG. Its gRPC server listens on the port the launcher
+    picked a moment before; another program may take that port in between (nothing can hold
+    it for TensorFlow). That is a ``TransientError``: the attempt ends and the next one picks
+    other ports, instead of the training failing."""
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING
+            )
+        )
+    except tf.errors.UnknownError as e:
+        if "Could not start gRPC server" not in str(e):
+            raise
+        task = json.loads(os.environ[TF_CONFIG])["task"]
+        address = json.loads(os.environ[TF_CONFIG])["cluster"]["worker"][task["index"]]
+        raise TransientError(
+            f"TensorFlow could not listen on {address} (rank {task['index']}'s port, taken by "
+            "another program after the launcher picked it); another attempt picks other ports"
+        ) from e
