@@ -18,7 +18,11 @@ if ! (cd / && "$python" -c 'import hvdflow.training.spec' 2>/dev/null); then
   trap 'rm -rf "$tree"' EXIT
   mkdir "$tree/hvdflow"
   ln -s "$root"/hvdflow/*.py "$tree/hvdflow/"
-  for room in serving infra training tasks bench flows; do ln -s "$root/$room" "$tree/hvdflow/$room"; done
+  # The rooms as pyproject.toml maps them (hvdflow.<room> is <folder>/), not a second list.
+  rooms=$("$python" -c 'import sys, tomllib
+dirs = tomllib.load(open(sys.argv[1], "rb"))["tool"]["setuptools"]["package-dir"]
+print(" ".join(k[len("hvdflow."):] + "=" + v for k, v in dirs.items() if k.count(".") == 1))' "$root/pyproject.toml")
+  for room in $rooms; do ln -s "$root/${room#*=}" "$tree/hvdflow/${room%%=*}"; done
   export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # Not `exec`: the trap above removes the links once the check is done.
