@@ -133,11 +133,8 @@ def _pipeline_params(args: argparse.Namespace):
 def _cmd_run(args: argparse.Namespace) -> int:
     params = _pipeline_params(args)  # a bad parameter fails before any service starts
     _use_services()
-    from hvdflow.flows.pipeline import (  # noqa: PLC0415 (lazy: it loads Spark)
-        pipeline,
-        profile_lines,
-        throughput_lines,
-    )
+    from hvdflow.flows.prefect.pipeline import pipeline  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.train.summary import profile_lines, throughput_lines  # noqa: PLC0415
 
     summary = pipeline(params)
     urls = LocalServices().urls()
@@ -163,8 +160,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     _use_services()
     from prefect import serve
 
-    from hvdflow.flows.benchmark import benchmark  # noqa: PLC0415 (lazy: it loads Spark)
-    from hvdflow.flows.pipeline import pipeline  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.prefect.benchmark import benchmark  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.prefect.pipeline import pipeline  # noqa: PLC0415 (lazy: it loads Spark)
 
     deployments = [
         pipeline.to_deployment(
@@ -196,7 +193,7 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
             "images each new champion scores"
         )
     _use_services()
-    from hvdflow.flows.deploy import deploy_all, deployments  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.prefect.deploy import deploy_all, deployments  # noqa: PLC0415 (lazy: it loads Spark)
 
     made = deployments(
         params,
@@ -226,7 +223,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         )
     params = nested_params(ScoreParams, args, SCORE_FLAGS)  # before any service starts
     _use_services()
-    from hvdflow.flows.score import score  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.prefect.scoring import score  # noqa: PLC0415 (lazy: it loads Spark)
 
     if args.serve:
         from prefect import serve
@@ -256,7 +253,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         args.conditions = args.conditions.split(",")
     params = nested_params(BenchParams, args, BENCH_FLAGS)
     _use_services()
-    from hvdflow.flows.benchmark import benchmark  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.flows.prefect.benchmark import benchmark  # noqa: PLC0415 (lazy: it loads Spark)
 
     result = benchmark(params)
     if result["dataset"].get("workload"):

@@ -21,7 +21,7 @@ from pathlib import Path
 IMPORTS = """
 import time
 started = time.perf_counter()
-import hvdflow.flows.pipeline  # noqa: F401  (Prefect, the steps)
+import hvdflow.flows.prefect.pipeline  # noqa: F401  (Prefect, the steps)
 import pyspark.sql.connect.session  # noqa: F401
 import mlflow  # noqa: F401
 print(time.perf_counter() - started)

@@ -129,7 +129,7 @@ def test_the_wheel_installs_only_hvdflow_and_imports_beside_a_users_tasks_and_fl
     assert "hvdflow/tasks/score/job.py" in names and "hvdflow/infra/launcher/_rank.py" in names
     project = user_project(tmp_path / "project")
     script = (
-        "import flows, tasks, hvdflow, hvdflow.tasks.score.job, hvdflow.flows.pipeline\n"
+        "import flows, tasks, hvdflow, hvdflow.tasks.score.job, hvdflow.flows.prefect.pipeline\n"
         f"from hvdflow import {', '.join(PUBLIC_API)}\n"
         "print(tasks.OWNER, flows.OWNER, sep='|')\n"
         "print(hvdflow.__file__, hvdflow.tasks.score.job.__file__, sep='|')\n"

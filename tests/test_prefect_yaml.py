@@ -23,8 +23,8 @@ def test_prefect_yaml_deploys_both_flows_to_the_process_pool_with_valid_paramete
     deployments = {d["name"]: d for d in config["deployments"]}
     assert set(deployments) == {"hvdflow-pipeline", "hvdflow-benchmark"}
     expected = {
-        "hvdflow-pipeline": ("flows/pipeline.py:pipeline", PipelineParams, "0 3 * * *"),
-        "hvdflow-benchmark": ("flows/benchmark.py:benchmark", BenchParams, "0 4 * * 0"),
+        "hvdflow-pipeline": ("flows/prefect/pipeline.py:pipeline", PipelineParams, "0 3 * * *"),
+        "hvdflow-benchmark": ("flows/prefect/benchmark.py:benchmark", BenchParams, "0 4 * * 0"),
     }
     for name, (entrypoint, model, cron) in expected.items():
         deployment = deployments[name]

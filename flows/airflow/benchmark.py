@@ -51,7 +51,7 @@ def through_prefect(pipeline, params) -> dict:
 COLD_RUN = """
 import json, sys
 from hvdflow.flows.params import PipelineParams
-from hvdflow.flows.pipeline import pipeline
+from hvdflow.flows.prefect.pipeline import pipeline
 summary = pipeline(PipelineParams.model_validate(json.loads(sys.argv[1])))
 print("HVDFLOW-BENCH " + json.dumps({"training_s": summary["wall_clock_s"]}))
 """
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         airflow.request("PATCH", f"/api/v2/dags/{SCORE}", {"is_paused": True})
         # Prefect reads its settings (the API's URL) when first imported: after services.up().
         from hvdflow.flows.params import PipelineParams  # noqa: PLC0415
-        from hvdflow.flows.pipeline import pipeline  # noqa: PLC0415
+        from hvdflow.flows.prefect.pipeline import pipeline  # noqa: PLC0415
 
         form = {"np": 2, "epochs": args.epochs}
         params = PipelineParams.model_validate(

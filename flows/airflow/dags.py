@@ -177,7 +177,7 @@ def register(trained: dict, registered_model: str, *, outlet_events=None) -> dic
     outlet_events[asset].extra = {
         "model": name,
         "version": str(version),
-        "model_uri": trained.get("model_uri"),
+        "model_uri": trained.get("model"),
         "mlflow_run_id": trained.get("mlflow_run_id"),
     }
     log.info("%s: %s version %s is %s", asset.uri, name, version, CHAMPION)
@@ -221,7 +221,9 @@ def scoring_dag(
             "model": {"name": registered_model},
             "data": {"input": "{{ params.input }}", "input_format": "{{ params.input_format }}"},
         }
-        _in_hvdflow(interpreter, "score")("score", score_params, version)
+        _in_hvdflow(interpreter, "score")(
+            "score", score_params, version, f"{dag_id}/" + "{{ run_id }}"
+        )
 
     return scoring()
 

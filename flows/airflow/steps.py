@@ -32,8 +32,14 @@ from hvdflow.tasks.preprocess.job import preprocess_reported
 from hvdflow.tasks.score.job import score_images
 from hvdflow.tasks.score.model import fetch_model
 from hvdflow.tasks.score.record import record_scoring
+from hvdflow.tasks.score.summary import scoring_summary
 from hvdflow.tasks.train.origin import RunOrigin
 from hvdflow.tasks.train.run import spark_for_ranks, train_and_track
+from hvdflow.tasks.train.summary import (
+    profile_lines,
+    throughput_lines,
+    training_summary,
+)
 from hvdflow.tasks.weights.stage import (
     StagedWeights,
     stage_into,
@@ -110,7 +116,8 @@ def stage_weights(params: dict, dataset: dict) -> dict | None:
 
 
 def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> dict:
-    """Steps 3 and 4: train with np ranks, track in MLflow, register; what the registry holds.
+    """Steps 3 and 4: train with np ranks, track in MLflow, register; the training's summary
+    (``hvdflow.tasks.train.summary``, the same as the Prefect flow's), which the registry holds.
 
     ``dag_run``: the DAG run's ``dag_id``, ``run_id`` and page ``url``, which tag the MLflow run
     and the registered version (a task retried in the same DAG run resumes its MLflow run)."""
@@ -123,40 +130,23 @@ def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> d
     )
     with tracking_login(tracking_uri()) as uri:
         spark = spark_for_ranks(np, config.launcher.spark_master)
+        manifest, staged = _manifest(dataset), StagedWeights(**weights) if weights else None
+        run_id, url = f"{dag_run['dag_id']}/{dag_run['run_id']}", dag_run.get("url") or None
+        origin = RunOrigin(ORCHESTRATOR, run_id, KIND, url)
         result = train_and_track(
-            spark,
-            config,
-            _manifest(dataset),
-            uri,
-            weights=StagedWeights(**weights) if weights else None,
-            on_log_line=_print_line,
-            origin=RunOrigin(
-                ORCHESTRATOR,
-                f"{dag_run['dag_id']}/{dag_run['run_id']}",
-                KIND,
-                dag_run.get("url") or None,
-            ),
+            spark, config, manifest, uri, weights=staged, on_log_line=_print_line, origin=origin
         )
-    name = config.tracking.registered_model_name
-    return {
-        "registered_model": name,
-        "model_version": result.model_version,
-        "model_uri": f"models:/{name}/{result.model_version}" if result.model_version else None,
-        "aliases": list(result.aliases),
-        "champion_moved": result.champion_moved,
-        "mlflow_run_id": result.run_id,
-        "experiment_id": result.experiment_id,
-        "tracking_uri": result.tracking_uri,
-        "val_accuracy": (result.history.get("val_accuracy") or [None])[-1],
-        "images_per_s": round(result.images_per_s, 1),
-        "wall_clock_s": round(result.wall_clock_s, 1),
-        "attempts": result.attempts,
-    }
+        summary = training_summary(result, config, dataset=manifest, weights=staged, origin=origin)
+    for line in throughput_lines(summary) + profile_lines(summary):
+        logger.info("%s", line)
+    return summary
 
 
-def score(score_params: dict, version: str) -> dict:
+def score(score_params: dict, version: str, origin_run_id: str | None = None) -> dict:
     """Score ``score_params``'s input with version ``version`` of its model (the champion the
-    asset event named), on Spark, and record it in MLflow."""
+    asset event named), on Spark, and record it in MLflow; the scoring summary
+    (``hvdflow.tasks.score.summary``, the same as the Prefect flow's). ``origin_run_id``: the
+    DAG run's ``dag_id/run_id``."""
 
     model = {**score_params.get("model", {}), "version": str(version)}
     model.pop("alias", None)  # the version the event named, not whatever holds the alias now
@@ -169,17 +159,18 @@ def score(score_params: dict, version: str) -> dict:
         logger.info("scoring %s with %s", config.input, scoring_model.uri)
         with SparkProgress(spark, logger):
             result = score_images(spark, config, scoring_model)
-        run_id, _ = record_scoring(uri, params.experiment, scoring_model, config, result)
+        recorded = record_scoring(uri, params.experiment, scoring_model, config, result)
     logger.info("%d images scored into %s", result.scored, result.predictions_url)
-    return {
-        "model_uri": scoring_model.uri,
-        "model_version": scoring_model.version,
-        "predictions": result.predictions_url,
-        "scored": result.scored,
-        "quarantined": result.quarantined,
-        "counts": dict(result.counts),
-        "mlflow_run_id": run_id,
-    }
+    asked = params.model.uri
+    return scoring_summary(
+        scoring_model,
+        config,
+        result,
+        recorded,
+        tracking_uri=uri,
+        asked=asked,
+        origin_run_id=origin_run_id,
+    )
 
 
 STEPS = {

@@ -2,5 +2,6 @@
 has (result storage in the object store, the ``spark-slots`` concurrency limit, the
 champion-moved event, the flow run as a training's origin).
 
-The flows themselves (``hvdflow.flows.pipeline``, ``.score``, ``.benchmark``) compose these.
+The flows (``pipeline``, ``scoring``, ``benchmark``) compose these; ``deploy`` makes them
+deployments of a work pool.
 """

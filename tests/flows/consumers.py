@@ -29,7 +29,7 @@ def check_consumer_routes(model: str, version, heldout, good, trained_with, spar
 
     import mlflow.artifacts
 
-    from hvdflow.flows.score import score
+    from hvdflow.flows.prefect.scoring import score
     from hvdflow.infra.ports import unclaimed_port
     from tests.model_env import model_env
 

@@ -130,7 +130,7 @@ def test_the_pipeline_dag_registers_a_champion_that_the_scoring_dag_scores_with(
     assert scored["model_version"] == "1" and scored["scored"] == len(HELD_OUT)
 
     # The same parameters through the Prefect flow give the same card, except the run link.
-    from hvdflow.flows.pipeline import pipeline
+    from hvdflow.flows.prefect.pipeline import pipeline
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", own_tracking_server.tracking_uri)
     monkeypatch.setenv("HVDFLOW_HOME", airflow.env["HVDFLOW_HOME"])

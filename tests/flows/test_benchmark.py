@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from hvdflow.bench.conditions import Measurement
 from hvdflow.bench.stats import anova, summary_table, tukey_against
-from hvdflow.flows.benchmark import BenchParams, benchmark, plots_markdown
+from hvdflow.flows.prefect.benchmark import BenchParams, benchmark, plots_markdown
 from hvdflow.infra import extras
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from tests.helpers import wait_for_no_ranks

@@ -9,7 +9,7 @@ from hvdflow.flows.params import PipelineParams, ScoreParams
 
 @pytest.mark.unit
 def test_the_deployments_load_by_module_path_and_scoring_follows_the_champion():
-    from hvdflow.flows.deploy import deployments
+    from hvdflow.flows.prefect.deploy import deployments
     from hvdflow.flows.prefect.events import CHAMPION_MOVED, MODEL_NAME
 
     made = deployments(
@@ -21,9 +21,9 @@ def test_the_deployments_load_by_module_path_and_scoring_follows_the_champion():
     )
     by_name = {d.name: d for d in made}
     assert {name: d.entrypoint for name, d in by_name.items()} == {
-        "hvdflow-pipeline": "hvdflow.flows.pipeline.pipeline",
-        "hvdflow-benchmark": "hvdflow.flows.benchmark.benchmark",
-        "hvdflow-score": "hvdflow.flows.score.score",
+        "hvdflow-pipeline": "hvdflow.flows.prefect.pipeline.pipeline",
+        "hvdflow-benchmark": "hvdflow.flows.prefect.benchmark.benchmark",
+        "hvdflow-score": "hvdflow.flows.prefect.scoring.score",
     }
     assert by_name["hvdflow-pipeline"].parameters["params"]["launcher"]["np"] == 3
     assert [s.schedule.cron for s in by_name["hvdflow-pipeline"].schedules] == ["0 3 * * *"]
@@ -58,7 +58,7 @@ def test_a_worker_without_a_checkout_runs_the_pipeline_scoring_on_its_champion_a
     assert run.flow_run.parameters == run.parameters  # not the deployment's np=2 and 5 epochs
     with temporary_settings({PREFECT_API_URL: run.api_url}), get_client(sync_client=True) as c:
         deployment = c.read_deployment(run.flow_run.deployment_id)
-    assert deployment.entrypoint == "hvdflow.flows.pipeline.pipeline"
+    assert deployment.entrypoint == "hvdflow.flows.prefect.pipeline.pipeline"
     assert not deployment.pull_steps  # nothing to pull: the worker has hvdflow installed
     assert deployment.work_pool_name == "hvdflow"
     assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]

@@ -13,10 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
 
-from hvdflow.flows.pipeline import PipelineParams, pipeline, profile_lines, throughput_lines
+from hvdflow.flows.prefect.pipeline import PipelineParams, pipeline
 from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
 from hvdflow.tasks.config import default_engine
+from hvdflow.tasks.train.summary import profile_lines, throughput_lines
 from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 from tests.helpers import rank_processes, terminate, user_project, wait_for_no_ranks
 
@@ -231,28 +232,3 @@ def test_a_served_deployment_runs_when_triggered_and_stops_its_ranks_when_cancel
         services.down()
         prefect_server.stop()
     assert wait_for_no_ranks() == []
-
-
-@pytest.mark.unit
-def test_the_summary_names_each_throughput_for_what_it_measures():
-    summary = {"steady_images_per_s": 2498.9, "images_per_s": 121.1, "wall_clock_s": 23.3}
-    assert throughput_lines(summary) == [
-        "training throughput (steady state): 2498.9 images/s (epochs after the first)",
-        "wall clock incl. launch: 121.1 images/s, 23.3 s",
-    ]
-    assert throughput_lines({**summary, "steady_images_per_s": None}) == [
-        "wall clock incl. launch: 121.1 images/s, 23.3 s"
-    ]
-
-
-@pytest.mark.unit
-def test_the_summary_says_where_a_profiled_step_went():
-    shares = {"step_ms": 140.3, "ops": 0.893, "input": 0.001, "waiting_in_step": 0.101}
-    profile = {"batches": [20, 40], **shares, "between_steps": 0.005}
-    assert profile_lines({"profile": profile}) == [
-        "profile of batches [20, 40) on rank 0: step 140.3 ms, ops running 89%, input 0%, "
-        "waiting for allreduces 10%, between steps 0% (the MLflow run's artifacts, profile/; "
-        "TensorBoard's Profile tab reads a download)"
-    ]
-    # No profile asked: the summary says nothing of one.
-    assert profile_lines({"profile": None}) == []

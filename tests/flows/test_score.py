@@ -27,7 +27,7 @@ def champion(prefect_harness, spark, seaweed, mlflow_server, tmp_path_factory):
     """Train and register with the pipeline flow: (champion version, held-out folder, good)."""
     from mlflow import MlflowClient
 
-    from hvdflow.flows.pipeline import PipelineParams, pipeline
+    from hvdflow.flows.prefect.pipeline import PipelineParams, pipeline
 
     root = tmp_path_factory.mktemp("score-flow")
     write_digits(root / "train", range(1400), bad=False)
@@ -64,7 +64,7 @@ def test_the_champion_scores_held_out_images_and_the_run_is_recorded(champion, t
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
 
-    from hvdflow.flows.score import ARTIFACT_KEY, score
+    from hvdflow.flows.prefect.scoring import ARTIFACT_KEY, score
     from hvdflow.tasks.score.record import LAST_OUTPUT_TAG, LAST_RUN_TAG
 
     version, heldout, good = champion
@@ -119,7 +119,7 @@ def test_the_champion_scores_held_out_images_and_the_run_is_recorded(champion, t
 def test_a_missing_alias_fails_the_flow_naming_the_aliases_the_model_has(
     champion, tracking, tmp_path
 ):
-    from hvdflow.flows.score import score
+    from hvdflow.flows.prefect.scoring import score
 
     version, heldout, _good = champion
     params = ScoreParams(model={"name": MODEL, "alias": "production"}, data={"input": str(heldout)})
@@ -167,7 +167,7 @@ def test_a_bad_score_parameter_is_one_line_exit_2_and_starts_nothing(
 
 @pytest.mark.unit
 def test_the_scoring_flow_deploys_with_its_parameters(tmp_path):
-    from hvdflow.flows.score import score
+    from hvdflow.flows.prefect.scoring import score
 
     params = ScoreParams(model={"name": "m", "version": "2"}, data={"input": str(tmp_path)})
     deployment = score.to_deployment(

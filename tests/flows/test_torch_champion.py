@@ -16,7 +16,7 @@ HELD_OUT = range(1400, 1440)
 def torch_champion(prefect_harness, spark, seaweed, mlflow_server, tmp_path_factory):
     """Train and register with the pipeline flow at np=2: (summary, held-out folder, good)."""
     pytest.importorskip("torch", reason="torch is not installed (the classic profile has it)")
-    from hvdflow.flows.pipeline import PipelineParams, pipeline
+    from hvdflow.flows.prefect.pipeline import PipelineParams, pipeline
 
     root = tmp_path_factory.mktemp("torch-champion")
     write_digits(root / "train", range(1400), bad=False)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdflow.flows.benchmark import BenchParams, benchmark
-from hvdflow.flows.pipeline import PipelineParams, pipeline
+from hvdflow.flows.prefect.benchmark import BenchParams, benchmark
+from hvdflow.flows.prefect.pipeline import PipelineParams, pipeline
 from tests.helpers import http_server, wait_for_no_ranks
 
 # Larger files are not read back from the bucket: weights and Parquet, no text records.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from hvdflow.flows.benchmark import BenchParams
-from hvdflow.flows.pipeline import PipelineParams
+from hvdflow.flows.prefect.benchmark import BenchParams
+from hvdflow.flows.prefect.pipeline import PipelineParams
 from hvdflow.infra import extras
 from hvdflow.tasks.config import DataParams, LauncherParams, TrackingParams, TrainingParams
 

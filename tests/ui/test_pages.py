@@ -104,7 +104,7 @@ def test_the_mlflow_model_page_shows_champion_and_what_produced_the_version(
 
 
 # A flow that publishes PNG plots as the benchmark flow does
-# (hvdflow.flows.benchmark.plots_markdown).
+# (hvdflow.flows.prefect.benchmark.plots_markdown).
 PLOTS_FLOW = textwrap.dedent(
     """
     import sys
@@ -118,7 +118,7 @@ PLOTS_FLOW = textwrap.dedent(
     from prefect.artifacts import create_markdown_artifact
     from prefect.runtime import flow_run
 
-    from hvdflow.flows.benchmark import plots_markdown
+    from hvdflow.flows.prefect.benchmark import plots_markdown
 
 
     @flow(name="tests-benchmark-plots")

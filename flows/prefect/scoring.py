@@ -14,8 +14,9 @@ from prefect.runtime import flow_run
 from hvdflow.flows.params import ScoreParams
 from hvdflow.flows.prefect.score import find_model_step, record_step, score_step
 from hvdflow.flows.prefect.train import check_tracking_step
-from hvdflow.infra.secrets import redact_url, tracking_login
+from hvdflow.infra.secrets import tracking_login
 from hvdflow.infra.tracking import tracking_uri
+from hvdflow.tasks.score.summary import scoring_summary
 
 ARTIFACT_KEY = "hvdflow-score-summary"
 
@@ -29,36 +30,22 @@ def score(params: ScoreParams) -> dict:
         check_tracking_step(uri)
         model = find_model_step(params.model, uri)
         result = score_step(config, model, params.spark_master)
-        run_id, experiment_id = record_step(uri, params.experiment, model, config, result)
-    summary = _summary(params, model, result, uri, run_id, experiment_id)
+        recorded = record_step(uri, params.experiment, model, config, result)
+    this_run = str(flow_run.get_id()) if flow_run.get_id() else None
+    summary = scoring_summary(
+        model,
+        config,
+        result,
+        recorded,
+        tracking_uri=uri,
+        asked=params.model.uri,
+        origin_run_id=this_run,
+    )
     create_markdown_artifact(
         key=ARTIFACT_KEY, description="Predictions per class", markdown=summary_markdown(summary)
     )
     logger.info("done: %d images scored with %s", result.scored, model.uri)
     return summary
-
-
-def _summary(params, model, result, uri: str, run_id: str, experiment_id: str) -> dict:
-    base = redact_url(uri).rstrip("/")
-    http = base.startswith("http")
-    return {
-        "flow_run_id": str(flow_run.get_id()) if flow_run.get_id() else None,
-        "model": model.uri,
-        "model_asked": params.model.uri,
-        "model_version": model.version,
-        "model_url": f"{base}/#/models/{model.name}/versions/{model.version}" if http else None,
-        "mlflow_run_id": run_id,
-        "mlflow_run_url": f"{base}/#/experiments/{experiment_id}/runs/{run_id}" if http else run_id,
-        "input": params.data.input,
-        "output": result.output,
-        "predictions": result.predictions_url,
-        "scored": result.scored,
-        "quarantined": result.quarantined,
-        "quarantine_path": result.quarantine_path,
-        "counts": result.counts,
-        "images_per_s": round(result.images_per_s, 1),
-        "executors": result.executors,
-    }
 
 
 def summary_markdown(summary: dict) -> str:

@@ -1,6 +1,6 @@
 """``hvdflow deploy``: the pipeline, the benchmark and scoring as deployments of a work pool.
 
-The entrypoints are module paths (``hvdflow.flows.pipeline.pipeline``, ...), not files of a
+The entrypoints are module paths (``hvdflow.flows.prefect.pipeline.pipeline``, ...), not files of a
 checkout: a worker started in any folder of any machine where hvdflow is installed (a virtual
 environment, a container image) runs them, with nothing pulled and nothing built. prefect.yaml
 remains for a worker that shares the deploying machine's checkout.
@@ -19,11 +19,11 @@ from prefect.deployments.runner import EntrypointType
 from prefect.events import DeploymentEventTrigger
 from prefect.exceptions import ObjectNotFound
 
-from hvdflow.flows.benchmark import benchmark
 from hvdflow.flows.params import PipelineParams, ScoreParams
-from hvdflow.flows.pipeline import pipeline
+from hvdflow.flows.prefect.benchmark import benchmark
 from hvdflow.flows.prefect.events import CHAMPION_MOVED, MODEL_NAME, MODEL_VERSION
-from hvdflow.flows.score import score
+from hvdflow.flows.prefect.pipeline import pipeline
+from hvdflow.flows.prefect.scoring import score
 
 PIPELINE, BENCHMARK, SCORE = "hvdflow-pipeline", "hvdflow-benchmark", "hvdflow-score"
 
