@@ -45,7 +45,16 @@ def finish_training(
         import mlflow  # noqa: PLC0415 (lazy: only rank 0 of a tracked run registers)
 
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
-        version, evaluation = log_model()
+        version = registered_version(spec.tracking.registered_model_name, spec.tracking.run_id)
+        if version is not None:
+            # An earlier attempt of this run registered, then died before its flow recorded
+            # it: the same run, the same final weights (its checkpoint), one version.
+            log_to_driver(
+                f"MLflow run {spec.tracking.run_id} already registered version {version} of "
+                f"{spec.tracking.registered_model_name} (an earlier attempt): not again"
+            )
+        else:
+            version, evaluation = log_model()
     return RankResult(
         size=size,
         history={key: tuple(values) for key, values in history.items()},
@@ -62,3 +71,13 @@ def finish_training(
         evaluation=evaluation,
         profile=profile,
     )
+
+
+def registered_version(name: str | None, run_id: str) -> str | None:
+    """The version of registered model ``name`` that MLflow run ``run_id`` registered; None
+    when it registered none (the newest, if several: registered by an older hvdflow)."""
+    from mlflow import MlflowClient  # noqa: PLC0415 (lazy: it loads MLflow)
+
+    found = MlflowClient().search_model_versions(f"run_id = '{run_id}'")
+    versions = [int(v.version) for v in found if v.name == name]
+    return str(max(versions)) if versions else None
