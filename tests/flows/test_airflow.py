@@ -106,9 +106,16 @@ def test_the_pipeline_dag_registers_a_champion_that_the_scoring_dag_scores_with(
     assert set(states.values()) == {"success"}, states
     trained = airflow.xcom(PIPELINE, good, "train")
     assert "champion" in trained["aliases"] and trained["model_version"] == "1"
-    # Rank output, rank-prefixed, in the train task's log.
+    # The same summary as the Prefect flow's: the DAG run, the links, both throughputs.
+    assert (
+        trained["flow_run_id"] == f"{PIPELINE}/{good}" and trained["model"] == f"models:/{MODEL}/1"
+    )
+    assert trained["mlflow_run_url"].endswith(f"/runs/{trained['mlflow_run_id']}")
+    assert trained["steady_images_per_s"] > 0 and trained["dataset"]
+    # Rank output, rank-prefixed, in the train task's log; the throughput words after it.
     log = airflow.task_log(PIPELINE, good, "train")
     assert "[1,0]<" in log and "[1,1]<" in log, log[-3000:]
+    assert "training throughput (steady state)" in log, log[-3000:]
 
     client = MlflowClient(own_tracking_server.tracking_uri)
     version = client.get_model_version(MODEL, "1")
@@ -128,6 +135,7 @@ def test_the_pipeline_dag_registers_a_champion_that_the_scoring_dag_scores_with(
     assert scoring["state"] == "success", airflow.task_states(SCORE, scoring["dag_run_id"])
     scored = airflow.xcom(SCORE, scoring["dag_run_id"], "score")
     assert scored["model_version"] == "1" and scored["scored"] == len(HELD_OUT)
+    assert scored["flow_run_id"] == f"{SCORE}/{scoring['dag_run_id']}"
 
     # The same parameters through the Prefect flow give the same card, except the run link.
     from hvdflow.flows.prefect.pipeline import pipeline
