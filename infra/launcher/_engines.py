@@ -215,10 +215,19 @@ def _set_torch_envs(
         env.update({name: value for name, value in torchrun.items() if name not in env})
 
 
+def _in_horovod_rank() -> None:
+    _report_init_reached()
+    # Keras' fit hands a user's dataset to the default strategy too: each epoch over a dataset
+    # without repeat() would wait up to a minute for tf.data's autotuning thread (tf_datasets).
+    patch_on_import(tf_datasets.STRATEGIES_MODULE, tf_datasets.wrap_distributed_datasets)
+
+
 def _in_tf_collective_rank() -> None:
     _report_strategy_created()
-    # fit's end would wait up to a minute for tf.data's autotuning thread (tf_datasets).
+    # fit's end, and each epoch's over a dataset without repeat(), would wait up to a minute
+    # for tf.data's autotuning thread (tf_datasets).
     patch_on_import(tf_datasets.DEVICE_DATASETS_MODULE, tf_datasets.wrap_device_datasets)
+    patch_on_import(tf_datasets.STRATEGIES_MODULE, tf_datasets.wrap_distributed_datasets)
 
 
 ENGINES = {
@@ -230,7 +239,7 @@ ENGINES = {
             rendezvous=True,
             extra=extras.HOROVOD,
             task_env=None,
-            in_rank=_report_init_reached,
+            in_rank=_in_horovod_rank,
         ),
         Engine(
             name=_wire.TF_COLLECTIVE,

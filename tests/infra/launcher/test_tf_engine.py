@@ -101,22 +101,30 @@ def test_no_tf_worker_exits_while_another_is_still_in_main(spark, tmp_path):
     assert wait_for_no_ranks() == []
 
 
-def device_datasets_wrapped() -> bool:
+def device_datasets_wrapped() -> list[bool]:
+    """Whether each builder is wrapped: the strategy's own device datasets, the user's it
+    distributes."""
     from tensorflow.python.data.ops import multi_device_iterator_ops as devices
+    from tensorflow.python.distribute import distribute_lib
 
-    return getattr(devices._create_device_dataset, "hvdflow_without_autotuning", False)
+    distribute = distribute_lib.StrategyBase.experimental_distribute_dataset
+    marks = [
+        getattr(f, "hvdflow_without_autotuning", False)
+        for f in (devices._create_device_dataset, distribute)
+    ]
+    return marks
 
 
 @pytest.mark.integration
 @pytest.mark.current
 def test_every_tf_worker_builds_the_strategys_device_datasets_without_autotuning():
     # A user's train_fn (MirroredStrategyRunner's) never calls the pipeline's engine: the rank
-    # wraps the builder when TensorFlow loads it, so fit's end does not wait for autotuning.
-    assert HorovodRunner(np=-1, options=LaunchOptions(engine="tf_collective")).run(
-        device_datasets_wrapped
-    )
-    if extras.installed(extras.HOROVOD):
-        assert not HorovodRunner(np=-1).run(device_datasets_wrapped)  # Horovod ranks: untouched
+    # wraps the builders when TensorFlow loads them, so neither fit's end nor an epoch's waits
+    # for autotuning.
+    tf_collective = HorovodRunner(np=-1, options=LaunchOptions(engine="tf_collective"))
+    assert tf_collective.run(device_datasets_wrapped) == [True, True]
+    if extras.installed(extras.HOROVOD):  # Horovod ranks: a user's dataset only (no strategy)
+        assert HorovodRunner(np=-1).run(device_datasets_wrapped) == [False, True]
 
 
 @pytest.mark.integration
