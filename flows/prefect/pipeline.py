@@ -50,7 +50,8 @@ def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
                 storage,
                 spark_master=master,
             )
-        train, config = train_step.with_options(result_storage=storage), params.train_config()
+        config = params.train_config()
+        train = train_step.with_options(result_storage=storage)
         result = train(config, dataset, weights, uri, master)
         summary = training_summary(
             result, config, dataset=dataset, weights=weights, origin=this_flow_run()
