@@ -1,0 +1,98 @@
+"""A bare MultiWorkerMirroredStrategy step, without hvdflow: what TensorFlow itself costs.
+
+Two worker processes on this machine (TF_CONFIG, RING collectives, one core each) train the
+digits MLP of ``training.models`` with ``model.fit`` on in-memory images repeated
+(``steps_per_epoch`` steps of ``--batch`` a worker, 3 epochs) and print the steady milliseconds
+a step. Run it with each profile's interpreter to see whether a gap between the profiles'
+distributed steps is TensorFlow's own (BENCHMARKS.md, the current profile against the classic):
+
+    .venv/bin/python -m studies.mwms_step
+    TF_USE_LEGACY_KERAS=1 .venv-current/bin/python -m studies.mwms_step
+    .venv/bin/python -m studies.mwms_step --pack-mib 32 --steps-per-execution 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+STEPS = 937
+
+
+def worker(index: int, ports: list[int], args: argparse.Namespace) -> None:
+    """One worker; the first prints the figures."""
+    workers = [f"127.0.0.1:{port}" for port in ports]
+    task = {"type": "worker", "index": index}
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": task})
+    import numpy as np  # noqa: PLC0415 (after TF_CONFIG, in the worker)
+    import tensorflow as tf  # noqa: PLC0415
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        bytes_per_pack=args.pack_mib << 20,
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((30_000, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 30_000)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch * 2).repeat()
+    with strategy.scope():
+        model = tf.keras.Sequential(  # training.models' digits_mlp
+            [
+                tf.keras.layers.Input(shape=(8, 8, 1)),
+                tf.keras.layers.Flatten(),
+                tf.keras.layers.Dense(32, activation="relu"),
+                tf.keras.layers.Dense(10, activation="softmax"),
+            ]
+        )
+        model.compile(
+            tf.keras.optimizers.Adam(0.01),
+            "sparse_categorical_crossentropy",
+            steps_per_execution=args.steps_per_execution,
+        )
+    stamps: list[float] = []
+    stamp = tf.keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda *_: stamps.append(time.time()),
+        on_epoch_end=lambda *_: stamps.append(time.time()),
+    )
+    model.fit(dataset, epochs=3, steps_per_epoch=STEPS, callbacks=[stamp], verbose=0)
+    if index == 0:
+        epochs = [end - begin for begin, end in zip(stamps[::2], stamps[1::2], strict=True)]
+        steady_ms = 1000 * sum(epochs[1:]) / (len(epochs) - 1) / STEPS
+        figures = {"tensorflow": tf.__version__, **vars(args), "ms_per_step": round(steady_ms, 2)}
+        print(json.dumps(figures), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32, help="images a step, per worker")
+    parser.add_argument("--pack-mib", type=int, default=0, help="bytes_per_pack, MiB (0: auto)")
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ports", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        index, ports = args.worker, [int(port) for port in args.ports.split(",")]
+        del args.worker, args.ports  # the figures print the rest of the arguments
+        worker(index, ports, args)
+        return 0
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = ",".join(str(s.getsockname()[1]) for s in sockets)
+    for s in sockets:
+        s.close()
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    base = [sys.executable, "-m", "studies.mwms_step", *(argv or sys.argv[1:])]
+    workers = [
+        subprocess.Popen([*base, "--worker", str(i), "--ports", ports], env=env) for i in range(2)
+    ]
+    return max(w.wait() for w in workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
