@@ -116,8 +116,9 @@ def stage_weights(params: dict, dataset: dict) -> dict | None:
 
 
 def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> dict:
-    """Steps 3 and 4: train with np ranks, track in MLflow, register; the training's summary
-    (``hvdflow.tasks.train.summary``, the same as the Prefect flow's), which the registry holds.
+    """Steps 3 and 4: train with np ranks, track in MLflow, register; returns the training's
+    summary (``hvdflow.tasks.train.summary``, as the Prefect flow does): its links, its
+    throughputs and what the registry holds.
 
     ``dag_run``: the DAG run's ``dag_id``, ``run_id`` and page ``url``, which tag the MLflow run
     and the registered version (a task retried in the same DAG run resumes its MLflow run)."""
@@ -161,14 +162,13 @@ def score(score_params: dict, version: str, origin_run_id: str | None = None) ->
             result = score_images(spark, config, scoring_model)
         recorded = record_scoring(uri, params.experiment, scoring_model, config, result)
     logger.info("%d images scored into %s", result.scored, result.predictions_url)
-    asked = params.model.uri
     return scoring_summary(
         scoring_model,
         config,
         result,
         recorded,
         tracking_uri=uri,
-        asked=asked,
+        asked=params.model.uri,
         origin_run_id=origin_run_id,
     )
 
