@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.uv import uv, uv_env
+from tests.uv import run_cached_first, uv, uv_env
 
 ROOT = Path.home() / ".cache" / "hvdflow" / "test-envs"
 COMPLETE = ".complete"
@@ -36,7 +36,7 @@ def model_env(requirements: Path) -> Path:
         env_vars = uv_env()  # only the model's requirements: nothing of this environment's
         venv = [uv(), "venv", "--quiet", "--python", sys.executable, str(env)]
         subprocess.run(venv, check=True, env=env_vars)
-        subprocess.run(
+        run_cached_first(
             [uv(), "pip", "install", "--quiet", "--python", str(env / "bin" / "python"),
              "-r", str(requirements)],
             check=True, timeout=1200, env=env_vars,

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.uv import uv, uv_env
+from tests.uv import run_cached_first, uv, uv_env
 from tests.wheel import ROOT, build_wheel
 
 pytestmark = [
@@ -70,7 +70,7 @@ def test_the_wheel_in_a_fresh_python_313_trains_with_tf_collective_and_registers
     # profiles compile theirs for the suite's ~600 processes); the run below writes what it
     # imports, since a new user's shell has no PYTHONDONTWRITEBYTECODE.
     install_env = {k: v for k, v in uv_env().items() if k != "UV_COMPILE_BYTECODE"}
-    install = subprocess.run(
+    install = run_cached_first(
         [uv(), "pip", "install", "--quiet", "--python", python,
          "-c", str(ROOT / "requirements" / "current.txt"), str(wheel)],
         env=install_env, capture_output=True, text=True, timeout=900,

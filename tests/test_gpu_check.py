@@ -12,7 +12,7 @@ from importlib.metadata import version
 
 import pytest
 
-from tests.uv import CHECKOUT, uv, uv_env
+from tests.uv import CHECKOUT, run_cached_first, uv, uv_env
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(CHECKOUT / "scripts" / "gpu-check.sh")
@@ -45,7 +45,7 @@ def test_the_torch_trainer_runs_where_only_torch_numpy_and_pyarrow_are_installed
     # What the GPU machines hold (device/KINDS.md) and hvdflow's trainer needs; nothing else.
     pins = [f"{name}=={version(name)}" for name in ("torch", "numpy", "pyarrow")]
     install = [uv(), "pip", "install", "-q", "-p", str(venv / "bin" / "python"), *pins]
-    subprocess.run(install, check=True, env=env)
+    run_cached_first(install, check=True, env=env)
 
     figures, printed = _check(tmp_path, str(venv / "bin" / "python"))
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.uv import uv, uv_env
+from tests.uv import run_cached_first, uv, uv_env
 from tests.wheel import ROOT
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ def resolve(tmp_path, python: str, *requirements: str) -> dict[str, str]:
     """What the wheel's ranges resolve to beside ``requirements`` on ``python``: name -> version."""
     wanted = tmp_path / "wanted.txt"
     wanted.write_text("\n".join(requirements) + "\n")
-    compiled = subprocess.run(
+    compiled = run_cached_first(
         [uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
          str(ROOT / "pyproject.toml"), str(wanted),
          "--python-version", python, "--python-platform", "x86_64-manylinux_2_28"],

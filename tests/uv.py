@@ -36,3 +36,16 @@ def uv_env() -> dict[str, str]:
     if links.split():
         env["UV_FIND_LINKS"] = ",".join(links.split())
     return env
+
+
+def run_cached_first(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Runs a uv command from uv's cache alone (``--offline``), and online only when that fails.
+
+    These tests pin or prefer versions uv has already fetched. Online, behind a proxy that strips
+    cache headers (this machine's), each run downloaded pyspark's 450 MB source again and kept it
+    unpacked as a new cache entry: 4 GB a suite run, until the disk filled.
+    """
+    offline = subprocess.run([*command, "--offline"], **{**kwargs, "check": False})
+    if offline.returncode == 0:
+        return offline
+    return subprocess.run(command, **kwargs)
