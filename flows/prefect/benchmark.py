@@ -29,6 +29,7 @@ from hvdflow.flows.prefect.weights import stage_weights_for
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import get_spark
+from hvdflow.infra.stdio import outlive_reader
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import GRAPH_MODELS, LauncherParams
 from hvdflow.tasks.train.run import training_spec
@@ -68,6 +69,7 @@ def measure_step(
 
 @flow(name="hvdflow-benchmark")
 def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
+    outlive_reader()  # a run orphaned by its worker's death goes on (hvdflow.infra.stdio)
     logger = get_run_logger()
     # A user:password in the tracking URI goes to MLflow's login variables for the run: no task
     # input, result or printed link carries it.
