@@ -78,8 +78,12 @@ def mlflow_of(flow_run_id, epochs: int, completed: bool) -> dict:
     problems = []
     if completed and len(runs) != 1:
         problems.append(f"{len(runs)} MLflow runs for one completed flow run")
-    figures = {"runs": len(runs)}
+    figures = {"runs": len(runs), "versions": 0}
     for run in runs:
+        # One registered version per flow run, whatever was retried inside it: a consumer of the
+        # registry must never meet a version that no finished flow run owns.
+        versions = client.search_model_versions(f"run_id = '{run.info.run_id}'")
+        figures["versions"] += len(versions)
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
         if len(steps) != len(set(steps)):
             problems.append(f"MLflow run {run.info.run_id}: an epoch logged twice ({steps})")
@@ -92,6 +96,8 @@ def mlflow_of(flow_run_id, epochs: int, completed: bool) -> dict:
             "val_accuracy": run.data.metrics.get("val_accuracy"),
             "epochs_logged": len(set(steps)),
         }
+    if figures["versions"] > 1 or (completed and figures["versions"] == 0):
+        problems.append(f"{figures['versions']} registered versions for one flow run")
     figures["problems"] = problems
     return figures
 

@@ -50,8 +50,19 @@ def summary(records, idle) -> dict:
         "leftover_processes": leftovers,
         "reasons": {r.planned.index: r.outcome.get("reason") for r in failed},
         "epochs_recomputed": sum(r.outcome.get("epochs_recomputed", 0) for r in records),
+        # Flow runs by how many model versions they registered: every completed run exactly one.
+        "versions_per_run": _versions_per_run(records),
         "tmp_at_end": _tmp(idle[-1]) if idle else {},
     }
+
+
+def _versions_per_run(records) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        ended = "completed" if r.outcome.get("state") == "COMPLETED" else "not completed"
+        key = f"{r.mlflow.get('versions', 0)} ({ended})"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _tmp(check) -> dict:
