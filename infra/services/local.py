@@ -36,7 +36,7 @@ from hvdflow.infra.services._process import (
 from hvdflow.infra.services._service import Service
 from hvdflow.infra.services.mlflow_server import MlflowServer
 from hvdflow.infra.services.prefect_server import PrefectServer
-from hvdflow.infra.services.seaweed import SeaweedServer
+from hvdflow.infra.services.seaweed import SeaweedServer, remove_unix_sockets
 from hvdflow.infra.storage.locks import machine_lock
 
 STATE_FILE = "services.json"
@@ -265,6 +265,8 @@ class LocalServices:
             stop_process_group(
                 state[name]["pid"], service.STOP_TIMEOUT_S, kill_expected=service.KILL_EXPECTED
             )
+        if "s3" in stopped:
+            remove_unix_sockets(self.home / "seaweed")
         if self.state_path.exists():
             self.state_path.unlink()
         return stopped

@@ -44,6 +44,12 @@ IDENTITY_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
 TLS_VALID_DAYS = 3650
 # SeaweedFS components whose gRPC servers and clients use the generated certificate.
 TLS_COMPONENTS = ("master", "volume", "filer", "s3")
+# `weed server` also serves each component on a unix socket at a path it hard-codes in /tmp
+# (seaweedfs-<component>[-grpc]-<port>.sock) and leaves them there when it stops: a hundred an
+# hour in the suite. The ports a start used are kept in its home (SOCKETS_FILE) and their
+# sockets removed once it has stopped, by stop(), `hvdflow down` or the next start.
+SOCKET_DIR = Path("/tmp")
+SOCKETS_FILE = "unix-sockets.txt"
 
 
 def weed_binary() -> str:
@@ -227,6 +233,7 @@ class SeaweedServer(Service):
         }
 
     def _prepare(self) -> None:
+        remove_unix_sockets(self.home)  # a killed server's, from this home's last start
         (self.home / "data").mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         write_private(self.identities_path, json.dumps(identities_config(self.credentials)))
@@ -239,6 +246,8 @@ class SeaweedServer(Service):
         for name in ("master", "volume", "filer"):
             ports[name] = free_port(used, neighbour_offset=GRPC_PORT_OFFSET)
             used |= {ports[name], ports[name] + GRPC_PORT_OFFSET}
+        s3_grpc = free_port(used, host=self.host)
+        _record_sockets(self.home, {**ports, "s3": self.port}, s3_grpc)
         return [
             weed_binary(),
             # Its security.toml (gRPC TLS) from here only, not from the current directory or ~.
@@ -262,8 +271,12 @@ class SeaweedServer(Service):
             # Fixed-port extras hvdflow does not use; they would clash between two servers.
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-s3.port.grpc={free_port(used, host=self.host)}",
+            f"-s3.port.grpc={s3_grpc}",
         ]
+
+    def stop(self) -> None:
+        super().stop()
+        remove_unix_sockets(self.home)
 
     def _env(self) -> dict[str, str]:
         # SeaweedFS turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its own environment into
@@ -282,3 +295,28 @@ class SeaweedServer(Service):
             store = ObjectStore(ObjectStoreConfig(endpoint_url=self.endpoint_url, attempts=1))
             store._client.list_buckets()
         return True
+
+
+def _record_sockets(home: Path, ports: dict[str, int], s3_grpc: int) -> None:
+    paths = []
+    for component, port in ports.items():
+        grpc = s3_grpc if component == "s3" else port + GRPC_PORT_OFFSET
+        paths += [
+            SOCKET_DIR / f"seaweedfs-{component}-{port}.sock",
+            SOCKET_DIR / f"seaweedfs-{component}-grpc-{grpc}.sock",
+        ]
+    home.mkdir(parents=True, exist_ok=True)
+    (home / SOCKETS_FILE).write_text("".join(f"{path}\n" for path in paths))
+
+
+def remove_unix_sockets(home: str | Path) -> None:
+    """Removes the unix sockets that the last server started in ``home`` left in /tmp (call it
+    once that server has stopped)."""
+    record = Path(home) / SOCKETS_FILE
+    if not record.exists():
+        return
+    for line in record.read_text().split():
+        path = Path(line)
+        if path.parent == SOCKET_DIR and path.name.startswith("seaweedfs-") and path.is_socket():
+            path.unlink(missing_ok=True)
+    record.unlink(missing_ok=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import boto3
 import grpc
 import pytest
@@ -109,3 +111,28 @@ def test_its_grpc_port_does_not_take_an_identity_without_a_client_certificate(se
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     intruder = s3_client(seaweed.endpoint_url, "INTRUDERKEY", "intruder-secret")
     assert refusal(intruder.list_buckets) == (403, "InvalidAccessKeyId")
+
+
+def test_its_unix_sockets_in_tmp_go_when_it_stops_or_at_the_next_start_after_a_kill(tmp_path):
+    """`weed server` leaves its /tmp/seaweedfs-*.sock behind; the wrapper removes them."""
+    import signal
+
+    from hvdflow.infra.services.seaweed import SOCKETS_FILE, SeaweedServer
+
+    def sockets() -> list[Path]:
+        listed = [Path(p) for p in (tmp_path / SOCKETS_FILE).read_text().split()]
+        return [p for p in listed if p.is_socket()]
+
+    server = SeaweedServer(tmp_path).start()
+    killed = sockets()
+    assert killed, "expected SeaweedFS to serve on unix sockets in /tmp"
+    server.process.send_signal(signal.SIGKILL)  # no stop(): what a crash or the OOM killer does
+    server.process.wait(10)
+    assert all(p.is_socket() for p in killed)
+
+    server.start()  # the next start removes the killed server's (but the S3 port's: it is kept)
+    running = sockets()
+    assert not any(p.is_socket() for p in killed if p not in running)
+    assert len(set(killed) - set(running)) >= 3  # the master's, volume's and filer's ports moved
+    server.stop()
+    assert running and not any(p.is_socket() for p in running)
