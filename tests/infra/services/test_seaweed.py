@@ -124,15 +124,17 @@ def test_its_unix_sockets_in_tmp_go_when_it_stops_or_at_the_next_start_after_a_k
         return [p for p in listed if p.is_socket()]
 
     server = SeaweedServer(tmp_path).start()
-    killed = sockets()
-    assert killed, "expected SeaweedFS to serve on unix sockets in /tmp"
-    server.process.send_signal(signal.SIGKILL)  # no stop(): what a crash or the OOM killer does
-    server.process.wait(10)
-    assert all(p.is_socket() for p in killed)
+    try:
+        killed = sockets()
+        assert killed, "expected SeaweedFS to serve on unix sockets in /tmp"
+        server.process.send_signal(signal.SIGKILL)  # no stop(): what a crash or OOM kill does
+        server.process.wait(10)
+        assert all(p.is_socket() for p in killed)
 
-    server.start()  # the next start removes the killed server's (but the S3 port's: it is kept)
-    running = sockets()
-    assert not any(p.is_socket() for p in killed if p not in running)
-    assert len(set(killed) - set(running)) >= 3  # the master's, volume's and filer's ports moved
-    server.stop()
+        server.start()  # the next start removes the killed one's (not the S3 port's: kept)
+        running = sockets()
+        assert not any(p.is_socket() for p in killed if p not in running)
+        assert len(set(killed) - set(running)) >= 3  # the master's, volume's and filer's moved
+    finally:
+        server.stop()
     assert running and not any(p.is_socket() for p in running)
