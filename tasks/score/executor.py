@@ -135,9 +135,11 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
         raise
     finally:
         fetcher.close()
+        # This worker may end without running its atexit hooks, AutoGraph's among them.
+        generated = model_cache.forget_generated_sources()
     elapsed = time.perf_counter() - started
     timing["fetch_decode_write"] = elapsed - timing["load"] - timing["predict"]
-    return _report(plan, partition, out, counts, bad, timing, client)
+    return _report(plan, partition, out, counts, bad, timing, client, generated)
 
 
 def _items(batches):
@@ -149,7 +151,7 @@ def _items(batches):
             yield Item(source, "", path, problem=problem or None, row_group=row_group)
 
 
-def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
+def _report(plan, partition, out, counts, bad, timing, client, generated) -> list[tuple]:
     rows: list[tuple] = []
     if out.rows:
         rows.append(("predictions", part_name(partition), out.rows))
@@ -166,6 +168,9 @@ def _report(plan, partition, out, counts, bad, timing, client) -> list[tuple]:
         "pid": os.getpid(),
         "loads": model_cache.loads(),
         "horovod": "horovod" in sys.modules,
+        # AutoGraph's modules in this process, and how many of their files are still in /tmp.
+        "autograph_modules": generated[0],
+        "autograph_files_left": generated[1],
     }
     rows.append(("process", json.dumps(process, sort_keys=True), 0))
     rows += [("milliseconds", kind, int(seconds * 1000)) for kind, seconds in timing.items()]

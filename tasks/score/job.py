@@ -56,7 +56,7 @@ class ScoreResult:
     counts: dict[str, int]  # class name -> images predicted as it
     quarantine_path: str
     seconds: float
-    executors: list[dict] = field(default_factory=list)  # host, pid, loads, horovod
+    executors: list[dict] = field(default_factory=list)  # host, pid, loads, horovod, autograph_*
     milliseconds: dict[str, int] = field(default_factory=dict)  # where the tasks' time went
 
     @property

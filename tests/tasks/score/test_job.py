@@ -116,6 +116,10 @@ def test_every_good_image_gets_one_prediction_equal_to_the_models_own_predict(
 
     # No executor imported horovod, and each loaded the model once for all its batches.
     assert first.executors and not any(e["horovod"] for e in first.executors)
+    # Keras' predict went through AutoGraph, whose module files the workers did not leave in
+    # /tmp (a PySpark worker ends with os._exit, before AutoGraph's own atexit clean-up).
+    assert any(e["autograph_modules"] for e in first.executors), first.executors
+    assert not any(e["autograph_files_left"] for e in first.executors), first.executors
     loads = {(e["host"], e["pid"]): e["loads"] for e in first.executors}
     # A second run in the same Spark session reuses the processes' models: no new load.
     second = score_images(
