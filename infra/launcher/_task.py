@@ -20,7 +20,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reas
 from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 from hvdflow.infra.launcher._task_context import TaskContextServer
+from hvdflow.infra.launcher._workdir import rank_workdir
 from hvdflow.infra.launcher.errors import RankFailed, rank_failed
 
 # How long a task waits to connect to the driver's channel.
@@ -348,7 +348,7 @@ def _supervise(
         tail.append(_wire.tail_line(line.formatted()))
         link.send({"type": _wire.LINE, **line.__dict__})
 
-    with tempfile.TemporaryDirectory(prefix=f"hvdflow-rank{rank}-") as workdir:
+    with rank_workdir(rank) as workdir:
         payload_path = os.path.join(workdir, "payload.pkl")
         result_path = os.path.join(workdir, "result.pkl")
         stacks_path = os.path.join(workdir, "stacks.txt")
