@@ -48,6 +48,7 @@ class Engine:
     strategy: Any = None  # the tf.distribute strategy of tf_collective
     fp16_compression: bool = False
     _hvd: Any = field(default=None, repr=False)
+    _sum: Any = field(default=None, repr=False)
 
     def scope(self):
         """Build model and optimizer in here (the strategy's scope for tf_collective)."""
@@ -81,12 +82,33 @@ class Engine:
         if self._hvd is not None:
             summed = self._hvd.allreduce(tensor, op=self._hvd.Sum, name="hvdflow_sum")
         else:
-            sum_ = tf.distribute.ReduceOp.SUM
-            per_replica = self.strategy.run(
-                lambda: tf.distribute.get_replica_context().all_reduce(sum_, tensor)
-            )
-            summed = self.strategy.experimental_local_results(per_replica)[0]
+            summed = self._strategy_sum()(tensor)
         return [float(v) for v in summed.numpy()]
+
+    def _strategy_sum(self):
+        """The strategy's all-reduce of a float64 vector as one graph function, traced once.
+
+        Called eagerly (``strategy.run`` outside a function), the same all-reduce took 1.0 s
+        instead of 0.01-0.03 on one rank or the other in about 40% of the interval evaluations
+        on TensorFlow 2.21 (2 ranks, 33 evaluations); traced once, none of 21 did after the
+        first (BENCHMARKS.md, "The 1.0 s stalls")."""
+        if self._sum is None:
+            import tensorflow as tf
+
+            strategy, sum_ = self.strategy, tf.distribute.ReduceOp.SUM
+            device = strategy.extended.worker_devices[0]
+
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)])
+            def summed(tensor):
+                with tf.device(device):  # a graph input has none: the reduction needs one
+                    local = tf.identity(tensor)
+                per_replica = strategy.run(
+                    lambda: tf.distribute.get_replica_context().all_reduce(sum_, local)
+                )
+                return strategy.experimental_local_results(per_replica)[0]
+
+            self._sum = summed
+        return self._sum
 
     def distribute(self, dataset):
         """This rank's dataset (already sharded and batched per rank) as Keras takes it."""
