@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+from studies._mwms_workers import start_two_workers
 
 STALL_S = 0.9  # a sum this slow is a stall (the fast ones take a few milliseconds)
 
@@ -97,18 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = [int(port) for port in args.ports.split(",")]
         print(json.dumps(worker(args.worker, ports, args.rounds, args.steps)), flush=True)
         return 0
-    sockets = [socket.socket() for _ in range(2)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = ",".join(str(s.getsockname()[1]) for s in sockets)
-    for s in sockets:
-        s.close()
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    base = [sys.executable, "-m", "studies.eager_allreduce", *(argv or sys.argv[1:])]
-    workers = [
-        subprocess.Popen([*base, "--worker", str(i), "--ports", ports], env=env) for i in range(2)
-    ]
-    return max(w.wait() for w in workers)
+    return start_two_workers("studies.eager_allreduce", argv or sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
+
+from studies._mwms_workers import start_two_workers
 
 STEPS = 937
 
@@ -80,18 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         del args.worker, args.ports  # the figures print the rest of the arguments
         worker(index, ports, args)
         return 0
-    sockets = [socket.socket() for _ in range(2)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = ",".join(str(s.getsockname()[1]) for s in sockets)
-    for s in sockets:
-        s.close()
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    base = [sys.executable, "-m", "studies.mwms_step", *(argv or sys.argv[1:])]
-    workers = [
-        subprocess.Popen([*base, "--worker", str(i), "--ports", ports], env=env) for i in range(2)
-    ]
-    return max(w.wait() for w in workers)
+    return start_two_workers("studies.mwms_step", argv or sys.argv[1:])
 
 
 if __name__ == "__main__":
