@@ -1,10 +1,13 @@
 """Errors that mean the same thing to every part of hvdflow.
 
 ``TransientError`` is public (``from hvdflow import TransientError``): a training function raises
-it, or an error raised from one, to say that its failure was temporary.
+it, or an error raised from one, to say that its failure was temporary. ``DiskFull`` is one.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class TransientError(RuntimeError):
@@ -18,3 +21,27 @@ class TransientError(RuntimeError):
     """
 
     transient = True
+
+
+class DiskFull(TransientError):
+    """A write that found its disk full. Transient: the failed write's own files are removed,
+    and space another process held may be free by the next attempt; the message names what was
+    being written, where, and how to make room."""
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is a full disk (ENOSPC): an OSError
+    here, TensorFlow's ResourceExhausted over a file write, or a Spark task's Python error
+    carried back in the text of the driver's exception."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if _NO_SPACE in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+_NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"

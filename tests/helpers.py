@@ -143,3 +143,25 @@ def fresh_prefect_events_worker() -> None:
     from prefect.events.worker import EventsWorker
 
     EventsWorker.drain_all(timeout=30, at_exit=False)
+
+
+@contextmanager
+def small_disk(path: Path, size_kib: int):
+    """A real disk of ``size_kib`` KiB at ``path``: a tmpfs mount, unmounted after. A write past
+    its size fails with ENOSPC, as on a full disk; ``resize_disk`` gives it room again."""
+    if os.geteuid() != 0:
+        skip_here_fail_in_ci(
+            "a small disk is a tmpfs mount, which needs root", "the full-disk tests"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)], check=True
+    )
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=False)
+
+
+def resize_disk(path: Path, size_kib: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size_kib}k", str(path)], check=True)

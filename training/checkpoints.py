@@ -23,8 +23,10 @@ import re
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from hvdflow.infra.errors import DiskFull, is_disk_full
 from hvdflow.infra.storage.uris import parse_uri
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,25 @@ class CheckpointState:
 
 def epoch_folder(epoch: int) -> str:
     return f"epoch-{epoch:04d}"
+
+
+@contextmanager
+def _disk_full_said(state: CheckpointState, where: str, what: str):
+    """A full disk under ``where`` as a DiskFull that says which checkpoint, where, and that the
+    last complete one still counts (``latest.json`` is written last, so nothing points at a
+    partial folder). Transient: the training step resumes from that checkpoint, and fails
+    with this message once its attempts are spent."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFull(
+            f"checkpoint {state.folder} could not be written: no space left on device in "
+            f"{where} ({what}). The last complete checkpoint still counts: nothing points at "
+            "this one. Free space there, or point TMPDIR (where ranks write a checkpoint "
+            "before uploading it) at a larger disk"
+        ) from e
 
 
 def folders_to_remove(folders: list[str], keep: int, current: str) -> list[str]:
@@ -187,10 +208,12 @@ class CheckpointStore:
         """Write ``checkpoint`` (a ``tf.train.Checkpoint``) as ``state.folder``, then point
         ``latest.json`` at it, then drop the folders beyond the newest ``keep``."""
         with tempfile.TemporaryDirectory(prefix="hvdflow-ckpt-") as workdir:
-            checkpoint.write(os.path.join(workdir, _PREFIX))
-            for name in sorted(os.listdir(workdir)):
-                self._files.put_file(os.path.join(workdir, name), f"{state.folder}/{name}")
-        self._files.put_bytes(state.to_json(), LATEST)
+            with _disk_full_said(state, workdir, "written here before it is uploaded"):
+                checkpoint.write(os.path.join(workdir, _PREFIX))
+            with _disk_full_said(state, self.url, "its folder"):
+                for name in sorted(os.listdir(workdir)):
+                    self._files.put_file(os.path.join(workdir, name), f"{state.folder}/{name}")
+                self._files.put_bytes(state.to_json(), LATEST)
         for folder in folders_to_remove(self._files.subfolders(), self.keep, state.folder):
             self._files.remove(folder)
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import heapq
 import os
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from hvdflow.infra.errors import DiskFull, is_disk_full
 from hvdflow.infra.spark_map import default_parallelism, map_slices
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3
@@ -51,7 +53,7 @@ def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, at
     # One (partition, items) pair per task. The items travel as small pickled values; decoded
     # images never pass through the JVM.
     planned = list(enumerate(planned_items.items))
-    with executor_errors():
+    with executor_errors(), _disk_full_said(version, attempt):
         written = map_slices(
             spark,
             planned,
@@ -113,6 +115,24 @@ class Report:
                     f"inputs the {name} split has {rows} rows in {groups} row groups, fewer "
                     f"than one per rank: use np <= {max(groups, 1)}, or fix or add images"
                 )
+
+
+@contextmanager
+def _disk_full_said(version: Location, attempt: str):
+    """A task that found the output's disk full fails the stage as a DiskFull that says where,
+    that nothing was published, and how to make room; the attempt's folder is removed."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        discard(version, attempt)  # the job has failed: its tasks write no more
+        raise DiskFull(
+            f"preprocessing ran out of disk space writing the dataset to {version.join(attempt)}: "
+            "no space left on device. Nothing was published (no manifest names this attempt, "
+            "and its files were removed). Free space on that disk, or set data.output to a "
+            "folder on a larger one; the next run makes the dataset again"
+        ) from e
 
 
 def discard(version: Location, attempt: str) -> None:
