@@ -97,17 +97,25 @@ def worker_kill(stack, detail: dict) -> dict:
 
 
 def disk_full(stack, detail: dict) -> dict:
-    host = stack.cluster.hosts[detail["host"]]
-    size = stack.cluster.run_on_host(host, "df -B1K --output=size /tmp | tail -1").stdout.strip()
-    used = stack.cluster.run_on_host(host, "df -B1K --output=used /tmp | tail -1").stdout.strip()
-    capped = stack.cluster.run_on_host(host, f"mount -o remount,size={int(used) + 4}k /tmp")
-    if capped.returncode != 0:
-        return {"struck": f"could not cap {host.name}'s /tmp: {capped.stderr.strip()}"}
+    """Every worker host's /tmp (a tmpfs) capped at what it holds, for DISK_FULL_S from an
+    epoch's start: the epoch's end, where rank 0 writes its checkpoint into its temporary
+    folder before uploading it, meets a full disk."""
+    hosts = stack.cluster.hosts[:2]
+    sizes = {}
     try:
+        for host in hosts:
+            df = stack.cluster.run_on_host(host, "df -B1K --output=size,used /tmp | tail -1")
+            size, used = df.stdout.split()
+            capped = stack.cluster.run_on_host(host, f"mount -o remount,size={int(used) + 4}k /tmp")
+            if capped.returncode != 0:
+                return {"struck": f"could not cap {host.name}'s /tmp: {capped.stderr.strip()}"}
+            sizes[host] = size
         time.sleep(DISK_FULL_S)
     finally:
-        stack.cluster.run_on_host(host, f"mount -o remount,size={size}k /tmp")
-    return {"struck": f"{host.name}'s /tmp full ({used} KiB) for {DISK_FULL_S:g} s"}
+        for host, size in sizes.items():
+            stack.cluster.run_on_host(host, f"mount -o remount,size={size}k /tmp")
+    names = " and ".join(h.name for h in hosts)
+    return {"struck": f"{names}: /tmp full for {DISK_FULL_S:g} s"}
 
 
 def weights_altered(stack, detail: dict) -> dict:
@@ -187,7 +195,4 @@ def prepare(stack, fault: str | None, index: int) -> dict:
         if spare.ip not in {w["host"] for w in stack.cluster.alive_workers()}:
             stack.cluster.start_worker(spare)  # it joins; this run loses it for good
         return {"np": 3, "min_np": 2}
-    if fault == "disk_full":  # new images: this run preprocesses again
-        added = stack.upload_digits(per_class=1, start=s.IMAGES_PER_CLASS + index)
-        return {"added_good": added}
     return {}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-# When a fault strikes: in an epoch of the training (`epoch`), while Spark preprocesses
-# (`preprocess`), or between two runs, on what the next one will read (`before`).
-EPOCH, PREPROCESS, BEFORE = "epoch", "preprocess", "before"
+# When a fault strikes: in an epoch of the training (`epoch`), or between two runs, on what
+# the next one will read (`before`).
+EPOCH, BEFORE = "epoch", "before"
 
 # kind -> when it strikes. The order is the table's.
 FAULT_KINDS: dict[str, str] = {
@@ -20,7 +20,7 @@ FAULT_KINDS: dict[str, str] = {
     "s3_restart": EPOCH,  # SeaweedFS killed, back after 20 s
     "prefect_restart": EPOCH,  # the Prefect server killed and started again at once
     "worker_kill": EPOCH,  # the Prefect worker SIGKILLed, another one started
-    "disk_full": PREPROCESS,  # a host's /tmp (a tmpfs) capped at its use for 15 s
+    "disk_full": EPOCH,  # the hosts' /tmp capped at their use for 15 s, over a checkpoint
     "weights_altered": BEFORE,  # the staged weights object truncated or its bytes changed
     "row_group_corrupt": BEFORE,  # bytes of a published dataset's part file changed
     "broken_images": BEFORE,  # new broken files in the image tree
@@ -91,8 +91,6 @@ def _detail(fault: str | None, rng: random.Random) -> dict:
         return {"host": rng.randrange(2), "seconds": round(rng.uniform(10, 30), 1)}
     if fault in ("rank_kill", "executor_kill"):
         return {"rank": rng.randrange(2)}
-    if fault == "disk_full":
-        return {"host": rng.randrange(2), "after_s": round(rng.uniform(2, 8), 1)}
     if fault == "weights_altered":
         return {"how": rng.choice(["truncate", "flip"])}
     if fault == "row_group_corrupt":

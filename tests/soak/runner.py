@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.cluster.fixtures import BAD
 from tests.soak import checks, faults
 from tests.soak import stack as s
-from tests.soak.plan import BEFORE, EPOCH, FAULT_KINDS, PREPROCESS, PlannedRun
+from tests.soak.plan import BEFORE, EPOCH, FAULT_KINDS, PlannedRun
 
 RUN_TIMEOUT_S = 900.0  # a run not final by then is wedged: cancelled, and counted
 # What the training step logs when an attempt failed and the next one resumes.
@@ -130,7 +130,7 @@ class Soak:
                 f"{planned.fault or 'no fault'}{' (overlapping)' if planned.overlap else ''}"
             )
             in_flight.append(record)
-            if when in (EPOCH, PREPROCESS):
+            if when == EPOCH:
                 self.strike_in_run(record)
         self.settle(in_flight)
 
@@ -173,12 +173,8 @@ class Soak:
             self.say(f"  fault {planned.fault}: {record.strike['struck']}")
             return
         seen = len(self.log.lines)  # what came before this run began
-        if FAULT_KINDS[planned.fault] == EPOCH:
-            trigger = re.compile(rf"<log>:Epoch {planned.epoch}/{self.epochs}\s*$")
-            pause = planned.delay_s
-        else:
-            trigger = re.compile(r"preprocessing s3://")
-            pause = planned.detail["after_s"]
+        trigger = re.compile(rf"<log>:Epoch {planned.epoch}/{self.epochs}\s*$")
+        pause = planned.delay_s
         deadline = time.monotonic() + TRIGGER_TIMEOUT_S
         while time.monotonic() < deadline:
             lines = self.log.lines[seen:]
