@@ -48,16 +48,8 @@ def run_to_resume(
     if resume == "last":
         # Failed ones only: a RUNNING run may be another driver's, training right now. One whose
         # driver was killed stays RUNNING too: a newer one is named, for the user to resume.
-        def newest(status: str):
-            runs = client.search_runs(
-                [experiment_id],
-                f"attributes.status = '{status}'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
-            return runs[0] if runs else None
-
-        failed, running = newest("FAILED"), newest("RUNNING")
+        failed = newest_run(client, experiment_id, "attributes.status = 'FAILED'")
+        running = newest_run(client, experiment_id, "attributes.status = 'RUNNING'")
         if failed is None:
             also = (
                 f"; run {running.info.run_id} is RUNNING: if its driver is gone (killed, its "
@@ -80,14 +72,19 @@ def run_to_resume(
             )
         return failed.info.run_id
     if flow_run_id:
-        runs = client.search_runs(
-            [experiment_id],
-            f"{where} and tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
+        run = newest_run(
+            client, experiment_id, f"{where} and tags.`{FLOW_RUN_TAG}` = '{flow_run_id}'"
         )
-        return runs[0].info.run_id if runs else None
+        return run.info.run_id if run else None
     return None
+
+
+def newest_run(client, experiment_id: str, where: str):
+    """The newest run of the experiment that ``where`` (an MLflow search filter) finds, or None."""
+    runs = client.search_runs(
+        [experiment_id], where, order_by=["attributes.start_time DESC"], max_results=1
+    )
+    return runs[0] if runs else None
 
 
 def check_same_params(tracking_uri: str, run_id: str, params: dict) -> None:

@@ -25,7 +25,7 @@ from hvdflow.infra.tracking import (
 )
 from hvdflow.infra.version import package_version
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
-from hvdflow.tasks.train import model_card
+from hvdflow.tasks.train import model_card, once
 from hvdflow.tasks.train.attempts import Attempts
 from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.origin import RunOrigin
@@ -113,6 +113,10 @@ def train_and_track(
     training, launcher, tracking = config.training, config.launcher, config.tracking
     flow_run_id = origin.run_id if origin else None
     experiment, resume_id = _experiment_and_run_to_resume(tracking, tracking_uri, flow_run_id)
+    if origin and not tracking.resume:
+        done = _trained_before(tracking_uri, experiment.experiment_id, origin, tracking)
+        if done is not None:
+            return done
     tags = {FLOW_RUN_TAG: origin.run_id, ORCHESTRATOR_TAG: origin.orchestrator} if origin else None
     with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
         run_id = run.info.run_id
@@ -177,6 +181,31 @@ def _experiment_and_run_to_resume(
     mlflow.set_system_metrics_sampling_interval(1)
     resume_id = run_to_resume(tracking_uri, experiment.experiment_id, tracking.resume, flow_run_id)
     return experiment, resume_id
+
+
+def _trained_before(
+    tracking_uri: str, experiment_id: str, origin: RunOrigin, tracking: TrackingParams
+) -> TrainResult | None:
+    """What an earlier execution of this step recorded for the same orchestrator run, if it
+    finished (``hvdflow.tasks.train.once``): the step answers with it and trains nothing."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    run = once.finished_run(client, experiment_id, origin.run_id)
+    if run is None:
+        return None
+    fields = once.recorded_result(client, run, tracking.registered_model_name)
+    version = fields["model_version"]
+    logger.warning(
+        "%s %s has trained already: MLflow run %s finished%s. Not training again (one "
+        "training and one registered version per %s; start a new one to train anew)",
+        origin.kind,
+        origin.run_id,
+        fields["run_id"],
+        f" and registered version {version}" if version else "",
+        origin.kind,
+    )
+    return TrainResult(tracking_uri=redact_url(tracking_uri), **fields)
 
 
 def _log_or_check_params(

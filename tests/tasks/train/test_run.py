@@ -11,6 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from hvdflow.infra.services import free_port
+from hvdflow.tasks.train.origin import RunOrigin
 from hvdflow.tasks.train.run import ModelRejected, TrainConfig, train_and_track
 from hvdflow.tasks.train.tags import REJECTED_TAG
 from tests.helpers import wait_for_no_ranks
@@ -25,8 +26,14 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
         launcher={"np": 2},
         tracking={"experiment": "tests-train", "registered_model_name": "tests-digits"},
     )
+    origin = RunOrigin("airflow", "hvdflow_pipeline/manual__once", "Airflow DAG run")
     result = train_and_track(
-        spark, config, digits_dataset, mlflow_server.tracking_uri, log_dir=str(tmp_path)
+        spark,
+        config,
+        digits_dataset,
+        mlflow_server.tracking_uri,
+        log_dir=str(tmp_path),
+        origin=origin,
     )
     client = MlflowClient(mlflow_server.tracking_uri)
     run = client.get_run(result.run_id)
@@ -85,6 +92,18 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     assert {"f1_score", "precision_score", "recall_score"} <= set(run.data.metrics)
     assert "confusion_matrix.png" in {a.path for a in client.list_artifacts(result.run_id)}
     assert version.tags["hvdflow.evaluation.confusion_matrix"].endswith("confusion_matrix.png")
+    assert wait_for_no_ranks() == []
+
+    # The same orchestrator run's training step again (its Airflow worker died after the
+    # first one had finished, say): the finished run answers; nothing trains or registers.
+    versions_before = client.search_model_versions("name = 'tests-digits'")
+    uri = mlflow_server.tracking_uri
+    again = train_and_track(spark, config, digits_dataset, uri, origin=origin)
+    assert (again.run_id, again.model_version) == (result.run_id, result.model_version)
+    assert again.aliases == ["candidate", "champion"]
+    assert again.history["val_accuracy"] == result.history["val_accuracy"]
+    assert again.epoch_times == pytest.approx(result.epoch_times)
+    assert len(client.search_model_versions("name = 'tests-digits'")) == len(versions_before)
     assert wait_for_no_ranks() == []
 
     # A worse model becomes the candidate but does not take the champion's place.
