@@ -25,6 +25,7 @@ from hvdflow.flows.cli_support import InvalidParameters, describe_validation_err
 from hvdflow.flows.params import PipelineParams, ScoreParams
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import SparkProgress, get_spark
+from hvdflow.infra.stdio import outlive_reader
 from hvdflow.infra.storage.object_store import ObjectStoreConfig
 from hvdflow.infra.tracking import check_reachable, tracking_uri
 from hvdflow.tasks.preprocess.config import DatasetManifest
@@ -56,6 +57,9 @@ logger = logging.getLogger("hvdflow.airflow")
 def run(step: str, *args):
     """Run step ``step`` with ``args``; its result. A failure's one-line reason is the last line
     of the task's log, and the error Airflow shows."""
+    # A step whose Airflow worker died goes on alone and finishes (a cleared or retried train
+    # task then finds its finished run: hvdflow.tasks.train.once), not dying on its next print.
+    outlive_reader()
     _log_to_stdout()
     try:
         return STEPS[step](*args)
