@@ -1,14 +1,16 @@
 """A bare MultiWorkerMirroredStrategy step, without hvdflow: what TensorFlow itself costs.
 
 Two worker processes on this machine (TF_CONFIG, RING collectives, one core each) train the
-digits MLP of ``training.models`` with ``model.fit`` on in-memory images repeated
-(``steps_per_epoch`` steps of ``--batch`` a worker, 3 epochs) and print the steady milliseconds
-a step. Run it with each profile's interpreter to see whether a gap between the profiles'
-distributed steps is TensorFlow's own (BENCHMARKS.md, the current profile against the classic):
+digits MLP of ``training.models`` (or, with ``--model mnist_cnn``, the paper's MNIST CNN at 128
+images a worker) with ``model.fit`` on in-memory images repeated (``steps_per_epoch`` steps of
+``--batch`` a worker, 3 epochs) and print the steady milliseconds a step. Run it with each
+profile's interpreter to see whether a gap between the profiles' distributed steps is
+TensorFlow's own (BENCHMARKS.md, the current profile against the classic):
 
     .venv/bin/python -m studies.mwms_step
     TF_USE_LEGACY_KERAS=1 .venv-current/bin/python -m studies.mwms_step
     .venv/bin/python -m studies.mwms_step --pack-mib 32 --steps-per-execution 8
+    .venv/bin/python -m studies.mwms_step --model mnist_cnn --batch 128
 """
 
 from __future__ import annotations
@@ -21,7 +23,34 @@ import time
 
 from studies._mwms_workers import start_two_workers
 
-STEPS = 937
+STEPS = {"digits_mlp": 937, "mnist_cnn": 117}  # an epoch of 60,000 images over two workers
+
+
+def build_model(name: str, tf):
+    """training.models' digits MLP, or the paper's MNIST CNN (the study's mnist_cnn layers)."""
+    layers = tf.keras.layers
+    if name == "digits_mlp":
+        return tf.keras.Sequential(
+            [
+                layers.Input(shape=(8, 8, 1)),
+                layers.Flatten(),
+                layers.Dense(32, activation="relu"),
+                layers.Dense(10, activation="softmax"),
+            ]
+        )
+    return tf.keras.Sequential(
+        [
+            layers.Input(shape=(28, 28, 1)),
+            layers.Conv2D(32, 3, activation="relu"),
+            layers.Conv2D(64, 3, activation="relu"),
+            layers.MaxPooling2D(2),
+            layers.Dropout(0.25),
+            layers.Flatten(),
+            layers.Dense(128, activation="relu"),
+            layers.Dropout(0.5),
+            layers.Dense(10, activation="softmax"),
+        ]
+    )
 
 
 def worker(index: int, ports: list[int], args: argparse.Namespace) -> None:
@@ -38,17 +67,11 @@ def worker(index: int, ports: list[int], args: argparse.Namespace) -> None:
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     rng = np.random.default_rng(0)
-    x, y = rng.random((30_000, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 30_000)
+    side = 8 if args.model == "digits_mlp" else 28
+    x, y = rng.random((30_000, side, side, 1), dtype=np.float32), rng.integers(0, 10, 30_000)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch * 2).repeat()
     with strategy.scope():
-        model = tf.keras.Sequential(  # training.models' digits_mlp
-            [
-                tf.keras.layers.Input(shape=(8, 8, 1)),
-                tf.keras.layers.Flatten(),
-                tf.keras.layers.Dense(32, activation="relu"),
-                tf.keras.layers.Dense(10, activation="softmax"),
-            ]
-        )
+        model = build_model(args.model, tf)
         model.compile(
             tf.keras.optimizers.Adam(0.01),
             "sparse_categorical_crossentropy",
@@ -59,16 +82,18 @@ def worker(index: int, ports: list[int], args: argparse.Namespace) -> None:
         on_epoch_begin=lambda *_: stamps.append(time.time()),
         on_epoch_end=lambda *_: stamps.append(time.time()),
     )
-    model.fit(dataset, epochs=3, steps_per_epoch=STEPS, callbacks=[stamp], verbose=0)
+    steps = STEPS[args.model]
+    model.fit(dataset, epochs=3, steps_per_epoch=steps, callbacks=[stamp], verbose=0)
     if index == 0:
         epochs = [end - begin for begin, end in zip(stamps[::2], stamps[1::2], strict=True)]
-        steady_ms = 1000 * sum(epochs[1:]) / (len(epochs) - 1) / STEPS
+        steady_ms = 1000 * sum(epochs[1:]) / (len(epochs) - 1) / steps
         figures = {"tensorflow": tf.__version__, **vars(args), "ms_per_step": round(steady_ms, 2)}
         print(json.dumps(figures), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(STEPS), default="digits_mlp")
     parser.add_argument("--batch", type=int, default=32, help="images a step, per worker")
     parser.add_argument("--pack-mib", type=int, default=0, help="bytes_per_pack, MiB (0: auto)")
     parser.add_argument("--steps-per-execution", type=int, default=1)
