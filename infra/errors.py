@@ -1,7 +1,7 @@
 """Errors that mean the same thing to every part of hvdflow.
 
 ``TransientError`` is public (``from hvdflow import TransientError``): a training function raises
-it, or an error raised from one, to say that its failure was temporary. ``DiskFull`` is one.
+it, or an error raised from one, to say that its failure was temporary. ``DiskFullError`` is one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class TransientError(RuntimeError):
     transient = True
 
 
-class DiskFull(TransientError):
+class DiskFullError(TransientError):
     """A write that found its disk full. Transient: the failed write's own files are removed,
     and space another process held may be free by the next attempt; the message names what was
     being written, where, and how to make room."""

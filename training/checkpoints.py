@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from hvdflow.infra.errors import DiskFull, is_disk_full
+from hvdflow.infra.errors import DiskFullError, is_disk_full
 from hvdflow.infra.storage.uris import parse_uri
 
 logger = logging.getLogger(__name__)
@@ -73,8 +73,8 @@ def epoch_folder(epoch: int) -> str:
 
 @contextmanager
 def _disk_full_said(state: CheckpointState, where: str, what: str):
-    """A full disk under ``where`` as a DiskFull that says which checkpoint, where, and that the
-    last complete one still counts (``latest.json`` is written last, so nothing points at a
+    """A full disk under ``where`` as a DiskFullError that says which checkpoint, where, and that
+    the last complete one still counts (``latest.json`` is written last, so nothing points at a
     partial folder). Transient: the training step resumes from that checkpoint, and fails
     with this message once its attempts are spent."""
     try:
@@ -82,7 +82,7 @@ def _disk_full_said(state: CheckpointState, where: str, what: str):
     except Exception as e:
         if not is_disk_full(e):
             raise
-        raise DiskFull(
+        raise DiskFullError(
             f"checkpoint {state.folder} could not be written: no space left on device in "
             f"{where} ({what}). The last complete checkpoint still counts: nothing points at "
             "this one. Free space there, or point TMPDIR (where ranks write a checkpoint "

@@ -13,7 +13,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from hvdflow.infra.errors import DiskFull, is_disk_full
+from hvdflow.infra.errors import DiskFullError, is_disk_full
 from hvdflow.infra.spark_map import default_parallelism, map_slices
 from hvdflow.infra.storage.files import Location
 from hvdflow.infra.storage.uris import is_s3
@@ -119,7 +119,7 @@ class Report:
 
 @contextmanager
 def _disk_full_said(version: Location, attempt: str):
-    """A task that found the output's disk full fails the stage as a DiskFull that says where,
+    """A task that found the output's disk full fails the stage as a DiskFullError that says where,
     that nothing was published, and how to make room; the attempt's folder is removed."""
     try:
         yield
@@ -127,7 +127,7 @@ def _disk_full_said(version: Location, attempt: str):
         if not is_disk_full(e):
             raise
         discard(version, attempt)  # the job has failed: its tasks write no more
-        raise DiskFull(
+        raise DiskFullError(
             f"preprocessing ran out of disk space writing the dataset to {version.join(attempt)}: "
             "no space left on device. Nothing was published (no manifest names this attempt, "
             "and its files were removed). Free space on that disk, or set data.output to a "

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from hvdflow.infra.errors import DiskFull, TransientError, is_disk_full
+from hvdflow.infra.errors import DiskFullError, TransientError, is_disk_full
 
 pytestmark = pytest.mark.unit
 
@@ -32,4 +32,15 @@ def test_other_write_failures_are_not_a_full_disk():
 
 
 def test_a_full_disk_asks_for_another_attempt():
-    assert issubclass(DiskFull, TransientError)
+    assert issubclass(DiskFullError, TransientError)
+
+
+def test_the_driver_names_a_full_disk_first_when_a_rank_ends_with_one():
+    from hvdflow.infra.launcher._decisions import error_line
+
+    tail = [
+        "[1,0]<stderr>:    raise DiskFullError(",
+        "[1,0]<stderr>:hvdflow.infra.errors.DiskFullError: checkpoint epoch-0006 could not be "
+        "written: no space left on device in /tmp/r0/ckpt (written here before it is uploaded)",
+    ]
+    assert error_line(tail).startswith("DiskFullError: checkpoint epoch-0006 could not be written")

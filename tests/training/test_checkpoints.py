@@ -1,5 +1,5 @@
-"""Checkpoints on a disk that fills: the write fails as a DiskFull that says where, and the last
-complete checkpoint still counts (a real tmpfs that runs out of space, not a mocked error)."""
+"""Checkpoints on a disk that fills: the write fails as a DiskFullError that says where, and the
+last complete checkpoint still counts (a real tmpfs that runs out of space, not a mocked error)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from hvdflow.infra.errors import DiskFull, TransientError
+from hvdflow.infra.errors import DiskFullError, TransientError
 from hvdflow.training.checkpoints import CheckpointState, CheckpointStore
 from tests.helpers import resize_disk, small_disk
 
@@ -37,7 +37,7 @@ def test_a_checkpoint_folder_that_fills_keeps_the_last_complete_checkpoint(tmp_p
         store.save(first, CheckpointState(1, "epoch-0001"))
 
         _, second = model_checkpoint(2.0)
-        with pytest.raises(DiskFull) as failed:
+        with pytest.raises(DiskFullError) as failed:
             store.save(second, CheckpointState(2, "epoch-0002"))
         message = str(failed.value)
         assert "checkpoint epoch-0002 could not be written: no space left on device" in message
@@ -61,7 +61,7 @@ def test_a_full_temporary_folder_says_so_and_publishes_nothing(tmp_path, monkeyp
         monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the rank's TMPDIR
         store = CheckpointStore(str(tmp_path / "run"))
         _, checkpoint = model_checkpoint(1.0)
-        with pytest.raises(DiskFull) as failed:
+        with pytest.raises(DiskFullError) as failed:
             store.save(checkpoint, CheckpointState(1, "epoch-0001"))
         assert "written here before it is uploaded" in str(failed.value)
         assert "TMPDIR" in str(failed.value)

@@ -1,5 +1,5 @@
 """Preprocessing onto a disk that fills during the write: a real tmpfs too small for the dataset.
-The run fails with a DiskFull that says where and that nothing was published; the attempt's
+The run fails with a DiskFullError that says where and that nothing was published; the attempt's
 files are gone, and once there is room the next run makes the dataset (no half-written attempt
 is taken for it)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvdflow.infra.errors import DiskFull
+from hvdflow.infra.errors import DiskFullError
 from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
 from tests.helpers import resize_disk, small_disk
 from tests.tasks.preprocess.test_job import make_class_tree
@@ -27,7 +27,7 @@ def test_a_disk_that_fills_during_the_write_publishes_nothing(spark, tmp_path):
             color_mode="RGB",
             np=2,
         )
-        with pytest.raises(DiskFull) as failed:
+        with pytest.raises(DiskFullError) as failed:
             preprocess_images(spark, config)
         message = str(failed.value)
         assert f"writing the dataset to {disk / 'datasets'}/" in message
