@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import base64
 import math
+import os
+import sys
 
 import mlflow.pyfunc  # noqa: TID253 (the registered model is an MLflow PythonModel)
 import numpy as np
@@ -31,6 +33,7 @@ import numpy as np
 from hvdflow.serving.images import MAX_PIXELS, UnreadableImage, decode, model_input
 
 KERAS_ARTIFACT = "keras_model"  # the artifacts key of the Keras model file
+AUTOGRAPH_MODULE_PREFIX = "__autograph_generated_file"  # TensorFlow's name for its modules
 
 
 def keras_2():
@@ -75,10 +78,12 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         channels), float32 in [0, 1]."""
         if len(batch) == 0:
             return np.zeros((0, len(self.labels)), np.float32)
+        before = autograph_modules()
         parts = [
             np.asarray(self.network.predict_on_batch(batch[i : i + PREDICT_CHUNK]))
             for i in range(0, len(batch), PREDICT_CHUNK)
         ]
+        forget_sources(autograph_modules() - before)
         return np.concatenate(parts)
 
     def prepare(self, image=None, pixels=None) -> np.ndarray:
@@ -146,6 +151,22 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         frame["class_index"] = frame["class_index"].astype("Int64")
         frame["error"] = errors
         return frame
+
+
+def autograph_modules() -> set[str]:
+    """The names of the modules AutoGraph has written and loaded in this process."""
+    return {name for name in sys.modules if name.startswith(AUTOGRAPH_MODULE_PREFIX)}
+
+
+def forget_sources(names: set[str]) -> None:
+    """Remove the source files of the AutoGraph modules ``names`` (Keras' predict function,
+    converted on the first predict). They are loaded by then and only serve a traceback's source
+    lines; AutoGraph removes them at exit, which the processes that serve this model often never
+    reach: pyspark's workers end with ``os._exit``, a served model's workers are terminated."""
+    for name in names:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path and os.path.isfile(path):
+            os.remove(path)
 
 
 def _given(value) -> bool:

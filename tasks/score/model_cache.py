@@ -20,6 +20,7 @@ import os
 import sys
 from collections import OrderedDict
 
+from hvdflow.serving.classifier import autograph_modules, forget_sources
 from hvdflow.training.threads import use_threads
 
 logger = logging.getLogger(__name__)
@@ -31,10 +32,6 @@ KEEP = 2
 _models: OrderedDict[tuple[str, str], object] = OrderedDict()
 _loads = 0
 _threads_set = False
-# AutoGraph writes each function it converts (Keras' predict_function, once in each process) to
-# a module file in the temporary folder, and removes it only in an atexit hook. PySpark's
-# workers end with os._exit, which runs no hook: every worker that scored left one in /tmp.
-AUTOGRAPH_MODULE_PREFIX = "__autograph_generated_file"
 
 
 def loads() -> int:
@@ -89,15 +86,12 @@ def _limit_threads(threads: int) -> None:
 
 
 def forget_generated_sources() -> tuple[int, int]:
-    """Removes the module files AutoGraph wrote for this process. The modules are loaded by
-    then; the files served only the source lines of a traceback through them. Returns how
-    many such modules the process holds and how many of their files are still on disk."""
-    modules = [
-        m for name, m in list(sys.modules.items()) if name.startswith(AUTOGRAPH_MODULE_PREFIX)
-    ]
-    for module in modules:
-        path = getattr(module, "__file__", None)
-        if path and os.path.isfile(path):
-            os.remove(path)
-    left = sum(os.path.isfile(getattr(m, "__file__", None) or "") for m in modules)
-    return len(modules), left
+    """Removes the module files AutoGraph wrote for this process (Keras' predict function, once
+    in each process): AutoGraph removes them only in an atexit hook, and PySpark's workers end
+    with os._exit, which runs none. The registered ImageClassifier removes its own as it
+    predicts; this covers a bare Keras model's. Returns how many such modules the process holds
+    and how many of their files are still on disk."""
+    names = autograph_modules()
+    forget_sources(names)
+    left = sum(os.path.isfile(getattr(sys.modules.get(n), "__file__", None) or "") for n in names)
+    return len(names), left
