@@ -33,14 +33,16 @@ SESSION_PREFIXES = ("HVDFLOW_", "MLFLOW_", "AWS_", "PREFECT_", "SPARK_", "PYSPAR
 
 # Read back by the fresh environment's own Python, from the run's MLflow server.
 CHAMPION = """
-import json, sys, mlflow
+import json, sys, tempfile, mlflow
 mlflow.set_tracking_uri(sys.argv[1])  # the registry too, for models:/ URIs
 client = mlflow.MlflowClient()
 version = client.get_model_version_by_alias("hvdflow-classifier", "champion")
 params = client.get_run(version.run_id).data.params
-path = mlflow.artifacts.download_artifacts(f"models:/hvdflow-classifier/{version.version}")
-print(json.dumps({"engine": params["engine"], "np": params["np"],
-                  "requirements": open(f"{path}/requirements.txt").read().split()}))
+with tempfile.TemporaryDirectory() as dst:  # without dst_path MLflow's copy stays in /tmp
+    path = mlflow.artifacts.download_artifacts(
+        f"models:/hvdflow-classifier/{version.version}", dst_path=dst)
+    print(json.dumps({"engine": params["engine"], "np": params["np"],
+                      "requirements": open(f"{path}/requirements.txt").read().split()}))
 """
 
 

@@ -121,7 +121,11 @@ def test_a_small_benchmark_produces_and_logs_table_statistics_and_plots(
     # The plots themselves are in the flow run's summary, the same bytes as in MLflow.
     summary = by_key["hvdflow-benchmark-summary"].data
     for name in ("images_per_s", "scaling_efficiency"):
-        png = Path(client.download_artifacts(result["mlflow_run_id"], f"benchmark/{name}.png"))
+        png = Path(
+            client.download_artifacts(
+                result["mlflow_run_id"], f"benchmark/{name}.png", str(tmp_path / "plots")
+            )
+        )
         assert plots_markdown([png]) in summary
     assert wait_for_no_ranks() == []
 

@@ -4,6 +4,7 @@ held-out images with bad files among them."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,9 @@ def model_predictions(model_uri: str, images: list[bytes], image_size, color_mod
     from hvdflow.serving.images import model_input
     from hvdflow.tasks.images.decode import decode_image
 
-    model = mlflow.pyfunc.load_model(model_uri)
+    # Into a folder that goes: without dst_path MLflow keeps a mkdtemp copy in /tmp for ever.
+    with tempfile.TemporaryDirectory(prefix="hvdflow-test-model-") as dst:
+        model = mlflow.pyfunc.load_model(model_uri, dst_path=dst)
     if "tensorflow" not in model.metadata.flavors:
         out = model.predict(pd.DataFrame({"image": images}))
         assert out["error"].isna().all(), out["error"]

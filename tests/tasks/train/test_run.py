@@ -149,11 +149,12 @@ def consume_champion(model: str, val_url: str, tracking_uri: str) -> dict:
 
 
 CONSUMER = """
-import json, sys
+import json, sys, tempfile
 import mlflow.pyfunc, numpy as np
 from hvdflow.training.reader import open_dataset
 import pandas as pd
-model = mlflow.pyfunc.load_model("models:/tests-digits@champion")
+with tempfile.TemporaryDirectory() as dst:  # without dst_path MLflow's copy stays in /tmp
+    model = mlflow.pyfunc.load_model("models:/tests-digits@champion", dst_path=dst)
 with open_dataset(sys.argv[1], batch_size=32, num_epochs=1, shuffle=False) as ds:
     images, labels = next(iter(ds))
 # Images already prepared as the network takes them: the compatible input.
