@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsoak: {len(plan)} runs, seed {args.seed}, {wall / 60:.1f} min\n")
     print(report.table(soak.records, soak.idle))
     summary = report.summary(soak.records, soak.idle)
+    summary["scoring"] = soak.scoring
     summary["final_leftovers"] = soak.final_leftovers
     summary["harness_errors"] = soak.harness_errors
     print(json.dumps(summary, indent=2))
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(record, indent=2, default=str))
     bad = (
         summary["problems"]
+        or soak.scoring.get("state") != "COMPLETED"
+        or soak.scoring.get("problems")
         or summary["leftover_processes"]
         or soak.final_leftovers
         or soak.harness_errors

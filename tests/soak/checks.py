@@ -102,6 +102,44 @@ def mlflow_of(flow_run_id, epochs: int, completed: bool) -> dict:
     return figures
 
 
+# --- a scoring run -------------------------------------------------------------------------------
+def scoring_of(store, good: int) -> dict:
+    """The newest scoring run's record in MLflow, and its predictions in the bucket: every good
+    image scored once (the raw tree's other objects are the bad files, quarantined)."""
+    import io
+
+    import mlflow
+    import pyarrow.parquet as pq
+
+    raw = store.list_keys(s.RAW.removeprefix("s3://hvdflow/"))
+    experiment = mlflow.get_experiment_by_name("hvdflow-scoring")
+    runs = mlflow.search_runs(
+        [experiment.experiment_id], order_by=["attributes.start_time DESC"], output_format="list"
+    )
+    problems: list[str] = []
+    if not runs:
+        return {"problems": ["no MLflow scoring run"]}
+    run = runs[0]
+    scored, quarantined = run.data.metrics["images_scored"], run.data.metrics["quarantined"]
+    if scored != good or scored + quarantined != len(raw):
+        problems.append(
+            f"scored {scored:g} and quarantined {quarantined:g} of {len(raw)} objects ({good} good)"
+        )
+    url = run.data.params["predictions_url"]
+    keys = store.list_keys(url.removeprefix("s3://hvdflow/"))
+    parts = [k for k in keys if k.endswith(".parquet")]
+    rows = [pq.read_table(io.BytesIO(store.get_bytes(f"s3://hvdflow/{k}"))) for k in parts]
+    sources = [source for table in rows for source in table.column("source").to_pylist()]
+    if len(sources) != good or len(set(sources)) != good:
+        problems.append(f"{len(sources)} predictions ({len(set(sources))} sources) for {good}")
+    return {
+        "scored": scored,
+        "quarantined": quarantined,
+        "predictions": len(sources),
+        "problems": problems,
+    }
+
+
 # --- the registry -------------------------------------------------------------------------------
 def registry_problems() -> tuple[list[str], dict]:
     """Champion on a finished run above chance and at least as good as every contender;

@@ -79,8 +79,10 @@ class WorkerLog(threading.Thread):
 
 
 class Soak:
-    def __init__(self, stack, plan: list[PlannedRun], epochs: int, say=print):
+    def __init__(self, stack, plan: list[PlannedRun], epochs: int, say=print, score=True):
         self.stack, self.plan, self.epochs, self.say = stack, plan, epochs, say
+        self.score = score  # after the plan: one scoring run with the champion it left
+        self.scoring: dict = {}
         self.records: list[RunRecord] = []
         self.idle: list[IdleCheck] = []
         self.ledger = checks.Ledger()
@@ -96,7 +98,7 @@ class Soak:
         stack.start_services()
         store = stack.store()
         store.ensure_bucket()
-        good = stack.upload_digits()
+        good = self.good = stack.upload_digits()
         for name, data in BAD.items():
             store.put_bytes(data, s.RAW + name, "application/octet-stream")
         stack.deploy(self.epochs)
@@ -133,6 +135,31 @@ class Soak:
             if when == EPOCH:
                 self.strike_in_run(record)
         self.settle(in_flight)
+        if self.score:
+            self.score_champion()
+
+    def score_champion(self) -> None:
+        """One scoring run through its deployment, on the raw images the pipeline trained on,
+        with the champion the runs left: completed, every good image scored once, the bad ones
+        quarantined, one MLflow scoring run for it."""
+        from prefect.deployments import run_deployment
+
+        params = {"model": {"name": s.MODEL}, "data": {"input": s.RAW, "output": s.SCORES}}
+        run = _retrying(
+            lambda: run_deployment(s.SCORE_DEPLOYMENT, parameters={"params": params}, timeout=0)
+        )
+        flow_run_id = str(run.id)
+        self.say(f"scoring: {flow_run_id}")
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not self.final(flow_run_id) and time.monotonic() < deadline:
+            time.sleep(1)
+        outcome = _retrying(lambda: checks.flow_run_outcome(flow_run_id))
+        self.scoring = {"flow_run_id": flow_run_id, "state": outcome["state"]}
+        self.scoring |= _retrying(lambda: checks.scoring_of(self.stack.store(), self.good))
+        if outcome["state"] != "COMPLETED":
+            self.scoring["problems"].append(f"{outcome['state']}: {outcome['reason'][:300]}")
+        self.say(f"scoring: {outcome['state']}, {self.scoring}")
+        self.check_idle()
 
     def submit(self, params: dict) -> str:
         from prefect.deployments import run_deployment

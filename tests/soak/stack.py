@@ -28,6 +28,8 @@ from tests.cluster.driver import driver_env
 BIN = Path(sys.executable).parent
 POOL = "hvdflow"
 PIPELINE_DEPLOYMENT = "hvdflow-pipeline/hvdflow-pipeline"
+SCORE_DEPLOYMENT = "hvdflow-score/hvdflow-score"
+SCORES = "s3://hvdflow/scores/soak"
 MODEL = "soak"
 RAW = "s3://hvdflow/raw/digits/"
 DATASETS = "s3://hvdflow/datasets"

@@ -3,6 +3,8 @@ a fault, from a fixed seed, checked like the long one (``python -m tests.soak``)
 comes first (the long soak has one): the first run builds the dataset and stages the weights
 under its fault, and the second finds them.
 
+After the runs, one scoring run with the champion they left, through the scoring deployment.
+
 The kinds are those whose first soak found defects: SeaweedFS restarted under a training (it came
 back on another port; the rank that met the outage failed the run for good) and the Prefect
 server restarted under one (the slots it held stayed taken for ever)."""
@@ -38,3 +40,5 @@ def test_a_short_soak_loses_nothing_and_leaves_nothing_behind(netns_cluster, tmp
             assert "began" in record.strike, record.strike
     assert summary["completed"] >= 2, summary
     assert soak.idle and soak.idle[-1].figures.get("champion"), soak.idle[-1]
+    # Then scoring with the champion the runs left, through its own deployment.
+    assert soak.scoring["state"] == "COMPLETED" and soak.scoring["problems"] == [], soak.scoring
