@@ -79,26 +79,3 @@ def test_the_network_is_never_pickled_with_the_model(model):
     import pickle
 
     assert pickle.loads(pickle.dumps(model)).network is None
-
-
-def test_predicting_leaves_no_autograph_source_in_the_temporary_folder():
-    """Keras converts its predict function on the first predict and AutoGraph writes it to a file
-    it removes only at exit; processes that serve the model seldom get there (pyspark's workers
-    end with os._exit), so the model removes the files its predict made."""
-    import os
-    import sys
-
-    from hvdflow.serving.classifier import autograph_modules, keras_2
-
-    keras = keras_2()
-    model = ImageClassifier(["a", "b"], (4, 4, 1))
-    model.network = keras.Sequential(
-        [keras.Input((4, 4, 1)), keras.layers.Flatten(), keras.layers.Dense(2)]
-    )
-    before = autograph_modules()
-    model.probabilities(np.zeros((3, 4, 4, 1), np.float32))
-    made = autograph_modules() - before
-    assert made  # the predict function, converted here
-    assert [n for n in made if os.path.exists(sys.modules[n].__file__)] == []
-    # The converted function still runs without its file.
-    assert model.probabilities(np.ones((2, 4, 4, 1), np.float32)).shape == (2, 2)
