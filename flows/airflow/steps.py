@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from hvdflow.flows.airflow.form import nested_values
 from hvdflow.flows.cli_support import InvalidParameters, describe_validation_error, one_line
 from hvdflow.flows.params import PipelineParams, ScoreParams
+from hvdflow.infra.launcher._runlog import rank_logger
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import SparkProgress, get_spark
 from hvdflow.infra.stdio import outlive_reader
@@ -213,6 +214,9 @@ def _log_to_stdout() -> None:
     if not any(getattr(h, "_hvdflow_airflow", False) for h in root.handlers):
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        # Every rank line is printed once by _print_line; the rank logger's copy of the ranks'
+        # log_to_driver lines would print those twice (and count each epoch twice).
+        handler.addFilter(lambda record: record.name != rank_logger.name)
         handler._hvdflow_airflow = True
         root.addHandler(handler)
     root.setLevel(logging.INFO)

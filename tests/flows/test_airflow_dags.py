@@ -97,6 +97,32 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.unit
+def test_the_train_tasks_log_has_each_rank_line_once(capsys):
+    """The step prints every rank line; the rank logger's copy of the same lines stays out of
+    the task's log (it doubled every log_to_driver line, epochs included)."""
+    import logging
+
+    from hvdflow.flows.airflow import steps
+    from hvdflow.infra.launcher import _wire
+    from hvdflow.infra.launcher._runlog import RunLog
+
+    root = logging.getLogger()
+    before = list(root.handlers), root.level
+    try:
+        # One installed by an earlier step in this process writes to the stdout of its time.
+        root.handlers[:] = [h for h in root.handlers if not getattr(h, "_hvdflow_airflow", 0)]
+        steps._log_to_stdout()
+        with RunLog(os.devnull, "all", steps._print_line) as run_log:
+            run_log(_wire.LogLine(time=0.0, rank=0, stream=_wire.CALLBACK, text="Epoch 1/2"))
+        logging.getLogger("hvdflow.tasks").info("a record of hvdflow's own")
+    finally:
+        root.handlers[:], _ = before[0], root.setLevel(before[1])
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if "Epoch 1/2" in ln] == ["[1,0]<log>:Epoch 1/2"], lines
+    assert "INFO hvdflow.tasks: a record of hvdflow's own" in lines
+
+
 @pytest.mark.integration
 def test_the_example_dag_file_parses_in_airflows_environment_without_hvdflows_dependencies(
     tmp_path,
@@ -138,7 +164,7 @@ def test_the_example_dag_file_parses_in_airflows_environment_without_hvdflows_de
         "check_tracking": 3,
         "preprocess": 0,
         "stage_weights": 3,
-        "train": 0,
+        "train": 1,  # for its process killed with its scheduler or executor worker
         "register": 2,  # Airflow's default: it only reads XCom and writes the asset event
     }
     assert out["form"] == sorted(
