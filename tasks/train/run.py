@@ -25,7 +25,7 @@ from hvdflow.infra.tracking import (
 )
 from hvdflow.infra.version import package_version
 from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
-from hvdflow.tasks.train import model_card, once
+from hvdflow.tasks.train import lease, model_card, once
 from hvdflow.tasks.train.attempts import Attempts
 from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.origin import RunOrigin
@@ -109,16 +109,28 @@ def train_and_track(
     version and linked from its card.
     """
     import mlflow
+    from mlflow import MlflowClient
 
     training, launcher, tracking = config.training, config.launcher, config.tracking
     flow_run_id = origin.run_id if origin else None
     experiment, resume_id = _experiment_and_run_to_resume(tracking, tracking_uri, flow_run_id)
     if origin and not tracking.resume:
+        # A first execution of this step that outlived its worker may still train the run.
+        held = resume_id and lease.wait_while_held(
+            MlflowClient(tracking_uri), resume_id, f"{origin.kind} {origin.run_id}"
+        )
+        if held:
+            experiment, resume_id = _experiment_and_run_to_resume(
+                tracking, tracking_uri, flow_run_id
+            )
         done = _trained_before(tracking_uri, experiment.experiment_id, origin, tracking)
         if done is not None:
             return done
     tags = {FLOW_RUN_TAG: origin.run_id, ORCHESTRATOR_TAG: origin.orchestrator} if origin else None
-    with mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run:
+    with (
+        mlflow.start_run(run_id=resume_id, log_system_metrics=True, tags=tags) as run,
+        lease.driver_lease(MlflowClient(tracking_uri), run.info.run_id),
+    ):
         run_id = run.info.run_id
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
         params = {**_params(config, dataset, weights), "checkpoints": checkpoint_url or "off"}
