@@ -7,9 +7,11 @@ hvdflow's Pythons and their JVMs). Its REST API (v2) is what a user's scripts ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import time
 import urllib.error
@@ -21,6 +23,7 @@ import psutil
 
 from hvdflow.infra.services._process import (
     free_port,
+    group_members,
     start_process,
     stop_process_group,
     wait_until_ready,
@@ -77,27 +80,48 @@ class LocalAirflow:
             timeout=180,
         )
         for component in COMPONENTS:
-            extra = ["--port", str(self.port)] if component == "api-server" else []
-            self.processes[component] = start_process(
-                [str(self.command), component, *extra],
-                self.home / f"{component}.log",
-                self.env,
-                cwd=self.home,
-            )
+            self.start_component(component)
         try:
-            wait_until_ready(
-                self.processes["api-server"],
-                self._healthy,
-                what=f"Airflow at {self.url}",
-                timeout_s=START_TIMEOUT_S,
-                setting="hvdflow.bench.airflow_local.START_TIMEOUT_S",
-                log_path=self.home / "api-server.log",
-                interval_s=1.0,
-            )
+            self.wait_healthy()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def start_component(self, component: str) -> None:
+        """Start one of COMPONENTS, in its own process group (its executor's workers and the
+        tasks they run join it)."""
+        extra = ["--port", str(self.port)] if component == "api-server" else []
+        self.processes[component] = start_process(
+            [str(self.command), component, *extra],
+            self.home / f"{component}.log",
+            self.env,
+            cwd=self.home,
+        )
+
+    def kill_component(self, component: str) -> int:
+        """SIGKILL a component's whole process group, as a crashed container or an OOM-killed
+        service unit takes its children with it; how many processes it held."""
+        process = self.processes[component]
+        members = [process.pid, *group_members(process.pid)]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        deadline = time.monotonic() + 10
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return len(set(members))
+
+    def wait_healthy(self) -> None:
+        wait_until_ready(
+            self.processes["api-server"],
+            self._healthy,
+            what=f"Airflow at {self.url}",
+            timeout_s=START_TIMEOUT_S,
+            setting="hvdflow.bench.airflow_local.START_TIMEOUT_S",
+            log_path=self.home / "api-server.log",
+            interval_s=1.0,
+        )
 
     def _healthy(self) -> bool:
         health = self.get("/api/v2/monitor/health", auth=False)

@@ -37,6 +37,7 @@ EDGE_RETRY = {
     "retry_delay": timedelta(seconds=EDGE_RETRY_DELAYS_S[0]),
     "retry_exponential_backoff": 2.0,
 }
+TRAIN_RETRY = {"retries": 1, "retry_delay": timedelta(seconds=15)}
 INTEGER_FIELDS = ("np", "epochs")
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,12 @@ def pipeline_dag(
             "run_id": "{{ run_id }}",
             "url": f"{base}/dags/{dag_id}/runs/" + "{{ run_id | urlencode }}" if base else "",
         }
-        # No retries: a rank's failure is retried by the launcher, from the last checkpoint.
-        trained = _in_hvdflow(interpreter, "train", retries=0)(
+        # A rank's failure is retried by the launcher, from the last checkpoint. One retry here,
+        # for what the launcher cannot see: its own process killed with the scheduler or the
+        # executor's worker that ran it (Airflow then fails the task once its heartbeat stops).
+        # The retry continues the DAG run's MLflow run from its last checkpoint, or answers
+        # with what it recorded if it had finished (tasks.train.once): never a second model.
+        trained = _in_hvdflow(interpreter, "train", **TRAIN_RETRY)(
             "train", params, dataset, weights, this_run
         )
         params >> tracking >> dataset

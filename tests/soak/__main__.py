@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.soak import report
-from tests.soak.plan import FAULT_KINDS, make_plan
+from tests.soak.plan import AIRFLOW, FACE_OF_KIND, FAULT_KINDS, make_plan
 
 EPOCHS = 8
 
@@ -26,8 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--each", type=int, default=2, help="runs per fault kind, at least")
     parser.add_argument("--kinds", nargs="*", choices=list(FAULT_KINDS), default=None)
     parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument(
+        "--airflow",
+        type=int,
+        default=None,
+        help="runs through Airflow (default: a quarter, at least those whose fault strikes it)",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="where the record goes")
+    parser.add_argument("--torch", type=int, default=None, help="runs with PyTorch (a quarter)")
+    parser.add_argument(
+        "--burst", type=int, default=0, help="then this many runs at once through each face"
+    )
     args = parser.parse_args(argv)
 
     from tests.cluster import netns
@@ -37,7 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     if (reason := netns.unavailable_reason()) is not None:
         print(f"the multi-host harness cannot run here: {reason}", file=sys.stderr)
         return 2
-    plan = make_plan(args.runs, args.seed, args.kinds, epochs=args.epochs, each=args.each)
+    kinds = args.kinds or list(FAULT_KINDS)
+    airflow = args.airflow
+    if airflow is None:
+        strike_airflow = sum(FACE_OF_KIND.get(k) == AIRFLOW for k in kinds) * args.each
+        airflow = max(strike_airflow, args.runs // 4)
+    plan = make_plan(
+        args.runs,
+        args.seed,
+        kinds,
+        epochs=args.epochs,
+        each=args.each,
+        airflow=airflow,
+        torch=args.runs // 4 if args.torch is None else args.torch,
+        burst=args.burst,
+    )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hvdflow-soak-", dir="/var/tmp"))
     started = time.time()
     with netns_spark_cluster(
@@ -74,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         or summary["leftover_processes"]
         or soak.final_leftovers
         or soak.harness_errors
+        or summary["burst_overlaps"]
     )
     return 1 if bad or summary["failed_without_reason"] else 0
 

@@ -26,46 +26,13 @@ from tests.helpers import RANK_ENTRY
 from tests.soak import faults
 from tests.soak import stack as s
 
-EPOCH_LINE = re.compile(r"<log>:Epoch (\d+)/(\d+)\s*$")  # its start, not its "done" line
 CHANCE = 0.1  # ten classes
 
 
 # --- one run ------------------------------------------------------------------------------------
-def flow_run_outcome(flow_run_id) -> dict:
-    """The flow run's final state and its reason's first line; its epochs as its logs tell."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(flow_run_id)
-        logs, offset = [], 0
-        while True:
-            page = client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                limit=200,
-                offset=offset,
-            )
-            logs += page
-            offset += len(page)
-            if len(page) < 200:
-                break
-    started = [int(m.group(1)) for log in logs if (m := EPOCH_LINE.search(log.message))]
-    message = (run.state.message or "").strip()
-    return {
-        "state": run.state.type.value,
-        "reason": message.splitlines()[0] if message else "",
-        "reason_lines": len(message.splitlines()),
-        "epochs_begun": len(started),
-        "epochs_recomputed": len(started) - len(set(started)),
-        "ended_at": run.end_time.timestamp() if run.end_time else None,
-        "seconds": (run.end_time - run.start_time).total_seconds()
-        if run.end_time and run.start_time
-        else None,
-    }
-
-
 def mlflow_of(flow_run_id, epochs: int, completed: bool) -> dict:
-    """The MLflow run of a flow run: epochs logged (each once), attempts, registered version."""
+    """The MLflow run of a flow run (or ``<dag_id>/<run_id>``, an Airflow DAG run): epochs
+    logged (each once), attempts, registered version."""
     from mlflow import MlflowClient
 
     client = MlflowClient()
@@ -253,6 +220,14 @@ def services_problems(stack) -> list[str]:
                 problems.append(f"{name}: answers with an error")
         except requests.RequestException as e:
             problems.append(f"{name}: does not answer ({type(e).__name__})")
+    if stack.airflow is not None:
+        try:
+            health = stack.airflow.get("/api/v2/monitor/health", auth=False)
+            parts = ("metadatabase", "scheduler", "dag_processor")  # no triggerer is started
+            unwell = [k for k in parts if (health.get(k) or {}).get("status") != "healthy"]
+            problems += [f"Airflow's {part}: not healthy" for part in unwell]
+        except Exception as e:
+            problems.append(f"Airflow: does not answer ({type(e).__name__})")
     return problems
 
 
@@ -289,7 +264,7 @@ def leftover_processes(stack) -> list[str]:
     services = {info["pid"] for info in stack.services.state().values()}
     lines = []
     for pid, line in found.items():
-        if pid in services or _is_service_child(pid, services):
+        if pid in services or _is_service_child(pid, services) or _airflow_own(stack, pid):
             continue
         lines.append(line)
         try:
@@ -297,6 +272,21 @@ def leftover_processes(stack) -> list[str]:
         except psutil.Error:
             pass
     return lines
+
+
+def _airflow_own(stack, pid: int) -> bool:
+    """Whether ``pid`` is Airflow's own (its components, their executor's workers, the tasks'
+    supervisors: Airflow's interpreter), which live as long as the soak's Airflow; the tasks'
+    hvdflow Pythons and their JVMs are not."""
+    if stack.airflow is None:
+        return False
+    try:
+        first = (psutil.Process(pid).cmdline() or [""])[0]
+    except psutil.Error:
+        return False
+    # Its interpreter is a link to the same Python as hvdflow's: told apart by the path it
+    # was started as, or by the title Airflow gives its forked processes.
+    return first.startswith((str(stack.airflow.command.parent), "airflow"))
 
 
 def _is_service_child(pid: int, services: set[int]) -> bool:
@@ -323,7 +313,9 @@ def _any_left(stack) -> bool:
     worker = stack.worker.pid if stack.worker else None
     services = {info["pid"] for info in stack.services.state().values()}
     return any(
-        p.pid not in (worker, os.getpid()) and not _is_service_child(p.pid, services)
+        p.pid not in (worker, os.getpid())
+        and not _is_service_child(p.pid, services)
+        and not _airflow_own(stack, p.pid)
         for p in s.processes_with_env("HVDFLOW_HOME", str(stack.home))
     )
 

@@ -96,6 +96,14 @@ def worker_kill(stack, detail: dict) -> dict:
     return {"struck": f"worker pid {old} SIGKILLed, worker {stack.workers_started} started"}
 
 
+def scheduler_kill(stack, detail: dict) -> dict:
+    """Airflow's scheduler SIGKILLed with its process group (its LocalExecutor's workers and
+    the tasks they supervise, as when its container or service unit dies), started again."""
+    killed = stack.airflow.kill_component("scheduler")
+    stack.airflow.start_component("scheduler")
+    return {"struck": f"scheduler SIGKILLed with its group ({killed} processes), started again"}
+
+
 def disk_full(stack, detail: dict) -> dict:
     """Every worker host's /tmp (a tmpfs) capped at what it holds, for DISK_FULL_S from an
     epoch's start: the epoch's end, where rank 0 writes its checkpoint into its temporary
@@ -181,6 +189,7 @@ STRIKES = {
     "s3_restart": s3_restart,
     "prefect_restart": prefect_restart,
     "worker_kill": worker_kill,
+    "scheduler_kill": scheduler_kill,
     "disk_full": disk_full,
     "weights_altered": weights_altered,
     "row_group_corrupt": row_group_corrupt,

@@ -53,7 +53,37 @@ def summary(records, idle) -> dict:
         # Flow runs by how many model versions they registered: every completed run exactly one.
         "versions_per_run": _versions_per_run(records),
         "tmp_at_end": _tmp(idle[-1]) if idle else {},
+        "by_face": by_face(records),
+        "burst_overlaps": burst_overlaps(records),
     }
+
+
+def by_face(records) -> dict[str, dict]:
+    """Runs, completed runs and registered versions per orchestrator and framework."""
+    out: dict[str, dict] = {}
+    for r in records:
+        key = f"{r.planned.face}/{r.planned.framework}"
+        row = out.setdefault(key, {"runs": 0, "completed": 0, "versions": 0})
+        row["runs"] += 1
+        row["completed"] += r.outcome.get("state") == "COMPLETED"
+        row["versions"] += r.mlflow.get("versions", 0)
+    return out
+
+
+def burst_overlaps(records) -> list[str]:
+    """Runs of one burst (one orchestrator's) that ran at the same time: each orchestrator
+    must run them in turn (the deployment's concurrency limit, the DAG's max_active_runs)."""
+    found = []
+    for face in {r.planned.face for r in records if r.planned.burst}:
+        windows = sorted(
+            (r.outcome["window"], r.planned.index)
+            for r in records
+            if r.planned.burst and r.planned.face == face and "window" in r.outcome
+        )
+        for (first, i), (second, j) in zip(windows, windows[1:], strict=False):
+            if second[0] < first[1] - 1.0:  # a second of slack for the clocks' rounding
+                found.append(f"{face}: runs {i} and {j} overlapped")
+    return found
 
 
 def _versions_per_run(records) -> dict[str, int]:

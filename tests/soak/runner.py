@@ -3,7 +3,6 @@ run's fault at its moment, and check after every run and whenever nothing is in 
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import time
@@ -13,7 +12,8 @@ from pathlib import Path
 from tests.cluster.fixtures import BAD
 from tests.soak import checks, faults
 from tests.soak import stack as s
-from tests.soak.plan import BEFORE, EPOCH, FAULT_KINDS, PlannedRun
+from tests.soak.faces import EPOCH_LINE, SCORE_DAG, AirflowFace, PrefectFace, log_line
+from tests.soak.plan import AIRFLOW, BEFORE, EPOCH, FAULT_KINDS, PREFECT, PlannedRun
 
 RUN_TIMEOUT_S = 900.0  # a run not final by then is wedged: cancelled, and counted
 # What the training step logs when an attempt failed and the next one resumes.
@@ -46,33 +46,35 @@ def run_params(planned: PlannedRun, prepared: dict, epochs: int) -> dict:
         launcher |= {"min_np": prepared["min_np"], "elastic_wait_s": 8.0}
     return {
         "data": {"input": s.RAW, "input_format": "folders", "output": s.DATASETS},
-        "training": {"epochs": epochs, "batch_size": 16},
+        "training": {"epochs": epochs, "batch_size": 16, "framework": planned.framework},
         "launcher": launcher,
         "tracking": {"registered_model_name": s.MODEL, "experiment": s.MODEL},
     }
 
 
 class WorkerLog(threading.Thread):
-    """Every line of the workers' logs (each worker the soak started), with when it was read:
-    read continuously, so that a fault is timed by the line that triggers it."""
+    """Every line of the runs' logs (each Prefect worker the soak started, each attempt of
+    Airflow's train task), with when it was read: read continuously, so that a fault is timed
+    by the line that triggers it."""
 
-    def __init__(self, stack):
+    def __init__(self, stack, faces):
         super().__init__(daemon=True)
-        self.stack = stack
+        self.stack, self.faces = stack, faces
         self.lines: list[tuple[float, str]] = []
         self._offsets: dict[Path, int] = {}
         self._stop = threading.Event()
 
     def run(self) -> None:
         while not self._stop.wait(0.05):
-            for path in sorted(self.stack.workdir.glob("worker-*.log")):
+            for path in [p for face in self.faces for p in face.log_files(self.stack)]:
                 with path.open("rb") as f:
                     f.seek(self._offsets.get(path, 0))
                     data = f.read()
                 cut = data.rfind(b"\n") + 1
                 self._offsets[path] = self._offsets.get(path, 0) + cut
                 now = time.time()
-                self.lines += [(now, ln) for ln in data[:cut].decode(errors="replace").splitlines()]
+                text = data[:cut].decode(errors="replace")
+                self.lines += [(now, log_line(path, ln)) for ln in text.splitlines()]
 
     def stop(self) -> None:
         self._stop.set()
@@ -86,7 +88,9 @@ class Soak:
         self.records: list[RunRecord] = []
         self.idle: list[IdleCheck] = []
         self.ledger = checks.Ledger()
-        self.log = WorkerLog(stack)
+        self.faces = {PREFECT: PrefectFace(), AIRFLOW: AirflowFace(stack)}
+        self.scored_by_airflow: set[str] = set()  # its scoring DAG runs seen so far
+        self.log = WorkerLog(stack, list(self.faces.values()))
         self.log.start()
         self.damage: list[tuple[int, str, str]] = []  # (run index, kind, what)
         self.harness_errors: list[str] = []
@@ -105,6 +109,8 @@ class Soak:
         _spark_slots(len(stack.cluster.hosts + stack.cluster.spare_hosts))
         stack.start_worker()
         self.say(f"soak: {good} digits and {len(BAD)} bad files in {s.RAW}; worker started")
+        if any(planned.face == AIRFLOW for planned in self.plan):
+            stack.start_airflow_soon()
         self.baseline = {
             "hosts": checks.host_tmp(stack),
             "root_tmp": checks.root_tmp_entries(exclude=(stack.workdir,)),
@@ -126,9 +132,14 @@ class Soak:
             when = FAULT_KINDS.get(planned.fault)
             if when == BEFORE:
                 record.strike = self.strike(planned)
-            record.flow_run_id = self.submit(run_params(planned, prepared, self.epochs))
+            face = self.faces[planned.face]
+            record.flow_run_id = _retrying(
+                lambda face=face, prepared=prepared, planned=planned: face.submit(
+                    run_params(planned, prepared, self.epochs)
+                )
+            )
             self.say(
-                f"run {planned.index}: {record.flow_run_id} "
+                f"run {planned.index} ({face.name}): {record.flow_run_id} "
                 f"{planned.fault or 'no fault'}{' (overlapping)' if planned.overlap else ''}"
             )
             in_flight.append(record)
@@ -151,23 +162,16 @@ class Soak:
         flow_run_id = str(run.id)
         self.say(f"scoring: {flow_run_id}")
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not self.final(flow_run_id) and time.monotonic() < deadline:
+        prefect = self.faces[PREFECT]
+        while prefect.state(flow_run_id) != "final" and time.monotonic() < deadline:
             time.sleep(1)
-        outcome = _retrying(lambda: checks.flow_run_outcome(flow_run_id))
+        outcome = _retrying(lambda: prefect.outcome(flow_run_id))
         self.scoring = {"flow_run_id": flow_run_id, "state": outcome["state"]}
         self.scoring |= _retrying(lambda: checks.scoring_of(self.stack.store(), self.good))
         if outcome["state"] != "COMPLETED":
             self.scoring["problems"].append(f"{outcome['state']}: {outcome['reason'][:300]}")
         self.say(f"scoring: {outcome['state']}, {self.scoring}")
         self.check_idle()
-
-    def submit(self, params: dict) -> str:
-        from prefect.deployments import run_deployment
-
-        run = _retrying(
-            lambda: run_deployment(s.PIPELINE_DEPLOYMENT, parameters={"params": params}, timeout=0)
-        )
-        return str(run.id)
 
     def strike(self, planned: PlannedRun) -> dict:
         began = time.time()
@@ -195,7 +199,7 @@ class Soak:
 
     def strike_in_run(self, record: RunRecord) -> None:
         planned = record.planned
-        if not self.wait_running(record.flow_run_id):
+        if not self.wait_running(record):
             record.strike = {"struck": "not struck: the run ended before it ran"}
             self.say(f"  fault {planned.fault}: {record.strike['struck']}")
             return
@@ -210,7 +214,7 @@ class Soak:
                 time.sleep(pause)
                 record.strike = self.strike(planned)
                 return
-            if self.final(record.flow_run_id):
+            if self.final(record):
                 record.strike = {"struck": "not struck: the run ended before its trigger"}
                 self.say(f"  fault {planned.fault}: {record.strike['struck']}")
                 return
@@ -226,32 +230,24 @@ class Soak:
         after = [(t, ln) for t, ln in self.log.lines if began <= t <= ended]
         retry = next((t for t, ln in after if RETRY_LINE in ln), None)
         since = retry if retry is not None else over
-        resumed = next((t for t, ln in after if t >= since and checks.EPOCH_LINE.search(ln)), None)
+        resumed = next((t for t, ln in after if t >= since and EPOCH_LINE.search(ln)), None)
         return (resumed if resumed is not None else ended) - began
 
     # --- after runs -----------------------------------------------------------------------
-    def wait_running(self, flow_run_id: str) -> bool:
+    def face(self, record: RunRecord):
+        return self.faces[record.planned.face]
+
+    def wait_running(self, record: RunRecord) -> bool:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline:
-            state = self.state_of(flow_run_id)
-            if state is not None and state.is_running():
-                return True
-            if state is not None and state.is_final():
-                return False
+            state = self.face(record).state(record.flow_run_id)
+            if state in ("running", "final"):
+                return state == "running"
             time.sleep(0.5)
         return False
 
-    def state_of(self, flow_run_id: str):
-        from prefect.client.orchestration import get_client
-
-        with contextlib.suppress(Exception):  # the server may be restarting
-            with get_client(sync_client=True) as client:
-                return client.read_flow_run(flow_run_id).state
-        return None
-
-    def final(self, flow_run_id: str) -> bool:
-        state = self.state_of(flow_run_id)
-        return state is not None and state.is_final()
+    def final(self, record: RunRecord) -> bool:
+        return self.face(record).state(record.flow_run_id) == "final"
 
     def settle(self, in_flight: list[RunRecord]) -> None:
         if not in_flight:
@@ -263,15 +259,19 @@ class Soak:
 
     def finish(self, record: RunRecord) -> None:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not self.final(record.flow_run_id):
+        face = self.face(record)
+        while not self.final(record):
             if time.monotonic() > deadline:
                 record.problems.append(f"wedged: not final within {RUN_TIMEOUT_S:g} s")
-                self.cancel(record.flow_run_id)
+                face.cancel(record.flow_run_id)
                 break
             time.sleep(1)
-        outcome = _retrying(lambda: checks.flow_run_outcome(record.flow_run_id))
+        outcome = _retrying(lambda: face.outcome(record.flow_run_id))
         record.outcome = outcome
-        record.recovered_s = self.recovery(record, outcome.pop("ended_at") or time.time())
+        ended = outcome.pop("ended_at")
+        if ended is not None and outcome.get("seconds") is not None:
+            outcome["window"] = [ended - outcome["seconds"], ended]  # epoch seconds
+        record.recovered_s = self.recovery(record, ended or time.time())
         completed = outcome["state"] == "COMPLETED"
         if not completed and not outcome["reason"]:
             record.problems.append(f"{outcome['state']} without a reason")
@@ -285,13 +285,27 @@ class Soak:
             + f", {outcome['epochs_recomputed']} epochs recomputed"
             + (f"; problems: {record.problems}" if record.problems else "")
         )
+        if face.name == AIRFLOW and outcome.get("tasks", {}).get("register") == "success":
+            self.airflow_scoring(record)
 
-    def cancel(self, flow_run_id: str) -> None:
-        from prefect.client.orchestration import get_client
-        from prefect.states import Cancelling
-
-        with contextlib.suppress(Exception), get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+    def airflow_scoring(self, record: RunRecord) -> None:
+        """The scoring DAG run that the champion an Airflow run made started (by the asset
+        event), once final: it must have succeeded."""
+        airflow = self.stack.airflow
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            runs = _retrying(lambda: airflow.runs(SCORE_DAG))
+            new = [r for r in runs if r["dag_run_id"] not in self.scored_by_airflow]
+            if new and all(r["state"] in ("success", "failed") for r in new):
+                self.scored_by_airflow |= {r["dag_run_id"] for r in new}
+                states = [r["state"] for r in new]
+                record.outcome["airflow_scoring"] = states
+                if states != ["success"]:
+                    record.problems.append(f"Airflow's scoring after it: {states}")
+                self.say(f"run {record.planned.index}: Airflow's scoring {states}")
+                return
+            time.sleep(2)
+        record.problems.append(f"no Airflow scoring run final within {RUN_TIMEOUT_S:g} s")
 
     def check_idle(self) -> None:
         stack = self.stack

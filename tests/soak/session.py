@@ -32,7 +32,8 @@ def run_soak(cluster, workdir: Path, plan: list[PlannedRun], epochs: int, say=pr
     finally:
         soak.log.stop()
         stack.stop_worker()
-        soak.final_leftovers = _final_leftovers(soak)
+        airflow_left = [f"Airflow's {left}" for left in stack.stop_airflow()]
+        soak.final_leftovers = airflow_left + _final_leftovers(soak)
         stack.stop_services()
         os.environ.update(saved)
     return soak

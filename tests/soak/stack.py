@@ -4,6 +4,7 @@ folder, as production runs them; and the restarts the faults need."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +37,18 @@ RAW = "s3://hvdflow/raw/digits/"
 DATASETS = "s3://hvdflow/datasets"
 IMAGES_PER_CLASS = 50  # 500 digits: epochs long enough to strike in, accuracy far from chance
 WORKER_STOP_TIMEOUT_S = 20.0
+AIRFLOW_HEARTBEAT_TIMEOUT_S = 60
 # The variables that point clients at services: with one set, `hvdflow up` starts none of that
 # kind.
 SERVICE_VARIABLES = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
+# The soak's DAG file: the pipeline registers the soak's model, and each champion it makes is
+# scored on the raw images, into the bucket.
+AIRFLOW_DAGS = f"""\
+from hvdflow.airflow import pipeline_dag, scoring_dag
+
+pipeline_dag(registered_model={MODEL!r})
+scoring_dag(registered_model={MODEL!r}, score_input={RAW!r})
+"""
 
 
 @dataclass
@@ -48,9 +59,11 @@ class SoakStack:
     env: dict = field(default_factory=dict)  # the clients' variables for the services
     worker: subprocess.Popen | None = None
     workers_started: int = 0
+    airflow: object | None = None  # bench.airflow_local.LocalAirflow, when a run goes through it
 
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
+        self._airflow_starting: Future | None = None
         self.services = LocalServices(self.home)
 
     # --- services ---------------------------------------------------------------------------
@@ -134,6 +147,45 @@ class SoakStack:
     def stop_worker(self) -> None:
         if self.worker is not None:
             stop_process_group(self.worker, WORKER_STOP_TIMEOUT_S)
+
+    # --- Airflow ------------------------------------------------------------------------------
+    def start_airflow(self) -> None:
+        """Airflow with the pipeline and scoring DAGs for the soak's model, its tasks run by
+        this environment's Python against the cluster and the services, as the README sets
+        a user's Airflow up."""
+        from tests.airflow_harness import Airflow
+
+        env = {
+            **self.worker_env(),
+            "HVDFLOW_PYTHON": sys.executable,
+            # A task whose process died (with the scheduler that ran it) is failed, and so
+            # retried, once its heartbeat has been missing a minute, not Airflow's default five.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(AIRFLOW_HEARTBEAT_TIMEOUT_S),
+        }
+        self.airflow = Airflow(self.workdir / "airflow", env)
+        self.airflow.dags_folder.mkdir(parents=True, exist_ok=True)
+        (self.airflow.dags_folder / "hvdflow_soak.py").write_text(AIRFLOW_DAGS)
+        self.airflow.start()
+        for dag_id in ("hvdflow_pipeline", "hvdflow_score"):
+            self.airflow.wait_for_dag(dag_id)
+
+    def start_airflow_soon(self) -> None:
+        """Start Airflow in the background (about a minute), while the first runs go through
+        Prefect; ``wait_for_airflow`` before asking it for a run."""
+        self._airflow_starting = ThreadPoolExecutor(1).submit(self.start_airflow)
+
+    def wait_for_airflow(self) -> None:
+        if self._airflow_starting is not None:
+            self._airflow_starting.result()
+
+    def stop_airflow(self) -> list[str]:
+        """Stop Airflow; what of it is left running (should be nothing)."""
+        if self._airflow_starting is not None:
+            with contextlib.suppress(Exception):  # its failure was said where it was waited for
+                self._airflow_starting.result()
+        if self.airflow is None:
+            return []
+        return self.airflow.stop()
 
     # --- data ---------------------------------------------------------------------------------
     def store(self):
