@@ -24,6 +24,22 @@ SCORE_DAG = "hvdflow_score"
 AIRFLOW_STATES = {"success": "COMPLETED", "failed": "FAILED"}
 
 
+# An error's heading before the failed rank's last lines, which repeat lines already logged.
+TAIL_HEADINGS = ("Last lines of its output:", "Python stacks of every rank:")
+
+
+def without_error_tails(lines) -> list[str]:
+    """A task log's lines less the rank lines quoted in an error (Airflow splits a logged
+    error into one event a line; Prefect keeps it one record)."""
+    kept, quoting = [], False
+    for line in lines:
+        if quoting and line.startswith("[1,"):
+            continue
+        quoting = line.rstrip().endswith(TAIL_HEADINGS)
+        kept.append(line)
+    return kept
+
+
 def epochs_of(lines) -> dict:
     started = [int(m.group(1)) for line in lines if (m := EPOCH_LINE.search(line))]
     return {"epochs_begun": len(started), "epochs_recomputed": len(started) - len(set(started))}
@@ -152,7 +168,7 @@ class AirflowFace:
             "state": AIRFLOW_STATES.get(run["state"], run["state"].upper()),
             "reason": reason,
             "reason_lines": 1 if reason else 0,
-            **epochs_of(lines),
+            **epochs_of(without_error_tails(lines)),
             "ended_at": ended,
             "seconds": ended - started if started and ended else None,
             "train_tries": (train or {}).get("try_number", 0),
