@@ -37,7 +37,7 @@ RAW = "s3://hvdflow/raw/digits/"
 DATASETS = "s3://hvdflow/datasets"
 IMAGES_PER_CLASS = 50  # 500 digits: epochs long enough to strike in, accuracy far from chance
 WORKER_STOP_TIMEOUT_S = 20.0
-AIRFLOW_HEARTBEAT_TIMEOUT_S = 60
+AIRFLOW_ORPHAN_CHECK_S = 30
 # The variables that point clients at services: with one set, `hvdflow up` starts none of that
 # kind.
 SERVICE_VARIABLES = ("AWS_ENDPOINT_URL", "MLFLOW_TRACKING_URI", "PREFECT_API_URL")
@@ -158,9 +158,9 @@ class SoakStack:
         env = {
             **self.worker_env(),
             "HVDFLOW_PYTHON": sys.executable,
-            # A task whose process died (with the scheduler that ran it) is failed, and so
-            # retried, once its heartbeat has been missing a minute, not Airflow's default five.
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(AIRFLOW_HEARTBEAT_TIMEOUT_S),
+            # The tasks of a dead scheduler are reset, and so run again, at the new scheduler's
+            # next look for orphans: every 30 s here, not Airflow's default five minutes.
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(AIRFLOW_ORPHAN_CHECK_S),
         }
         self.airflow = Airflow(self.workdir / "airflow", env)
         self.airflow.dags_folder.mkdir(parents=True, exist_ok=True)
