@@ -67,12 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     with netns_spark_cluster(
         workdir / "cluster", workers=2, cores=1, spare=1, kind="bench", timeout_s=300
     ) as cluster:
-        soak = run_soak(cluster, workdir, plan, args.epochs, say=lambda m: print(m, flush=True))
+        soak = run_soak(
+            cluster,
+            workdir,
+            plan,
+            args.epochs,
+            say=lambda m: print(m, flush=True),
+            score_in_airflow=True,
+        )
     wall = time.time() - started
     print(f"\nsoak: {len(plan)} runs, seed {args.seed}, {wall / 60:.1f} min\n")
     print(report.table(soak.records, soak.idle))
     summary = report.summary(soak.records, soak.idle)
     summary["scoring"] = soak.scoring
+    summary["airflow_scoring"] = soak.airflow_scoring
     summary["final_leftovers"] = soak.final_leftovers
     summary["harness_errors"] = soak.harness_errors
     print(json.dumps(summary, indent=2))
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         or soak.final_leftovers
         or soak.harness_errors
         or summary["burst_overlaps"]
+        or soak.airflow_scoring.get("problems")
     )
     return 1 if bad or summary["failed_without_reason"] else 0
 

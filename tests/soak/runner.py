@@ -81,9 +81,19 @@ class WorkerLog(threading.Thread):
 
 
 class Soak:
-    def __init__(self, stack, plan: list[PlannedRun], epochs: int, say=print, score=True):
+    def __init__(
+        self,
+        stack,
+        plan: list[PlannedRun],
+        epochs: int,
+        say=print,
+        score=True,
+        score_in_airflow=False,
+    ):
         self.stack, self.plan, self.epochs, self.say = stack, plan, epochs, say
         self.score = score  # after the plan: one scoring run with the champion it left
+        self.score_in_airflow = score_in_airflow  # and one through Airflow's scoring DAG
+        self.airflow_scoring: dict = {}
         self.scoring: dict = {}
         self.records: list[RunRecord] = []
         self.idle: list[IdleCheck] = []
@@ -148,6 +158,8 @@ class Soak:
         self.settle(in_flight)
         if self.score:
             self.score_champion()
+        if self.score_in_airflow and self.stack.airflow is not None:
+            self.score_champion_in_airflow()
 
     def score_champion(self) -> None:
         """One scoring run through its deployment, on the raw images the pipeline trained on,
@@ -171,6 +183,30 @@ class Soak:
         if outcome["state"] != "COMPLETED":
             self.scoring["problems"].append(f"{outcome['state']}: {outcome['reason'][:300]}")
         self.say(f"scoring: {outcome['state']}, {self.scoring}")
+        self.check_idle()
+
+    def score_champion_in_airflow(self) -> None:
+        """Airflow's scoring DAG triggered by hand (an empty version: the champion now), as a
+        person does from its form: it must succeed, scoring every good image."""
+        airflow = self.stack.airflow
+        run_id = _retrying(lambda: airflow.trigger(SCORE_DAG, {"version": None}))
+        self.say(f"Airflow scoring: {SCORE_DAG}/{run_id}")
+        run = airflow.wait_for_run(SCORE_DAG, run_id, RUN_TIMEOUT_S)
+        self.scored_by_airflow.add(run_id)
+        scored = airflow.xcom(SCORE_DAG, run_id, "score") if run["state"] == "success" else {}
+        problems = []
+        if run["state"] != "success":
+            problems.append(f"{run['state']}: {airflow.task_states(SCORE_DAG, run_id)}")
+        elif scored.get("scored") != self.good:
+            problems.append(f"scored {scored.get('scored')} of {self.good} good images")
+        self.airflow_scoring = {
+            "run_id": f"{SCORE_DAG}/{run_id}",
+            "state": run["state"],
+            "scored": scored.get("scored"),
+            "model_version": scored.get("model_version"),
+            "problems": problems,
+        }
+        self.say(f"Airflow scoring: {self.airflow_scoring}")
         self.check_idle()
 
     def strike(self, planned: PlannedRun) -> dict:

@@ -14,10 +14,17 @@ from tests.soak.runner import Soak
 from tests.soak.stack import SERVICE_VARIABLES, SoakStack
 
 
-def run_soak(cluster, workdir: Path, plan: list[PlannedRun], epochs: int, say=print) -> Soak:
+def run_soak(
+    cluster,
+    workdir: Path,
+    plan: list[PlannedRun],
+    epochs: int,
+    say=print,
+    score_in_airflow: bool = False,
+) -> Soak:
     stack = SoakStack(cluster, workdir)
     saved = {k: os.environ.pop(k) for k in SERVICE_VARIABLES if k in os.environ}
-    soak = Soak(stack, plan, epochs, say=say)
+    soak = Soak(stack, plan, epochs, say=say, score_in_airflow=score_in_airflow)
     try:
         env = stack.start_services()
         _fresh_events_worker()  # what this process sent so far goes where it was meant to
