@@ -29,6 +29,9 @@ from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 PYTHON_VARIABLE = "HVDFLOW_PYTHON"
 # What scoring scores when the DAG file names nothing (a folder, or s3://bucket/prefix).
 SCORE_INPUT_VARIABLE = "HVDFLOW_SCORE_INPUT"
+# Where its predictions go when the DAG file names nothing (empty: HVDFLOW_HOME/scores/<model>,
+# which on a cluster only works where that folder is shared by the executors and the driver).
+SCORE_OUTPUT_VARIABLE = "HVDFLOW_SCORE_OUTPUT"
 DEFAULT_MODEL = "hvdflow-classifier"  # tasks.config's registered_model_name default
 CHAMPION = "champion"
 # The flaky edges retry as in the Prefect flow: the tracking server and the object store.
@@ -195,13 +198,16 @@ def scoring_dag(
     python: str | None = None,
     registered_model: str = DEFAULT_MODEL,
     score_input: str | None = None,
+    score_output: str | None = None,
     input_format: str = "images",
     **dag_options,
 ):
     """Scoring that follows the registry: runs when the pipeline moves ``champion`` on
     ``registered_model`` and scores ``score_input`` (default ``$HVDFLOW_SCORE_INPUT``) with the
-    version the asset event names. A run triggered by hand scores with the version in its
-    ``version`` field, else with whatever holds ``champion`` then."""
+    version the asset event names, into ``score_output`` (default ``$HVDFLOW_SCORE_OUTPUT``, else
+    HVDFLOW_HOME/scores/<model>: on a cluster, give a bucket or a shared folder). A run
+    triggered by hand scores with the version in its ``version`` field, else with whatever holds
+    ``champion`` then."""
     interpreter = hvdflow_python(python)
     asset = champion_asset(registered_model)
     options = {"max_active_runs": 1, "catchup": False, "tags": ["hvdflow"], **dag_options}
@@ -210,6 +216,12 @@ def scoring_dag(
             score_input or os.environ.get(SCORE_INPUT_VARIABLE, ""),
             type="string",
             description="the images to score: a folder every executor sees, or s3://bucket/prefix",
+        ),
+        "output": Param(
+            score_output or os.environ.get(SCORE_OUTPUT_VARIABLE, ""),
+            type="string",
+            description="where the predictions go: s3://bucket/prefix, or a folder the executors "
+            "and the driver share (empty: HVDFLOW_HOME/scores/<model>)",
         ),
         "input_format": Param(input_format, type="string", description="images or dataset"),
         "version": Param(
@@ -224,7 +236,11 @@ def scoring_dag(
         version = champion_version()
         score_params = {
             "model": {"name": registered_model},
-            "data": {"input": "{{ params.input }}", "input_format": "{{ params.input_format }}"},
+            "data": {
+                "input": "{{ params.input }}",
+                "input_format": "{{ params.input_format }}",
+                "output": "{{ params.output }}",
+            },
         }
         _in_hvdflow(interpreter, "score")(
             "score", score_params, version, f"{dag_id}/" + "{{ run_id }}"

@@ -7,7 +7,8 @@ Where Airflow parses DAGs and runs tasks, set:
 - ``MLFLOW_TRACKING_URI``: the tracking server (and ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``);
 - ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``: the object store;
 - ``HVDFLOW_SPARK_MASTER``: the Spark master (unset: local[N] on the worker);
-- ``HVDFLOW_SCORE_INPUT``: the images each new champion scores.
+- ``HVDFLOW_SCORE_INPUT``: the images each new champion scores;
+- ``HVDFLOW_SCORE_OUTPUT``: where their predictions go (on a cluster: ``s3://bucket/prefix``).
 
 Trigger ``hvdflow_pipeline`` from the UI (its form takes np, epochs, model, ... and any other
 parameter as nested JSON); ``hvdflow_score`` runs by itself when training moves ``champion``.

@@ -75,7 +75,7 @@ with open(sys.argv[1], "w") as f:
     f.write(example_dag_file())
 bag = DagBag(dag_folder=sys.argv[1])
 pipeline = dags.pipeline_dag("probe_pipeline")
-scoring = dags.scoring_dag("probe_score", score_input="/data/new")
+scoring = dags.scoring_dag("probe_score", score_input="/data/new", score_output="s3://b/scores")
 out = {
     "example_dags": sorted(bag.dags),
     "import_errors": {k: str(v)[-500:] for k, v in bag.import_errors.items()},
@@ -84,6 +84,7 @@ out = {
     "form": sorted(pipeline.params.keys()),
     "max_active_runs": pipeline.max_active_runs,
     "score_input": scoring.params["input"],
+    "score_output": scoring.params["output"],
     "outlets": [o.uri for o in pipeline.get_task("register").outlets],
 }
 try:
@@ -173,6 +174,7 @@ def test_the_example_dag_file_parses_in_airflows_environment_without_hvdflows_de
     assert out["max_active_runs"] == 1
     assert out["outlets"] == ["hvdflow://models/hvdflow-classifier/champion"]
     assert out["score_input"] == "/data/new"
+    assert out["score_output"] == "s3://b/scores"
     assert out["not_champion"] == (
         "m version 4 holds candidate: champion did not move, nothing to score"
     )

@@ -47,7 +47,7 @@ AIRFLOW_DAGS = f"""\
 from hvdflow.airflow import pipeline_dag, scoring_dag
 
 pipeline_dag(registered_model={MODEL!r})
-scoring_dag(registered_model={MODEL!r}, score_input={RAW!r})
+scoring_dag(registered_model={MODEL!r}, score_input={RAW!r}, score_output={SCORES!r})
 """
 
 
