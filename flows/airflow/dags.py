@@ -148,10 +148,11 @@ def pipeline_dag(
             "url": f"{base}/dags/{dag_id}/runs/" + "{{ run_id | urlencode }}" if base else "",
         }
         # A rank's failure is retried by the launcher, from the last checkpoint. One retry here,
-        # for what the launcher cannot see: its own process killed with the scheduler or the
-        # executor's worker that ran it (Airflow then fails the task once its heartbeat stops).
-        # The retry continues the DAG run's MLflow run from its last checkpoint, or answers
-        # with what it recorded if it had finished (tasks.train.once): never a second model.
+        # for what the launcher cannot see: its own process killed with the executor's worker
+        # that ran it (Airflow fails the task once its heartbeat stops; a dead scheduler's tasks
+        # are reset instead, and run again without a retry). The new execution continues the DAG
+        # run's MLflow run from its last checkpoint, waits while a first one still trains it
+        # (tasks.train.lease), or answers with what it recorded (tasks.train.once): one model.
         trained = _in_hvdflow(interpreter, "train", **TRAIN_RETRY)(
             "train", params, dataset, weights, this_run
         )
