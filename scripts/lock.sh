@@ -51,9 +51,13 @@ lock() {  # profile, Python version, extras...
   # A check keeps the lock's pins, so what uv already has answers it: from its cache first.
   # Online, behind a proxy that strips cache headers, every check downloaded pyspark's 450 MB
   # source again and kept it unpacked as a new cache entry (about 650 MB a run).
-  if [ "$check" = 1 ] && "${compile[@]}" --offline 2>/dev/null; then
+  # A cache that answers with other pins may only be stale (emptied and partly refilled, it
+  # knew an older boto3): then the index decides.
+  if [ "$check" = 1 ] && "${compile[@]}" --offline 2>/dev/null \
+    && diff -q <(pins requirements/"$profile".txt) <(pins "$out") >/dev/null; then
     :
   else
+    [ "$check" = 0 ] || cp requirements/"$profile".txt "$out"  # the lock's pins again
     "${compile[@]}"
   fi
   if [ "$check" = 1 ]; then

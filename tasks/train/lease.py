@@ -1,8 +1,8 @@
 """A training's claim on its MLflow run while its driver lives: no second driver trains it too.
 
 An orchestrator can start a run's training step again while the first execution still trains:
-Airflow resets or fails a task whose scheduler or executor worker died (its heartbeat stopped),
-yet hvdflow's step goes on by itself and finishes. The second execution would continue the same
+it resets or fails a task whose scheduler or worker died (its heartbeat stopped), yet hvdflow's
+step goes on by itself and finishes. The second execution would continue the same
 MLflow run from its last checkpoint, beside the first, and both would register a version.
 
 So the driver that trains a run stamps it (``hvdflow.driver`` and ``hvdflow.driver_alive_at``,
