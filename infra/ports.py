@@ -53,3 +53,25 @@ def unclaimed_port(host: str) -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def hold_port(host: str) -> socket.socket:
+    """A port from ``unclaimed_port``'s range, bound and kept bound until the socket closes.
+
+    For a server that a child process starts a moment later (torch's TCPStore in rank 0): the
+    socket is bound with ``SO_REUSEADDR`` and never listens, so that server, which binds with
+    ``SO_REUSEADDR`` too, can still take the port, while a plain ``bind`` (every other pick
+    here, ``is_bindable``) finds it taken until the holder closes it. Without the hold, another
+    program's pick in the seconds rank 0 takes to import torch could land on the same port.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(TRIES):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, unclaimed_port(host)))
+        except OSError:  # taken between the pick and this bind
+            sock.close()
+            continue
+        return sock
+    raise OSError(f"no port free on {host} to hold after {TRIES} tries")

@@ -16,6 +16,7 @@ Horovod.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from hvdflow.infra.constants import TF_CONFIG
 from hvdflow.infra.launcher import _placement, _wire, tf_datasets
 from hvdflow.infra.launcher._patching import patch_on_import
 from hvdflow.infra.launcher.rank_events import emit_event
-from hvdflow.infra.ports import unclaimed_port
+from hvdflow.infra.ports import hold_port, unclaimed_port
 
 # Where TensorFlow defines MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy).
 _STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
@@ -50,7 +51,7 @@ class Engine:
     start_point: str
     rendezvous: bool
     extra: extras.Extra | None
-    task_env: Callable[..., None] | None
+    task_env: Callable[..., socket.socket | None] | None
     in_rank: Callable[[], None]
     after_main: Callable[[], None] | None = None
 
@@ -188,16 +189,23 @@ def _set_torch_envs(
     partition: int,
     task_count: int,
     run_id: str,
-) -> None:
+) -> socket.socket | None:
     """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
     (GROUP_RANK its partition), its ranks that node's local processes, and every rank meets at
-    the port rank 0's task reserved (one exchange, as pyspark's TorchDistributor does)."""
+    the port rank 0's task reserved (one exchange, as pyspark's TorchDistributor does).
+
+    Rank 0's task holds that port until its ranks end (``hold_port``): rank 0's TCPStore binds
+    it seconds later, after torch's import, and a port only picked was once taken meanwhile
+    ("EADDRINUSE" from rank 0, CI of 2026-11-29). Returns the held socket, for the task to close.
+    """
     if all_gather is None:
         raise RuntimeError("the torch engine needs the tasks' all_gather")
     first = ranks[0][0]
     master = ""
+    held = None
     if first.rank == 0:
-        master = f"{first.hostname}:{_free_port(first.hostname)}"
+        held = hold_port(first.hostname)
+        master = f"{first.hostname}:{held.getsockname()[1]}"
     master = next(m for m in all_gather(master) if m)
     host, _, port = master.rpartition(":")
     for index, (slot, _who, env, _link) in enumerate(ranks):
@@ -213,6 +221,7 @@ def _set_torch_envs(
         )
         # The options' own choices (extra_env) win: a thread count, or the attempt's number.
         env.update({name: value for name, value in torchrun.items() if name not in env})
+    return held
 
 
 def _in_horovod_rank() -> None:

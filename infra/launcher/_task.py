@@ -212,6 +212,7 @@ def run_task(
     count = spec.ranks_per_task[partition] if spec.ranks_per_task else 1
     # One connection per rank: the driver knows a rank by its index in ``hosts``.
     links = [DriverLink(spec, index) for index in range(first, first + count)]
+    held = None
     try:
         if partition == 0:
             links[0].request_plan(hosts)
@@ -242,12 +243,14 @@ def run_task(
             ranks.append((slot, who, env, link))
         task_env = engine(spec.engine).task_env
         if task_env is not None:
-            task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id)
+            held = task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
             return _supervise(slot.rank, who, env, spec, link, task_context)
         return _supervise_together(ranks, spec)
     finally:
+        if held is not None:
+            held.close()
         for link in links:
             link.close()
 

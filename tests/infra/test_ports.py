@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from hvdflow.infra.ports import LOWEST, ephemeral_start, is_bindable, unclaimed_port
+from hvdflow.infra.ports import LOWEST, ephemeral_start, hold_port, is_bindable, unclaimed_port
 
 pytestmark = pytest.mark.unit
 
@@ -24,3 +24,15 @@ def test_a_port_in_use_is_not_bindable():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         assert not is_bindable(taken.getsockname()[1], "127.0.0.1")
+
+
+def test_a_held_port_is_taken_for_other_picks_and_free_for_the_server_it_is_held_for():
+    with hold_port("127.0.0.1") as held:
+        port = held.getsockname()[1]
+        assert LOWEST <= port < ephemeral_start()
+        assert not is_bindable(port, "127.0.0.1")  # every other pick passes it by
+        with socket.socket() as server:  # as torch's TCPStore binds
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+    assert is_bindable(port, "127.0.0.1")  # given back when the holder closes it
