@@ -309,14 +309,20 @@ def _record_sockets(home: Path, ports: dict[str, int], s3_grpc: int) -> None:
     (home / SOCKETS_FILE).write_text("".join(f"{path}\n" for path in paths))
 
 
+def recorded_unix_sockets(home: str | Path) -> list[Path]:
+    """The unix sockets in /tmp of the last server started in ``home``: its own while it runs,
+    what it left once it stopped."""
+    record = Path(home) / SOCKETS_FILE
+    if not record.exists():
+        return []
+    paths = [Path(line) for line in record.read_text().split()]
+    return [p for p in paths if p.parent == SOCKET_DIR and p.name.startswith("seaweedfs-")]
+
+
 def remove_unix_sockets(home: str | Path) -> None:
     """Removes the unix sockets that the last server started in ``home`` left in /tmp (call it
     once that server has stopped)."""
-    record = Path(home) / SOCKETS_FILE
-    if not record.exists():
-        return
-    for line in record.read_text().split():
-        path = Path(line)
-        if path.parent == SOCKET_DIR and path.name.startswith("seaweedfs-") and path.is_socket():
+    for path in recorded_unix_sockets(home):
+        if path.is_socket():
             path.unlink(missing_ok=True)
-    record.unlink(missing_ok=True)
+    (Path(home) / SOCKETS_FILE).unlink(missing_ok=True)

@@ -123,7 +123,7 @@ class Soak:
             stack.start_airflow_soon()
         self.baseline = {
             "hosts": checks.host_tmp(stack),
-            "root_tmp": checks.root_tmp_entries(exclude=(stack.workdir,)),
+            "root_tmp": checks.root_tmp_entries(exclude=stack.own_tmp()),
         }
 
     # --- the loop -------------------------------------------------------------------------
@@ -354,7 +354,7 @@ class Soak:
         objects, object_figures = _retrying(lambda: self.ledger.record_and_compare(stack.store()))
         problems += [p for p in objects if self.counts(p)]
         hosts = checks.host_tmp(stack)
-        root_tmp = checks.root_tmp_entries(exclude=(stack.workdir,)) - self.baseline["root_tmp"]
+        root_tmp = checks.root_tmp_entries(exclude=stack.own_tmp()) - self.baseline["root_tmp"]
         figures = {
             **registry_figures,
             **object_figures,

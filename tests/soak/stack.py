@@ -25,6 +25,7 @@ from hvdflow.infra.services._process import (
     stop_process_group,
 )
 from hvdflow.infra.services.local import LocalServices
+from hvdflow.infra.services.seaweed import recorded_unix_sockets
 from tests.cluster.driver import driver_env
 
 BIN = Path(sys.executable).parent
@@ -91,6 +92,11 @@ class SoakStack:
 
     def stop_services(self) -> None:
         self.services.down()
+
+    def own_tmp(self) -> tuple[Path, ...]:
+        """What in /tmp is the soak's own now: its workdir, and the running S3 server's unix
+        sockets (SeaweedFS puts them there; a killed server's go when the next one starts)."""
+        return (self.workdir, *recorded_unix_sockets(self.home / "seaweed"))
 
     # --- the deployment and its worker --------------------------------------------------------
     def worker_env(self) -> dict:

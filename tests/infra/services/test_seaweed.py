@@ -117,11 +117,10 @@ def test_its_unix_sockets_in_tmp_go_when_it_stops_or_at_the_next_start_after_a_k
     """`weed server` leaves its /tmp/seaweedfs-*.sock behind; the wrapper removes them."""
     import signal
 
-    from hvdflow.infra.services.seaweed import SOCKETS_FILE, SeaweedServer
+    from hvdflow.infra.services.seaweed import SeaweedServer, recorded_unix_sockets
 
     def sockets() -> list[Path]:
-        listed = [Path(p) for p in (tmp_path / SOCKETS_FILE).read_text().split()]
-        return [p for p in listed if p.is_socket()]
+        return [p for p in recorded_unix_sockets(tmp_path) if p.is_socket()]
 
     server = SeaweedServer(tmp_path).start()
     try:
