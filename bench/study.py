@@ -34,7 +34,7 @@ def study_spec(dataset_folder: str, epochs: int, threads: int = 1) -> TrainSpec:
     ``dataset_folder`` (the folder of its ``manifest.json``), ``threads`` per rank."""
     from hvdflow.tasks.config import TrainingParams  # noqa: PLC0415 (lazy: it loads NumPy)
     from hvdflow.tasks.preprocess.publish import read_manifest  # noqa: PLC0415 (lazy: it loads NumPy)
-    from hvdflow.tasks.train.run import training_spec  # noqa: PLC0415 (lazy: it loads boto3 and NumPy)
+    from hvdflow.tasks.train.spec import training_spec  # noqa: PLC0415 (lazy: pydantic and NumPy)
 
     dataset = read_manifest(Location(dataset_folder))
     if dataset is None:

@@ -34,7 +34,7 @@ from hvdflow.bench.workloads import total_for_training, write_augmented_digits_i
 from hvdflow.infra import HorovodRunner, LaunchOptions, get_spark
 from hvdflow.tasks.config import TrainingParams
 from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images
-from hvdflow.tasks.train.run import training_spec
+from hvdflow.tasks.train.spec import training_spec
 from hvdflow.training.torch_trainer import train_classifier_torch
 
 CONDITIONS = ("torch1", "torch2", "alone", "ceiling")

@@ -1,7 +1,7 @@
 """What a rank is asked to train: one frozen value that crosses the pickle to every rank.
 
 The training step builds it from the flow's parameters and the dataset's manifest
-(``hvdflow.tasks.train.run.training_spec``), the benchmark from its study's setup; every rank
+(``hvdflow.tasks.train.spec.training_spec``), the benchmark from its study's setup; every rank
 gets the same one as ``train_classifier(spec)``. Plain values only (URLs, counts, names), so it
 pickles small, prints without secrets (credentials never travel in it) and goes through JSON to
 the benchmark's baseline process (``to_dict``/``from_dict``).

@@ -32,7 +32,7 @@ from hvdflow.infra.spark import get_spark
 from hvdflow.infra.stdio import outlive_reader
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import GRAPH_MODELS, LauncherParams
-from hvdflow.tasks.train.run import training_spec
+from hvdflow.tasks.train.spec import training_spec
 from hvdflow.tasks.weights.stage import redact
 from hvdflow.training.gcn import write_karate_cora
 

@@ -11,41 +11,29 @@ consumers (``candidate``, ``champion``) are settled race-free by ``hvdflow.tasks
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from dataclasses import dataclass, field
 
 from hvdflow.infra.secrets import redact_url
-from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import (
     CHAMPION,
-    TRACKER_WAIT_S,
     check_reachable,
-    wait_until_reachable,
 )
 from hvdflow.infra.version import package_version
-from hvdflow.tasks.config import LauncherParams, TrackingParams, TrainingParams
-from hvdflow.tasks.train import lease, model_card, once
+from hvdflow.tasks.config import TrackingParams
+from hvdflow.tasks.train import lease, model_card, once, records
 from hvdflow.tasks.train.attempts import Attempts
 from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.tasks.train.origin import RunOrigin
 from hvdflow.tasks.train.registry import assign_aliases
-from hvdflow.tasks.train.resume import (
-    backfill_epoch_metrics,
-    check_same_params,
-    checkpoint_url_for,
-    run_to_resume,
-)
+from hvdflow.tasks.train.resume import checkpoint_url_for, run_to_resume
+from hvdflow.tasks.train.spec import run_spec, training_engine
 from hvdflow.tasks.train.tags import (
     ATTEMPTS_TAG,
     FLOW_RUN_TAG,
     ORCHESTRATOR_TAG,
     REJECTED_TAG,
 )
-from hvdflow.training.frameworks import framework
-from hvdflow.training.optimizers import rank_batch_size, resolve_scaling, scaled_learning_rate
 from hvdflow.training.result import RankResult
-from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSpec
 
 logger = logging.getLogger(__name__)
 
@@ -133,16 +121,19 @@ def train_and_track(
     ):
         run_id = run.info.run_id
         checkpoint_url = checkpoint_url_for(training.checkpoints, run_id)
-        params = {**_params(config, dataset, weights), "checkpoints": checkpoint_url or "off"}
-        _log_or_check_params(params, tracking_uri, resume_id, run_id)
+        params = {
+            **records.run_params(config, dataset, weights),
+            "checkpoints": checkpoint_url or "off",
+        }
+        records.log_or_check_params(params, tracking_uri, resume_id, run_id)
         before = int(run.data.tags.get(ATTEMPTS_TAG, "0")) if resume_id else 0
         attempts = Attempts(launcher, spark, log_dir, on_log_line, before)
         result = attempts.until_done(
-            _run_spec(config, dataset, weights, run_id, tracking_uri, checkpoint_url),
-            log_artifacts=lambda runner, n: _log_artifacts(runner, launcher, dataset, n),
+            run_spec(config, dataset, weights, run_id, tracking_uri, checkpoint_url),
+            log_artifacts=lambda runner, n: records.log_artifacts(runner, launcher, dataset, n),
         )
         wall, epoch_times_log = attempts.last_wall_s, attempts.epoch_times_log()
-        images_per_s = _log_metrics(
+        images_per_s = records.log_metrics(
             tracking_uri, run_id, result, wall, attempts.number, epoch_times_log
         )
         if result.rejected:
@@ -220,77 +211,6 @@ def _trained_before(
     return TrainResult(tracking_uri=redact_url(tracking_uri), **fields)
 
 
-def _log_or_check_params(
-    params: dict, tracking_uri: str, resume_id: str | None, run_id: str
-) -> None:
-    """A new run logs its parameters; a resumed one must have been logged with the same."""
-    import mlflow
-
-    if resume_id:
-        check_same_params(tracking_uri, resume_id, params)
-        logger.info("resuming MLflow run %s from its last checkpoint", run_id)
-    else:
-        mlflow.log_params(params)
-
-
-def _run_spec(
-    config: TrainConfig,
-    dataset,
-    weights,
-    run_id: str,
-    tracking_uri: str,
-    checkpoint_url: str | None,
-) -> TrainSpec:
-    """What every rank trains in this run: the training's spec, tracked into ``run_id`` and
-    checkpointed at ``checkpoint_url``, on the launcher's engine."""
-    training, launcher, tracking = config.training, config.launcher, config.tracking
-    return training_spec(training, dataset, weights).replace(
-        tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),
-        checkpoint_url=checkpoint_url,
-        checkpoint_keep=training.checkpoint_keep,
-        engine=training_engine(config),
-        fp16_compression=launcher.horovod.fp16_compression,
-    )
-
-
-def training_engine(config: TrainConfig) -> str:
-    """What synchronises the ranks: the launcher's engine, or torch's for a PyTorch training."""
-    return framework(config.training.framework).engine or config.launcher.engine
-
-
-def _log_metrics(
-    tracking_uri: str,
-    run_id: str,
-    result: RankResult,
-    wall: float,
-    attempt: int,
-    epoch_times_log: dict[int, float],
-) -> float:
-    """Log what the last attempt measured, and the epoch metrics rank 0 could not send; the
-    run's images/s (the paper's measure: images x epochs / wall clock, over this attempt's
-    epochs, launch overhead included)."""
-    import mlflow
-
-    # The tracking server may have gone away during training: it is waited for, not skipped.
-    wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
-    images_per_s = result.images_per_epoch * result.epochs_run / wall
-    mlflow.log_metrics(
-        {
-            "wall_clock_s": wall,  # launch overhead included
-            "train_seconds": result.train_seconds,
-            "images_per_s": images_per_s,
-            "scaled_learning_rate": result.scaled_learning_rate,
-            "training_attempts": attempt,
-        }
-    )
-    backfill_epoch_metrics(tracking_uri, run_id, result.history)
-    for epoch, seconds in sorted(epoch_times_log.items()):
-        mlflow.log_metric("epoch_time_log_s", seconds, step=epoch - 1)
-    for epoch, seconds in enumerate(result.epoch_times):
-        mlflow.log_metric("images_per_s_epoch", result.images_per_epoch / seconds, step=epoch)
-    return images_per_s
-
-
 def _rejection(run_id: str, result: RankResult) -> ModelRejected:
     """Why ``result``'s model is not published, tagged on the run (and why it stopped early,
     when it did); the error to end the run with."""
@@ -339,107 +259,3 @@ def _publish(
         client=registry,
     )
     return aliases
-
-
-def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
-    """What every rank trains on this dataset (a DatasetManifest), with these weights (a
-    StagedWeights, or None): the training parameters' share of ``TrainSpec``."""
-    return TrainSpec(
-        data=DataSpec(
-            train_url=dataset.train_url,
-            val_url=dataset.val_url,
-            train_rows=dataset.train_rows,
-            val_rows=dataset.val_rows,
-            num_classes=dataset.num_classes,
-            input_shape=tuple(dataset.image_shape),
-            labels=dataset.class_names,
-        ),
-        model_name=training.model,
-        framework=training.framework,
-        epochs=training.epochs,
-        batch_size=training.batch_size,
-        global_batch=bool(training.global_batch),
-        seed=training.seed,
-        optimizer=OptimizerSpec(
-            name=training.optimizer,
-            learning_rate=training.learning_rate,
-            lr_scaling=training.lr_scaling,
-            warmup_epochs=training.warmup_epochs,
-        ),
-        weights_uri=weights.uri if weights else None,
-        weights_sha256=weights.sha256 if weights else None,
-        mixed_precision=training.mixed_precision,
-        in_memory_max_mb=training.in_memory_max_mb,
-        reader=training.reader,
-        chance_margin=training.chance_margin,
-        profile_batches=training.profile_batches,
-        eval_every=training.eval_every,
-        eval_images=training.eval_images,
-    )
-
-
-def _params(config: TrainConfig, dataset, weights) -> dict:
-    training, launcher = config.training, config.launcher
-    rule = (
-        "none"
-        if training.global_batch
-        else resolve_scaling(training.optimizer, training.lr_scaling)
-    )
-    params = {
-        "model": training.model,
-        "framework": training.framework,
-        "np": launcher.np,
-        "engine": training_engine(config),
-        "mixed_precision": training.mixed_precision,
-        "epochs": training.epochs,
-        "batch_size": training.batch_size,
-        "global_batch": bool(training.global_batch),
-        "rank_batch_size": rank_batch_size(
-            training.batch_size, launcher.np, bool(training.global_batch)
-        ),
-        "base_learning_rate": training.learning_rate,
-        "scaled_learning_rate": scaled_learning_rate(training.learning_rate, launcher.np, rule),
-        "optimizer": training.optimizer,
-        "lr_scaling": rule,
-        # A global batch kept whatever np needs no warm-up, and gets none.
-        "warmup_epochs": 0.0 if training.global_batch else training.warmup_epochs,
-        "eval_every": training.eval_every,
-        "eval_images": training.eval_images,
-        "seed": training.seed,
-        "profile_batches": list(training.profile_batches),
-        "dataset_fingerprint": dataset.fingerprint,
-        "dataset_path": dataset.path,
-        "train_rows": dataset.train_rows,
-        "val_rows": dataset.val_rows,
-        "quarantined": dataset.quarantined,
-        "weights_uri": weights.uri if weights else "none",
-    }
-    # Horovod's knobs, but never extra_env: it may carry secrets.
-    for key, value in launcher.horovod.model_dump(exclude={"extra_env"}).items():
-        params[f"horovod_{key}"] = value
-    return params
-
-
-def _log_artifacts(runner, launcher: LauncherParams, dataset, attempt: int = 1) -> None:
-    import mlflow
-
-    if runner.log_path and os.path.exists(runner.log_path):
-        mlflow.log_artifact(runner.log_path, "logs" if attempt == 1 else f"logs/attempt-{attempt}")
-    for path in (launcher.horovod.timeline_path, launcher.horovod.autotune_log):
-        if path and os.path.exists(path):
-            mlflow.log_artifact(path, "horovod")
-    # A dataset in a bucket is downloaded for the upload, into a folder that goes with it.
-    with tempfile.TemporaryDirectory(prefix="hvdflow-artifact-") as scratch:
-        for name in ("labels.json", "quarantine.csv"):
-            local = _local_dataset_file(dataset, name, scratch)
-            if local:
-                mlflow.log_artifact(local, "dataset")
-
-
-def _local_dataset_file(dataset, name: str, scratch: str) -> str | None:
-    if dataset.path.startswith("s3://"):
-        target = os.path.join(scratch, name)
-        ObjectStore().download_file(f"{dataset.path}/{name}", target)
-        return target
-    path = os.path.join(dataset.path, name)
-    return path if os.path.exists(path) else None

@@ -316,7 +316,7 @@ def test_the_pipelines_training_reads_with_either_reader_to_the_same_model(
 
     from hvdflow import HorovodRunner, LaunchOptions
     from hvdflow.tasks.config import TrainingParams
-    from hvdflow.tasks.train.run import training_spec
+    from hvdflow.tasks.train.spec import training_spec
     from hvdflow.training.trainer import train_classifier
 
     without_pickle = {}

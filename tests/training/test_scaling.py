@@ -24,7 +24,7 @@ import pytest
 
 from hvdflow import HorovodRunner, LaunchOptions
 from hvdflow.tasks.config import TrainingParams
-from hvdflow.tasks.train.run import training_spec
+from hvdflow.tasks.train.spec import training_spec
 from hvdflow.training.trainer import train_classifier
 from tests.helpers import preprocessed_digits
 

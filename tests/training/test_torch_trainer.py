@@ -12,7 +12,7 @@ import pytest
 
 from hvdflow import HorovodRunner, LaunchOptions, RankFailed
 from hvdflow.tasks.config import TrainingParams
-from hvdflow.tasks.train.run import training_spec
+from hvdflow.tasks.train.spec import training_spec
 from hvdflow.training.epoch_log import epochs_done
 from hvdflow.training.torch_models import build_torch_model
 from hvdflow.training.torch_trainer import train_classifier_torch

@@ -196,7 +196,7 @@ def test_ranks_are_given_the_checksum_the_driver_computed():
     from types import SimpleNamespace
 
     from hvdflow.tasks.config import TrainingParams
-    from hvdflow.tasks.train.run import training_spec
+    from hvdflow.tasks.train.spec import training_spec
     from hvdflow.tasks.weights.stage import StagedWeights
 
     staged = StagedWeights("digits_mlp", "/w.h5", "s3://b/weights/digits_mlp/ab.h5", "ab" * 32, 9)
