@@ -185,12 +185,19 @@ class LocalAirflow:
         )
         return run["dag_run_id"]
 
+    def dag_run(self, dag_id: str, run_id: str) -> dict:
+        return self.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}")
+
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        """The run's task instances by task id (state, try_number, ...)."""
+        found = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances")
+        return {ti["task_id"]: ti for ti in found["task_instances"]}
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float) -> dict:
         """The DAG run once it has finished (success or failed)."""
-        path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}"
         deadline = time.monotonic() + timeout_s
         while True:
-            run = self.get(path)
+            run = self.dag_run(dag_id, run_id)
             if run["state"] in ("success", "failed"):
                 return run
             if time.monotonic() > deadline:
@@ -220,8 +227,7 @@ class LocalAirflow:
         return self.get(f"/api/v2/dags/{dag_id}/dagRuns?order_by=run_after")["dag_runs"]
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
-        found = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances")
-        return {ti["task_id"]: ti["state"] for ti in found["task_instances"]}
+        return {task: ti["state"] for task, ti in self.task_instances(dag_id, run_id).items()}
 
     def xcom(self, dag_id: str, run_id: str, task_id: str):
         path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}/taskInstances/{task_id}"

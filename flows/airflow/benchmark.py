@@ -29,7 +29,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from hvdflow.bench.airflow_local import LocalAirflow, quote
+from hvdflow.bench.airflow_local import LocalAirflow
 from hvdflow.infra.services.local import LocalServices
 
 PIPELINE, SCORE = "hvdflow_pipeline", "hvdflow_score"
@@ -80,8 +80,7 @@ def through_airflow(airflow: LocalAirflow, form: dict) -> dict:
     wall = time.monotonic() - started
     if run["state"] != "success":
         raise RuntimeError(f"{PIPELINE} run {run_id}: {airflow.task_states(PIPELINE, run_id)}")
-    found = airflow.get(f"/api/v2/dags/{PIPELINE}/dagRuns/{quote(run_id)}/taskInstances")
-    tasks = {t["task_id"]: t for t in found["task_instances"]}
+    tasks = airflow.task_instances(PIPELINE, run_id)
     return {
         "wall_s": wall,
         "training_s": airflow.xcom(PIPELINE, run_id, "train")["wall_clock_s"],

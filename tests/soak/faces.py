@@ -128,11 +128,8 @@ class AirflowFace:
         return f"{PIPELINE_DAG}/{run_id}"
 
     def _run(self, run_id: str) -> dict | None:
-        from bench.airflow_local import quote
-
-        dag_id, dag_run_id = run_id.split("/", 1)
         with contextlib.suppress(Exception):  # the API server may be restarting
-            return self.airflow.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(dag_run_id)}")
+            return self.airflow.dag_run(*run_id.split("/", 1))
         return None
 
     def state(self, run_id: str) -> str | None:
@@ -148,7 +145,7 @@ class AirflowFace:
         run = self._run(run_id)
         if run is None:
             raise RuntimeError(f"Airflow does not answer for {run_id}")
-        tasks = self._tasks(dag_id, dag_run_id)
+        tasks = self.airflow.task_instances(dag_id, dag_run_id)
         lines: list[str] = []
         train = tasks.get("train")
         for attempt in range(1, (train or {}).get("try_number", 0) + 1):
@@ -174,12 +171,6 @@ class AirflowFace:
             "train_tries": (train or {}).get("try_number", 0),
             "tasks": _states(tasks),
         }
-
-    def _tasks(self, dag_id: str, dag_run_id: str) -> dict[str, dict]:
-        from bench.airflow_local import quote
-
-        found = self.airflow.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(dag_run_id)}/taskInstances")
-        return {ti["task_id"]: ti for ti in found["task_instances"]}
 
     def cancel(self, run_id: str) -> None:
         from bench.airflow_local import quote
