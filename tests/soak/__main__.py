@@ -67,14 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     with netns_spark_cluster(
         workdir / "cluster", workers=2, cores=1, spare=1, kind="bench", timeout_s=300
     ) as cluster:
-        soak = run_soak(
-            cluster,
-            workdir,
-            plan,
-            args.epochs,
-            say=lambda m: print(m, flush=True),
-            score_in_airflow=True,
-        )
+        soak = run_soak(cluster, workdir, plan, args.epochs, score_in_airflow=True)
     wall = time.time() - started
     print(f"\nsoak: {len(plan)} runs, seed {args.seed}, {wall / 60:.1f} min\n")
     print(report.table(soak.records, soak.idle))

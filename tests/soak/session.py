@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hvdflow.infra._env import temporary_env
@@ -19,9 +21,12 @@ def run_soak(
     workdir: Path,
     plan: list[PlannedRun],
     epochs: int,
-    say=print,
+    say: Callable[[str], None] | None = None,
     score_in_airflow: bool = False,
 ) -> Soak:
+    """``say``: where the soak's progress lines go (default: printed with the time since
+    the soak began, so that a slow step shows in the log)."""
+    say = say or elapsed_printer(time.monotonic())
     stack = SoakStack(cluster, workdir)
     saved = {k: os.environ.pop(k) for k in SERVICE_VARIABLES if k in os.environ}
     soak = Soak(stack, plan, epochs, say=say, score_in_airflow=score_in_airflow)
@@ -44,6 +49,13 @@ def run_soak(
         stack.stop_services()
         os.environ.update(saved)
     return soak
+
+
+def elapsed_printer(started: float) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f} s] {line}", flush=True)
+
+    return say
 
 
 def _final_leftovers(soak: Soak) -> list[str]:
