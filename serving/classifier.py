@@ -23,6 +23,7 @@ one bad image never fails the batch). Params: ``top_k`` (above 1 adds ``top_clas
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import os
 import sys
@@ -160,13 +161,20 @@ def autograph_modules() -> set[str]:
 
 def forget_sources(names: set[str]) -> None:
     """Remove the source files of the AutoGraph modules ``names`` (Keras' predict function,
-    converted on the first predict). They are loaded by then and only serve a traceback's source
-    lines; AutoGraph removes them at exit, which the processes that serve this model often never
-    reach: pyspark's workers end with ``os._exit``, a served model's workers are terminated."""
+    converted on the first predict), and the bytecode Python cached for them beside
+    (``__pycache__``, left in /tmp by each scoring executor: the soak of 2026-11-29). They are
+    loaded by then and only serve a traceback's source lines; AutoGraph removes the sources at
+    exit, which the processes that serve this model often never reach: pyspark's workers end
+    with ``os._exit``, a served model's workers are terminated."""
     for name in names:
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path and os.path.isfile(path):
-            os.remove(path)
+        module = sys.modules.get(name)
+        for path in (getattr(module, "__file__", None), getattr(module, "__cached__", None)):
+            if path and os.path.isfile(path):
+                os.remove(path)
+        cached = getattr(module, "__cached__", None)
+        if cached:
+            with contextlib.suppress(OSError):  # not empty: another process's modules
+                os.rmdir(os.path.dirname(cached))
 
 
 def _given(value) -> bool:
