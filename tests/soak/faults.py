@@ -104,6 +104,21 @@ def scheduler_kill(stack, detail: dict) -> dict:
     return {"struck": f"scheduler SIGKILLed with its group ({killed} processes), started again"}
 
 
+def api_server_kill(stack, detail: dict) -> dict:
+    """Airflow's API server SIGKILLed with its process group and started again after
+    SERVICE_DOWN_S. It serves the Execution API too: the running `train` task's supervisor
+    loses its heartbeat and state calls meanwhile."""
+    killed = stack.airflow.kill_component("api-server")
+    time.sleep(SERVICE_DOWN_S)
+    began = time.time()
+    stack.airflow.start_component("api-server")
+    stack.airflow.wait_healthy()
+    return {
+        "struck": f"API server SIGKILLed with its group ({killed} processes), "
+        f"back after {SERVICE_DOWN_S + time.time() - began:.1f} s"
+    }
+
+
 def disk_full(stack, detail: dict) -> dict:
     """Every worker host's /tmp (a tmpfs) capped at what it holds, for DISK_FULL_S from an
     epoch's start: the epoch's end, where rank 0 writes its checkpoint into its temporary
@@ -190,6 +205,7 @@ STRIKES = {
     "prefect_restart": prefect_restart,
     "worker_kill": worker_kill,
     "scheduler_kill": scheduler_kill,
+    "api_server_kill": api_server_kill,
     "disk_full": disk_full,
     "weights_altered": weights_altered,
     "row_group_corrupt": row_group_corrupt,

@@ -21,6 +21,7 @@ FAULT_KINDS: dict[str, str] = {
     "prefect_restart": EPOCH,  # the Prefect server killed and started again at once
     "worker_kill": EPOCH,  # the Prefect worker SIGKILLed, another one started
     "scheduler_kill": EPOCH,  # Airflow's scheduler SIGKILLed with its group, started again
+    "api_server_kill": EPOCH,  # Airflow's API server (and Execution API) SIGKILLed, restarted
     "disk_full": EPOCH,  # the hosts' /tmp capped at their use for 15 s, over a checkpoint
     "weights_altered": BEFORE,  # the staged weights object truncated or its bytes changed
     "row_group_corrupt": BEFORE,  # bytes of a published dataset's part file changed
@@ -28,7 +29,12 @@ FAULT_KINDS: dict[str, str] = {
 }
 # The orchestrators a run goes through (tests.soak.faces), and the kinds that strike only one.
 PREFECT, AIRFLOW = "prefect", "airflow"
-FACE_OF_KIND = {"prefect_restart": PREFECT, "worker_kill": PREFECT, "scheduler_kill": AIRFLOW}
+FACE_OF_KIND = {
+    "prefect_restart": PREFECT,
+    "worker_kill": PREFECT,
+    "scheduler_kill": AIRFLOW,
+    "api_server_kill": AIRFLOW,
+}
 
 
 @dataclass(frozen=True)
