@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 "epochs": args.epochs,
                 "wall_s": wall,
                 "command": " ".join(sys.argv),
+                "stack": stack_versions(),
             },
         )
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +104,33 @@ def main(argv: list[str] | None = None) -> int:
         or soak.airflow_scoring.get("problems")
     )
     return 1 if bad or summary["failed_without_reason"] else 0
+
+
+STACK_PACKAGES = (
+    "pyspark",
+    "tensorflow",
+    "tensorflow-cpu",
+    "torch",
+    "horovod",
+    "mlflow",
+    "prefect",
+)
+
+
+def stack_versions() -> dict:
+    """What the soak ran on: the profile is the environment that runs it (``.venv/bin/python``
+    for the classic one, ``.venv-current/bin/python`` for the current one), cluster included."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hvdflow.tasks.config import default_engine
+
+    found = {"python": sys.version.split()[0], "engine": default_engine()}
+    for name in STACK_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
 
 
 if __name__ == "__main__":
