@@ -26,7 +26,7 @@ from hvdflow.infra.constants import TF_CONFIG
 from hvdflow.infra.launcher import _placement, _wire, tf_datasets
 from hvdflow.infra.launcher._patching import patch_on_import
 from hvdflow.infra.launcher.rank_events import emit_event
-from hvdflow.infra.ports import hold_port, unclaimed_port
+from hvdflow.infra.ports import hold_port
 
 # Where TensorFlow defines MultiWorkerMirroredStrategy (CollectiveAllReduceStrategy).
 _STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
@@ -51,7 +51,7 @@ class Engine:
     start_point: str
     rendezvous: bool
     extra: extras.Extra | None
-    task_env: Callable[..., socket.socket | None] | None
+    task_env: Callable[..., list[socket.socket]] | None
     in_rank: Callable[[], None]
     after_main: Callable[[], None] | None = None
 
@@ -154,33 +154,31 @@ def _wait_for_the_other_tf_workers() -> None:
 # --- in the task -------------------------------------------------------------------------
 
 
-def _free_port(host: str) -> int:
-    """A port free on ``host`` now, for the rank's TensorFlow server to listen on.
-
-    The rank binds it a few seconds later. spark-tensorflow-distributor takes any port
-    ``bind(0)`` gives, from the range outgoing connections use too, so one may take it first
-    ("Could not start gRPC server"); this one is from below that range (``infra.ports``).
-    """
-    return unclaimed_port(host)
-
-
 def _set_tf_configs(
     ranks: list,
     all_gather: Callable[[str], list[str]] | None,
     partition: int,
     task_count: int,
     run_id: str,
-) -> None:
-    """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange)."""
+) -> list[socket.socket]:
+    """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange).
+
+    Each rank's TensorFlow server listens on a port this task holds for it until the ranks end
+    (``hold_port``): the rank binds it seconds later, after TensorFlow's import. A port only
+    picked may be taken meanwhile ("Could not start gRPC server"); spark-tensorflow-distributor
+    takes whatever ``bind(0)`` gives, from the range outgoing connections draw from too.
+    """
     if all_gather is None:
         raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
+    held = [hold_port(slot.hostname) for slot, *_ in ranks]
     mine = [
-        {"rank": slot.rank, "endpoint": f"{slot.hostname}:{_free_port(slot.hostname)}"}
-        for slot, *_ in ranks
+        {"rank": slot.rank, "endpoint": f"{slot.hostname}:{sock.getsockname()[1]}"}
+        for (slot, *_), sock in zip(ranks, held, strict=True)
     ]
     workers = [worker for message in all_gather(json.dumps(mine)) for worker in json.loads(message)]
     for slot, _who, env, _link in ranks:
         env[TF_CONFIG] = _placement.tf_config(workers, slot.rank)
+    return held
 
 
 def _set_torch_envs(
@@ -189,23 +187,23 @@ def _set_torch_envs(
     partition: int,
     task_count: int,
     run_id: str,
-) -> socket.socket | None:
+) -> list[socket.socket]:
     """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
     (GROUP_RANK its partition), its ranks that node's local processes, and every rank meets at
     the port rank 0's task reserved (one exchange, as pyspark's TorchDistributor does).
 
     Rank 0's task holds that port until its ranks end (``hold_port``): rank 0's TCPStore binds
     it seconds later, after torch's import, and a port only picked was once taken meanwhile
-    ("EADDRINUSE" from rank 0, CI of 2026-11-29). Returns the held socket, for the task to close.
+    ("EADDRINUSE" from rank 0, CI of 2026-11-29). Returns it, for the task to close.
     """
     if all_gather is None:
         raise RuntimeError("the torch engine needs the tasks' all_gather")
     first = ranks[0][0]
     master = ""
-    held = None
+    held = []
     if first.rank == 0:
-        held = hold_port(first.hostname)
-        master = f"{first.hostname}:{held.getsockname()[1]}"
+        held.append(hold_port(first.hostname))
+        master = f"{first.hostname}:{held[0].getsockname()[1]}"
     master = next(m for m in all_gather(master) if m)
     host, _, port = master.rpartition(":")
     for index, (slot, _who, env, _link) in enumerate(ranks):

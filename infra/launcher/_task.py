@@ -212,7 +212,7 @@ def run_task(
     count = spec.ranks_per_task[partition] if spec.ranks_per_task else 1
     # One connection per rank: the driver knows a rank by its index in ``hosts``.
     links = [DriverLink(spec, index) for index in range(first, first + count)]
-    held = None
+    held = []
     try:
         if partition == 0:
             links[0].request_plan(hosts)
@@ -249,8 +249,8 @@ def run_task(
             return _supervise(slot.rank, who, env, spec, link, task_context)
         return _supervise_together(ranks, spec)
     finally:
-        if held is not None:
-            held.close()
+        for sock in held:
+            sock.close()
         for link in links:
             link.close()
 
