@@ -79,6 +79,8 @@ def test_a_driver_killed_without_ending_the_run_lets_the_next_go_on(
     holder.wait()
     started = time.monotonic()
     assert lease.wait_while_held(client, run_id, "DAG run d/r", poll_s=0.2) is True
+    # The holder stamped every 0.5 s and STALE_S is 3 s: the wait ends about 2.5-3 s after the
+    # kill. Under 1 s, it did not wait for the stamp to go stale; over 10, staleness was missed.
     assert 1.0 < time.monotonic() - started < 10.0
     assert client.get_run(run_id).info.status == "RUNNING"  # its driver died with it open
 
