@@ -22,6 +22,7 @@ from functools import partial
 from hvdflow.infra.launcher import _liveness, _stall, _wire
 from hvdflow.infra.launcher._decisions import root_failure
 from hvdflow.infra.launcher._placement import host_alloc_plan
+from hvdflow.infra.launcher._relay import DriverRelay, RelaySpec
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,20 @@ class DriverChannel:
     """Accepts task connections, collects rank output and failures, and can abort every task."""
 
     def __init__(
-        self, bind_host: str, on_line: Callable[[_wire.LogLine], None], *, rendezvous: bool = True
+        self,
+        bind_host: str,
+        on_line: Callable[[_wire.LogLine], None],
+        *,
+        rendezvous: bool = True,
+        relay: RelaySpec | None = None,
+        slots: int | None = None,
     ):
         """``rendezvous``: start Horovod's Gloo rendezvous server (the horovod engine's ranks
-        meet there); without it ``rendezvous_port`` is 0."""
+        meet there); without it ``rendezvous_port`` is 0. ``relay``: also serve the tasks that
+        reach the driver through the object store (``_relay``); ``slots``: how many rank slots
+        will connect (the relay stops listening once all have, directly)."""
         self.bind_host = bind_host
+        self.relay: DriverRelay | None = None  # started last, below
         self.token = secrets.token_hex(16)
         self._on_line = on_line
         self._lock = threading.Lock()
@@ -85,6 +95,8 @@ class DriverChannel:
         ]
         for t in self._threads:
             t.start()
+        if relay is not None:
+            self.relay = DriverRelay(relay, self._serve_connection, slots)
 
     def _handler_class(self):
         channel = self
@@ -96,8 +108,13 @@ class DriverChannel:
         return Handler
 
     def _serve(self, sock: socket.socket) -> None:
-        conn = _wire.Connection(sock)
         sock.settimeout(HELLO_TIMEOUT_S)
+        # A task may stay silent for as long as its rank prints nothing: block after the hello.
+        self._serve_connection(_wire.Connection(sock), lambda: sock.settimeout(None))
+
+    def _serve_connection(self, conn, after_hello: Callable[[], None] = lambda: None) -> None:
+        """One task's messages until its connection ends: a socket's, or a relay's (``conn`` has
+        ``_wire.Connection``'s send, receive and close)."""
         hello = conn.receive(limit=HELLO_MAX_BYTES)
         if not isinstance(hello, dict) or hello.get("type") != _wire.HELLO:
             logger.warning(
@@ -112,8 +129,17 @@ class DriverChannel:
             logger.warning("rejected a connection to the driver channel with a wrong token")
             conn.close()
             return
-        # A task may stay silent for as long as its rank prints nothing: block from here on.
-        sock.settimeout(None)
+        after_hello()
+        if self.relay is not None and not hello.get("relayed"):
+            self.relay.joined_directly(hello.get("partition"))
+        if hello.get("relayed"):
+            logger.info(
+                "rank slot %s on %s reaches the driver through the object store (%s): %s",
+                hello.get("partition"),
+                str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS],
+                self.relay.spec.uri if self.relay else "?",
+                str(hello.get("relayed"))[:300],
+            )
         with self._lock:
             if self._closed or self.failed.is_set():
                 # A task of a run that already failed: Spark re-running the barrier stage
@@ -225,6 +251,8 @@ class DriverChannel:
 
     def close(self) -> None:
         self.abort()
+        if self.relay is not None:
+            self.relay.close()
         for server in self._servers:
             server.shutdown()
             server.server_close()

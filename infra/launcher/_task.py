@@ -36,12 +36,15 @@ from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
 from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
+from hvdflow.infra.launcher._relay import RelaySpec, TaskRelay
 from hvdflow.infra.launcher._task_context import TaskContextServer
 from hvdflow.infra.launcher._workdir import rank_workdir
 from hvdflow.infra.launcher.errors import RankFailed, rank_failed
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
+# How long it waits when the run offers the object store relay to fall back on.
+RELAY_AFTER_S = 5.0
 # How long a task waits for the driver to accept the plan before giving up.
 PLAN_TIMEOUT_S = 60.0
 _POLL_S = 0.1
@@ -72,6 +75,9 @@ class TaskSpec:
     gpus_per_task: tuple[int, ...] | None = None
     # The Spark resource name the tasks hold their GPUs under.
     gpu_resource_name: str = "gpu"
+    # The channel through the object store, for a task that cannot reach the driver (None: the
+    # run offers none).
+    relay: RelaySpec | None = None
 
 
 class DriverLink:
@@ -87,41 +93,26 @@ class DriverLink:
         self.progress: dict | None = None
         # Set when the driver asks for the rank's Python stacks (the run stalled).
         self.stacks_requested = threading.Event()
-        address = (spec.driver_host, spec.driver_port)
-        try:
-            sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
-        except OSError as e:
-            raise RankFailed(
-                f"rank slot {slot} could not reach the driver at {address[0]}:{address[1]} "
-                f"within {CONNECT_TIMEOUT_S:g} s "
-                f"(hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
-                "Executors must reach spark.driver.host: set it to an address they can route to"
-            ) from None
-        sock.settimeout(None)
-        # A send still stuck after heartbeat_timeout_s means the driver read nothing for that
-        # long: give it up (lost()) rather than block a thread, and the lock it holds, forever.
-        seconds = spec.heartbeat_timeout_s
-        sock.setsockopt(
-            socket.SOL_SOCKET,
-            socket.SO_SNDTIMEO,
-            struct.pack("ll", int(seconds), int(seconds % 1 * 1e6)),
-        )
-        self.conn = _wire.Connection(sock)
+        self.conn, relayed = _connect(spec, slot)
         self.aborted = threading.Event()
         self._stuck = threading.Event()  # a send timed out: the driver stopped reading
         self._closed = threading.Event()
         self.heartbeat_timeout_s = spec.heartbeat_timeout_s
         self.last_heard = time.monotonic()
-        self.conn.send(
-            {
-                "type": _wire.HELLO,
-                "token": spec.token,
-                # The rank slot's index in the plan: the task's partition where each task runs
-                # one rank, which is how the driver's reports name a rank before it has one.
-                "partition": slot,
-                "hostname": socket.gethostname()[: _wire.MAX_HOSTNAME_CHARS],
-            }
-        )
+        hello = {
+            "type": _wire.HELLO,
+            "token": spec.token,
+            # The rank slot's index in the plan: the task's partition where each task runs
+            # one rank, which is how the driver's reports name a rank before it has one.
+            "partition": slot,
+            "hostname": socket.gethostname()[: _wire.MAX_HOSTNAME_CHARS],
+            # Why this task came through the relay: the driver logs it.
+            **({"relayed": relayed} if relayed else {}),
+        }
+        try:
+            self.conn.send(hello)
+        except OSError as e:  # the relay's object store, away
+            raise RankFailed(f"rank slot {slot} could not say hello to the driver: {e}") from None
         self._replies: collections.deque = collections.deque()
         self._reply_ready = threading.Condition()
         threading.Thread(target=self._read, daemon=True, name="hvdflow-driver-link").start()
@@ -188,6 +179,44 @@ class DriverLink:
         self._closed.set()
         self.send({"type": _wire.BYE})
         self.conn.close()
+
+
+def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | TaskRelay, str | None]:
+    """This slot's connection to the driver: the direct one, else the relay (``_relay``) where
+    the run offers one; and why the relay, if it is used."""
+    relay = spec.relay
+    if relay is not None and relay.always:
+        return TaskRelay(relay, slot), "the run asked for the relay (LaunchOptions relay='always')"
+    address = (spec.driver_host, spec.driver_port)
+    # With a relay to fall back on, give the direct channel less time: a firewall that drops
+    # the connection makes the task wait this long before every run.
+    timeout_s = CONNECT_TIMEOUT_S if relay is None else RELAY_AFTER_S
+    try:
+        sock = socket.create_connection(address, timeout=timeout_s)
+    except OSError as e:
+        if relay is not None:
+            return TaskRelay(relay, slot), (
+                f"{socket.gethostname()} could not connect to {address[0]}:{address[1]} "
+                f"within {timeout_s:g} s: {e}"
+            )
+        raise RankFailed(
+            f"rank slot {slot} could not reach the driver at {address[0]}:{address[1]} "
+            f"within {timeout_s:g} s "
+            f"(hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
+            "Executors must reach spark.driver.host: set it to an address they can route to, "
+            "or let the ranks reach the driver through the object store (LaunchOptions relay; "
+            "tf_collective and torch engines)"
+        ) from None
+    sock.settimeout(None)
+    # A send still stuck after heartbeat_timeout_s means the driver read nothing for that
+    # long: give it up (lost()) rather than block a thread, and the lock it holds, forever.
+    seconds = spec.heartbeat_timeout_s
+    sock.setsockopt(
+        socket.SOL_SOCKET,
+        socket.SO_SNDTIMEO,
+        struct.pack("ll", int(seconds), int(seconds % 1 * 1e6)),
+    )
+    return _wire.Connection(sock), None
 
 
 def run_task(

@@ -114,6 +114,9 @@ class HorovodOptions(BaseModel):
             )
 
 
+RELAY_MODES = ("auto", "always", "never")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
     """How hvdflow launches, watches and logs the ranks; every field has a default.
@@ -147,6 +150,11 @@ class LaunchOptions:
         on_log_line: called with every ``LogLine`` (time, rank, stream, text) as it arrives.
         forward_env: variables copied from the driver's environment into every rank at ``run``
             (default: the standard AWS and MLflow variables and hvdflow's own).
+        relay: how the tasks reach the driver. ``"auto"`` (the default): directly, and through
+            the object store (``AWS_ENDPOINT_URL``, ``HVDFLOW_BUCKET``) for a task that cannot
+            connect within 5 s, as when the driver is a Spark Connect client no executor can
+            reach; ``"always"``: through the object store only; ``"never"``: directly only.
+            The horovod engine's rendezvous is on the driver: it needs the direct channel.
     """
 
     engine: str = _wire.HOROVOD
@@ -160,10 +168,19 @@ class LaunchOptions:
     log_dir: str | None = None
     on_log_line: Callable[[_wire.LogLine], None] | None = None
     forward_env: tuple[str, ...] = c.FORWARDED_TO_RANKS
+    relay: str = "auto"
 
     def __post_init__(self) -> None:
         if self.engine not in _wire.ENGINES:
             raise ValueError(f"engine={self.engine!r}: expected one of {', '.join(_wire.ENGINES)}")
+        if self.relay not in RELAY_MODES:
+            raise ValueError(f"relay={self.relay!r}: expected one of {', '.join(RELAY_MODES)}")
+        if self.relay == "always" and self.engine == _wire.HOROVOD:
+            raise ValueError(
+                "relay='always' with engine='horovod': Horovod's rendezvous server runs on the "
+                "driver, which the ranks then never reach; use engine='tf_collective' or "
+                "'torch', or relay='auto'"
+            )
         if not isinstance(self.horovod, HorovodOptions):
             raise ValueError(
                 f"horovod={self.horovod!r}: expected a HorovodOptions (from hvdflow import "

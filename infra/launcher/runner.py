@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import cloudpickle
 
+from hvdflow.infra import constants as c
 from hvdflow.infra import extras
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _stall, _wire
@@ -45,6 +46,7 @@ from hvdflow.infra.launcher._encryption import refuse_unencrypted
 from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._payload import pickle_payload
 from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, split_evenly
+from hvdflow.infra.launcher._relay import RelaySpec, relay_spec
 from hvdflow.infra.launcher._runlog import RunLog
 from hvdflow.infra.launcher._slots import task_gpu_amount, wait_for_slots
 from hvdflow.infra.launcher._spark_errors import first_line
@@ -52,6 +54,7 @@ from hvdflow.infra.launcher._stage import run_barrier_stage
 from hvdflow.infra.launcher._task import TaskSpec, run_task
 from hvdflow.infra.launcher.errors import RankFailed, SparkJobFailed, rank_failed
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
+from hvdflow.infra.storage.access import s3_endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +214,19 @@ class HorovodRunner:
             ranks_per_task=ranks_per_task,
             gpus_per_task=self._plan.gpu_plan.per_task,
             gpu_resource_name=self._plan.gpu_plan.resource_name,
+            relay=channel.relay.spec if channel.relay is not None else None,
         )
+
+    def _relay(self) -> RelaySpec | None:
+        """The object store relay this run offers its tasks (``LaunchOptions.relay``), or None:
+        never with Horovod's rendezvous on the driver, and in ``auto`` only where the
+        environment names an object store."""
+        mode = self.options.relay
+        if mode == "never" or self._uses_horovod:
+            return None
+        if mode == "auto" and not (s3_endpoint() or os.environ.get(c.HVDFLOW_BUCKET)):
+            return None
+        return relay_spec(self.run_id, always=mode == "always")
 
     def _task_layout(self, conf) -> tuple[int, tuple[int, ...] | None]:
         """How many barrier tasks run the np ranks, and how many ranks each (None: one).
@@ -250,7 +265,13 @@ class HorovodRunner:
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
         wait_for_slots(spark, tasks, self.options.slot_wait_s, asked, self._plan.size_argument)
-        with DriverChannel(client_address(spark), sink, rendezvous=self._uses_horovod) as channel:
+        with DriverChannel(
+            client_address(spark),
+            sink,
+            rendezvous=self._uses_horovod,
+            relay=self._relay(),
+            slots=abs(self.np),
+        ) as channel:
             spec = self._spec(payload, channel, ranks_per_task)
             tag = f"hvdflow-{self.run_id}"
             outcome: dict[str, Any] = {}

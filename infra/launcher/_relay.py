@@ -1,0 +1,326 @@
+"""The task <-> driver channel through the object store, for executors that cannot reach the
+driver: a Spark Connect client on a laptop behind NAT, a container with no inbound port.
+
+Both sides already reach the bucket (the ranks read their data and write checkpoints there), so
+the channel's messages (``_wire``: hello, lines, heartbeats, the plan, failures, bye) travel as
+objects instead of over TCP, unchanged. Each rank slot has two mailboxes under the run's key:
+
+    <prefix>/relay/<run id>/up/<slot>/<seq>     task -> driver, batches of JSON lines
+    <prefix>/relay/<run id>/down/<slot>/<seq>   driver -> task, one message each
+
+A reader deletes what it has read, so a listing holds only what is new, and the driver removes
+whatever is left under the run's key when the run ends. A task batches its messages for up to
+``FLUSH_S`` (one object per batch, not per line) and sends the ones that end or begin something
+(hello, plan, failed, bye) at once; each side lists its mailbox every ``POLL_S``. A rank's lines
+reach the driver within about a second and a half.
+
+What the relay cannot do: a killed executor closes no socket here, so the driver names it after
+``heartbeat_timeout_s`` instead of at once; and Horovod's rendezvous server lives on the driver,
+so the horovod engine needs the direct channel (tf_collective and torch need no driver server).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.storage.access import S3Access
+
+logger = logging.getLogger(__name__)
+
+# How long a task holds its messages before it writes them as one object.
+FLUSH_S = 0.5
+# How often each side lists its mailbox.
+POLL_S = 0.5
+# Driver -> task: the driver closed the channel (the run was aborted or is over).
+CLOSE = "relay_close"
+# How long the driver waits, at its close, for the tasks to read what it last sent them (the
+# aborts) before it removes the run's objects.
+CLOSE_WAIT_S = 5.0
+# Messages sent at once: they begin or end something the other side waits for.
+_URGENT = frozenset({_wire.HELLO, _wire.PLAN, _wire.PLAN_OK, _wire.FAILED, _wire.BYE, CLOSE})
+_END = object()
+
+
+@dataclass(frozen=True)
+class RelaySpec:
+    """Where a run's relay lives: plain values that travel to the tasks in their closure
+    (``access`` holds the driver's object store credentials, never logged)."""
+
+    access: S3Access
+    bucket: str
+    key: str  # the run's key, "<prefix>/relay/<run id>"
+    always: bool = False  # tasks use it without trying the direct channel first
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}/"
+
+    def mailbox(self, direction: str, slot: int) -> str:
+        return f"{self.key}/{direction}/{slot:05d}/"
+
+
+def relay_spec(run_id: str, always: bool) -> RelaySpec:
+    """The relay of run ``run_id`` in the object store this process's environment names."""
+    from hvdflow.infra.storage.object_store import ObjectStoreConfig  # noqa: PLC0415
+
+    config = ObjectStoreConfig.from_env()
+    return RelaySpec(
+        access=S3Access.from_env(config),
+        bucket=config.bucket,
+        key=config.key("relay", run_id),
+        always=always,
+    )
+
+
+def _client(spec: RelaySpec):
+    # Short timeouts: a poll that hangs delays every message behind it.
+    return spec.access.client(4, connect_timeout_s=5.0, read_timeout_s=20.0, attempts=3)
+
+
+def _decode(data: bytes) -> list[dict]:
+    messages = []
+    for line in data.splitlines():
+        if len(line) > _wire.MAX_MESSAGE_BYTES:
+            logger.warning("dropped a relay message over %d bytes", _wire.MAX_MESSAGE_BYTES)
+            continue
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict):
+            messages.append(message)
+    return messages
+
+
+class _Mailbox:
+    """Reads one mailbox in order, deleting what it has read."""
+
+    def __init__(self, client, bucket: str, prefix: str):
+        self._client, self._bucket, self.prefix = client, bucket, prefix
+
+    def keys(self) -> list[str]:
+        keys: list[str] = []
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self._bucket, Prefix=self.prefix
+        )
+        for page in pages:
+            keys.extend(item["Key"] for item in page.get("Contents", []))
+        return sorted(keys)  # zero-padded: the order they were written in, per slot
+
+    def take(self, key: str) -> list[dict]:
+        data = self._client.get_object(Bucket=self._bucket, Key=key)["Body"].read()
+        self._client.delete_object(Bucket=self._bucket, Key=key)
+        return _decode(data)
+
+
+class _Writer:
+    """Numbered objects in one mailbox, one per ``write``."""
+
+    def __init__(self, client, bucket: str, prefix: str):
+        self._client, self._bucket, self._prefix = client, bucket, prefix
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def write(self, messages: list[dict]) -> None:
+        """Raises the client's error; what was not written is the caller's to keep."""
+        body = b"".join(_wire.encode(m) for m in messages)
+        with self._lock:
+            key = f"{self._prefix}{self._seq:010d}"
+            self._client.put_object(Bucket=self._bucket, Key=key, Body=body)
+            self._seq += 1
+
+
+class TaskRelay:
+    """A task's end of the relay, with ``_wire.Connection``'s interface (send, receive, close):
+    ``DriverLink`` uses either."""
+
+    def __init__(self, spec: RelaySpec, slot: int):
+        client = _client(spec)
+        self._up = _Writer(client, spec.bucket, spec.mailbox("up", slot))
+        self._down = _Mailbox(client, spec.bucket, spec.mailbox("down", slot))
+        self._outbox: list[dict] = []
+        self._lock = threading.Lock()
+        self._inbox: queue.Queue = queue.Queue()
+        self._closed = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._flush_every, daemon=True, name="hvdflow-relay-up"),
+            threading.Thread(target=self._poll, daemon=True, name="hvdflow-relay-down"),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def send(self, message: dict) -> None:
+        """Queued; written within FLUSH_S, or now for a message that begins or ends something.
+        Raises OSError when that write fails (the message stays queued for the next flush)."""
+        with self._lock:
+            self._outbox.append(message)
+        if message.get("type") in _URGENT:
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            batch, self._outbox = self._outbox, []
+            if not batch:
+                return
+            try:
+                self._up.write(batch)
+            except Exception as e:  # botocore's errors: kept for the next flush
+                self._outbox[:0] = batch
+                raise OSError(f"the relay could not write to the object store: {e}") from None
+
+    def _flush_every(self) -> None:
+        while not self._closed.wait(FLUSH_S):
+            try:
+                self._flush()
+            except OSError:
+                pass  # kept; the driver's silence is what DriverLink.lost() watches
+
+    def _poll(self) -> None:
+        while not self._closed.wait(POLL_S):
+            try:
+                for key in self._down.keys():
+                    for message in self._down.take(key):
+                        if message.get("type") == CLOSE:
+                            self._inbox.put(_END)
+                            return
+                        self._inbox.put(message)
+            except Exception:  # the store is away: the driver's silence tells the rest
+                continue
+
+    def receive(self, limit: int = _wire.MAX_MESSAGE_BYTES) -> dict | None:
+        message = self._inbox.get()
+        return None if message is _END else message
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            self._flush()  # the bye, and any lines before it
+        except OSError:
+            pass
+        self._closed.set()
+        self._inbox.put(_END)
+
+
+class DriverPeer:
+    """The driver's end of one task's relay, with ``_wire.Connection``'s interface."""
+
+    def __init__(self, writer: _Writer, slot: int):
+        self.slot = slot
+        self._writer = writer
+        self._inbox: queue.Queue = queue.Queue()
+        self._ended = threading.Event()  # the task said bye, or the driver closed it
+        self.told_to_close = False
+
+    def feed(self, messages: list[dict]) -> None:
+        for message in messages:
+            self._inbox.put(message)
+            if message.get("type") == _wire.BYE:
+                self._inbox.put(_END)  # a task closes after its bye, as a socket would
+
+    def send(self, message: dict) -> None:
+        try:
+            self._writer.write([message])
+        except Exception as e:
+            raise OSError(f"the relay could not write to the object store: {e}") from None
+
+    def receive(self, limit: int = _wire.MAX_MESSAGE_BYTES) -> dict | None:
+        message = self._inbox.get()
+        if message is _END:
+            self._ended.set()
+            return None
+        return message
+
+    def close(self) -> None:
+        """Tell the task the channel is closed (it kills its rank), unless it has ended."""
+        if not self._ended.is_set():
+            self._ended.set()
+            try:
+                self._writer.write([{"type": CLOSE}])
+                self.told_to_close = True
+            except Exception:
+                pass  # the task hears nothing, and gives the driver up after its timeout
+        self._inbox.put(_END)
+
+
+class DriverRelay:
+    """Reads every task's up mailbox and serves each task's messages like a connection:
+    ``serve(peer)`` runs, in a thread of its own, for each slot that writes."""
+
+    def __init__(
+        self, spec: RelaySpec, serve: Callable[[DriverPeer], None], slots: int | None = None
+    ):
+        """``slots``: how many rank slots will say hello; once all of them have, directly, the
+        relay stops listing (a listing every POLL_S for a whole run costs requests)."""
+        self.spec = spec
+        self._client = _client(spec)
+        self._serve = serve
+        self._peers: dict[int, DriverPeer] = {}
+        self._slots = slots
+        self._direct: set = set()
+        self._stop = threading.Event()
+        self._warned = False
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="hvdflow-relay")
+        self._thread.start()
+
+    @property
+    def used(self) -> bool:
+        return bool(self._peers)
+
+    def joined_directly(self, slot) -> None:
+        """Slot ``slot`` said hello over the direct channel."""
+        self._direct.add(slot)
+        if self._slots is not None and len(self._direct) >= self._slots and not self._peers:
+            self._stop.set()
+
+    def _poll(self) -> None:
+        up = _Mailbox(self._client, self.spec.bucket, f"{self.spec.key}/up/")
+        while not self._stop.wait(POLL_S):
+            try:
+                for key in up.keys():
+                    slot = int(key[len(up.prefix) :].split("/", 1)[0])
+                    peer = self._peers.get(slot)
+                    if peer is None:
+                        peer = self._peer(slot)
+                    peer.feed(up.take(key))
+            except Exception as e:  # the store is away: keep trying, say so once
+                if not self._warned:
+                    self._warned = True
+                    logger.warning("the relay at %s could not be read: %s", self.spec.uri, e)
+
+    def _peer(self, slot: int) -> DriverPeer:
+        writer = _Writer(self._client, self.spec.bucket, self.spec.mailbox("down", slot))
+        peer = self._peers[slot] = DriverPeer(writer, slot)
+        threading.Thread(
+            target=self._serve, args=(peer,), daemon=True, name=f"hvdflow-relay-{slot}"
+        ).start()
+        return peer
+
+    def close(self) -> None:
+        """Stop reading; give the tasks told to close a moment to read it; remove the run's
+        objects."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        down = _Mailbox(self._client, self.spec.bucket, f"{self.spec.key}/down/")
+        if any(peer.told_to_close for peer in self._peers.values()):
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while time.monotonic() < deadline and _quietly(down.keys):
+                time.sleep(POLL_S / 2)
+        everything = _Mailbox(self._client, self.spec.bucket, f"{self.spec.key}/")
+        for key in _quietly(everything.keys) or []:
+            _quietly(lambda key=key: self._client.delete_object(Bucket=self.spec.bucket, Key=key))
+
+
+def _quietly(call):
+    try:
+        return call()
+    except Exception as e:
+        logger.debug("relay clean-up: %s", e)
+        return None
