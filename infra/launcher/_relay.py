@@ -291,9 +291,13 @@ class DriverRelay:
                         peer = self._peer(slot)
                     peer.feed(up.take(key))
             except Exception as e:  # the store is away: keep trying, say so once
-                if not self._warned:
+                # In auto, before any task needed it, a missing bucket is no one's problem yet.
+                needed = self.spec.always or bool(self._peers)
+                if needed and not self._warned:
                     self._warned = True
                     logger.warning("the relay at %s could not be read: %s", self.spec.uri, e)
+                else:
+                    logger.debug("the relay at %s could not be read: %s", self.spec.uri, e)
 
     def _peer(self, slot: int) -> DriverPeer:
         writer = _Writer(self._client, self.spec.bucket, self.spec.mailbox("down", slot))
