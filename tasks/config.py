@@ -344,7 +344,23 @@ class LauncherParams(BaseModel):
         description="elastic: how long a failed attempt waits for np task slots (an executor "
         "Spark relaunches, a host that comes back) before it goes on with the slots left",
     )
+    relay: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="how the Spark tasks reach this process: directly, falling back to the "
+        "object store for a task that cannot connect (auto; engine tf_collective), through "
+        "the object store only (always), or directly only (never)",
+    )
     horovod: HorovodOptions = HorovodOptions()
+
+    @model_validator(mode="after")
+    def _relay_fits(self) -> LauncherParams:
+        if self.relay == "always" and self.engine == c.HOROVOD:
+            raise ValueError(
+                "launcher.relay='always' with engine='horovod': Horovod's rendezvous server "
+                "runs on the driver, which the ranks then never reach; set launcher.engine to "
+                "'tf_collective', or relay to 'auto'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _min_np_fits(self) -> LauncherParams:

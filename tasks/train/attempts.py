@@ -79,6 +79,7 @@ class Attempts:
                     heartbeat_timeout_s=launcher.heartbeat_timeout_s,
                     stall_timeout_s=launcher.stall_timeout_s,
                     engine=spec.engine,
+                    relay=launcher.relay,
                     # Each attempt's log of its own: a retry must not append to the one that
                     # failed.
                     log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
