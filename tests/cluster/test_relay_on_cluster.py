@@ -63,10 +63,10 @@ def test_ranks_on_two_hosts_reach_the_driver_through_the_bucket_and_a_killed_one
     hosts = sorted(host.name for host in netns_cluster.hosts)
     assert answer["host"] in hosts
     # Both ranks' lines came through the bucket, one rank on each host.
-    printed = sorted(
+    printed = [
         ln.split("<stdout>:")[1] for ln in answer["log"].splitlines() if "<stdout>:rank " in ln
-    )
-    assert [p.split(" on ")[1] for p in printed] == hosts, printed
+    ]
+    assert sorted(p.split(" on ")[1] for p in printed) == hosts, printed
     # A rank killed behind the relay: its task saw it die and said so, through the bucket.
     first = answer["error"].splitlines()[0]
     assert first.startswith("HorovodRunner np=2: rank 1 on "), first
