@@ -13,9 +13,12 @@ def first_line(error: BaseException) -> str:
     if "cancelled" in text.lower():
         return "it was cancelled"
     lines = text.splitlines()
-    # A Python error inside a task: its last traceback line names it.
+    # A Python error inside a task: its last traceback line names it. Spark 3 writes
+    # "PythonException: Traceback ..."; Spark 4 (classic and Connect) "PythonException:
+    # [PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback ...", after
+    # a barrier stage's own first line, which says only that a task failed.
     for i, line in enumerate(lines):
-        if "PythonException: Traceback" in line:
+        if "PythonException:" in line and "Traceback" in line:
             for follow in lines[i + 1 :]:
                 if follow and not follow[0].isspace() and ":" in follow:
                     return follow.strip()[:500] + hint(follow)

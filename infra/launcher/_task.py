@@ -203,9 +203,11 @@ def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | TaskRelay, s
             f"rank slot {slot} could not reach the driver at {address[0]}:{address[1]} "
             f"within {timeout_s:g} s "
             f"(hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
-            "Executors must reach spark.driver.host: set it to an address they can route to, "
-            "or let the ranks reach the driver through the object store (LaunchOptions relay; "
-            "tf_collective and torch engines)"
+            "Executors must reach that address (spark.driver.host on a classic session; "
+            "through Spark Connect, $SPARK_LOCAL_IP or the client's address toward the "
+            "server): set it to one they can route to, or let the ranks reach the driver "
+            "through the object store: name one (AWS_ENDPOINT_URL or HVDFLOW_BUCKET) and keep "
+            "LaunchOptions relay='auto' (the tf_collective and torch engines)"
         ) from None
     sock.settimeout(None)
     # A send still stuck after heartbeat_timeout_s means the driver read nothing for that

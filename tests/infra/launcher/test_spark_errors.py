@@ -1,0 +1,52 @@
+"""What a failed barrier job's error says: the task's own Python error, found in the text Spark
+wraps it in (Spark 3's py4j form and Spark 4's, classic or Connect)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdflow.infra.launcher._spark_errors import first_line
+
+pytestmark = pytest.mark.unit
+
+REFUSED = (
+    "hvdflow.infra.launcher.errors.RankFailed: rank slot 1 could not reach the driver at "
+    "198.18.0.2:50547 within 30 s (hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): [Errno 101] "
+    "Network is unreachable."
+)
+
+# As pyspark's Connect client raised it from a Spark 4.3 server (the JVM's stack cut short).
+SPARK_4_BARRIER = f"""Job aborted due to stage failure: Could not recover from a failed barrier \
+ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(0, 1) \
+finished unsuccessfully.
+org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from \
+the Python worker: Traceback (most recent call last):
+  File "/work/main/infra/launcher/_stage.py", line 55, in barrier_batches
+    for result in barrier_task(spec, ()):
+{REFUSED}
+ SQLSTATE: 38000
+
+
+JVM stacktrace:
+org.apache.spark.SparkException
+\tat org.apache.spark.scheduler.DAGScheduler.abortStage(DAGScheduler.scala:4560)"""
+
+SPARK_3_PY4J = f"""An error occurred while calling o71.collect.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 0.0 failed
+org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/work/main/infra/launcher/_stage.py", line 55, in barrier_batches
+{REFUSED}
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException"""
+
+
+@pytest.mark.parametrize("text", [SPARK_4_BARRIER, SPARK_3_PY4J], ids=["spark-4", "spark-3"])
+def test_a_tasks_python_error_is_the_line_a_failed_barrier_job_is_reported_by(text):
+    assert first_line(RuntimeError(text)) == REFUSED
+
+
+def test_without_a_python_traceback_the_first_useful_line_is_kept():
+    text = "An error occurred while calling o9.collect.\nJob aborted: the executor was lost"
+    assert first_line(RuntimeError(text)) == "Job aborted: the executor was lost"
+    assert first_line(RuntimeError("Job 3 cancelled part of cancelled job tag x")) == (
+        "it was cancelled"
+    )
