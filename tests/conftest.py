@@ -57,7 +57,6 @@ SERIAL_GROUPS = {
     "local-services": (
         "tests/flows/test_cli.py::test_up_",
         "tests/flows/test_cli.py::test_two_runs_",
-        "tests/flows/test_connect_pipeline.py",
         "tests/flows/test_pipeline.py::test_a_served_deployment",
         "tests/infra/services/test_local.py",
         "tests/infra/services/test_service.py",

@@ -14,6 +14,7 @@ run (or ``python -m tests.cluster down``) can find and remove what a crashed run
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import select
@@ -30,8 +31,11 @@ from tests.cluster import processes
 # Every name the harness creates starts with this, then a 4-hex-digit tag of the run.
 PREFIX = "hvdc"
 # netns "hvdc<tag>-host<i>", bridge "hvdc<tag>br", host-side veth "hvdc<tag>h<i>" (its peer
-# "...p" until it moves into the namespace as eth0). Linux interface names are <= 15 chars.
-NAME_RE = re.compile(rf"^{PREFIX}(?P<tag>[0-9a-f]{{4}})(?:br|h\d+p?|-host\d+)$")
+# "...p" until it moves into the namespace as eth0); an outsider's netns "hvdc<tag>-outside"
+# and veth "hvdc<tag>o". Linux interface names are <= 15 chars.
+NAME_RE = re.compile(rf"^{PREFIX}(?P<tag>[0-9a-f]{{4}})(?:br|h\d+p?|op?|-host\d+|-outside)$")
+# Outsiders' /30 links: RFC 2544's benchmarking range, which no real network routes.
+OUTSIDE_NETWORK = ipaddress.ip_network("198.18.0.0/15")
 # `ip netns exec NS` bind-mounts every file of /etc/netns/NS over /etc (hosts, here).
 NETNS_ETC = Path("/etc/netns")
 NETNS_RUN = Path("/run/netns")
@@ -198,6 +202,56 @@ def create(net: Layout) -> None:
         ip("-n", host.netns, "link", "set", "lo", "up")
         (NETNS_ETC / host.netns).mkdir(parents=True, exist_ok=True)
         (NETNS_ETC / host.netns / "hosts").write_text(etc)
+
+
+@dataclass(frozen=True)
+class Outsider:
+    """A network namespace beside the cluster, off its bridge: a laptop or an orchestrator's
+    container. It reaches the driver's address (and the services bound there) through this
+    machine's root namespace, which forwards nothing; no host has a route back to it, so a
+    host's connection to it fails at once with "Network is unreachable"."""
+
+    netns: str
+    veth: str  # the root namespace's end
+    ip: str
+    gateway: str  # the root namespace's address on the link
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in the outsider's network (this machine's files and hostname)."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+
+def outsider(tag: str, driver_ip: str) -> Outsider:
+    """The outsider of run ``tag``: a /30 of OUTSIDE_NETWORK chosen by the run's subnet, so
+    that runs beside each other get different ones."""
+    second, third = (int(part) for part in driver_ip.split(".")[1:3])
+    blocks = list(OUTSIDE_NETWORK.subnets(new_prefix=30))
+    link = blocks[(second * 256 + third) % len(blocks)]
+    gateway, address = (str(a) for a in list(link.hosts())[:2])
+    return Outsider(f"{PREFIX}{tag}-outside", f"{PREFIX}{tag}o", address, gateway)
+
+
+def add_outsider(found: Outsider, driver_ip: str) -> None:
+    """Create ``found``'s namespace and link, routed to the cluster's /24 only."""
+    ip("netns", "add", found.netns)
+    ip("link", "add", found.veth, "type", "veth", "peer", "name", found.veth + "p")
+    ip("addr", "add", f"{found.gateway}/30", "dev", found.veth)
+    ip("link", "set", found.veth, "up")
+    ip("link", "set", found.veth + "p", "netns", found.netns)
+    ip("-n", found.netns, "link", "set", found.veth + "p", "name", "eth0")
+    ip("-n", found.netns, "addr", "add", f"{found.ip}/30", "dev", "eth0")
+    ip("-n", found.netns, "link", "set", "eth0", "up")
+    ip("-n", found.netns, "link", "set", "lo", "up")
+    cluster_net = ipaddress.ip_network(f"{driver_ip}/24", strict=False)
+    ip("-n", found.netns, "route", "add", str(cluster_net), "via", found.gateway)
+
+
+def remove_outsider(found: Outsider) -> list[int]:
+    """Stop what runs in ``found``'s namespace and remove it; the pids that would not die."""
+    left = processes.kill_pids(namespace_pids(found.netns), grace_s=5)
+    ip("link", "del", found.veth, check=False)  # its peer goes with it
+    ip("netns", "del", found.netns, check=False)
+    return left
 
 
 def start_host(host: Host, log: Path) -> subprocess.Popen:
