@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hvdflow.infra import constants as c
 from hvdflow.infra import extras
-from hvdflow.infra.launcher.options import HorovodOptions
+from hvdflow.infra.launcher.options import HorovodOptions, relay_engine_error
 from hvdflow.infra.secrets import (
     BY_REFERENCE,
     ENV_PREFIX,
@@ -354,12 +354,8 @@ class LauncherParams(BaseModel):
 
     @model_validator(mode="after")
     def _relay_fits(self) -> LauncherParams:
-        if self.relay == "always" and self.engine == c.HOROVOD:
-            raise ValueError(
-                "launcher.relay='always' with engine='horovod': Horovod's rendezvous server "
-                "runs on the driver, which the ranks then never reach; set launcher.engine to "
-                "'tf_collective', or relay to 'auto'"
-            )
+        if problem := relay_engine_error(self.relay, self.engine, where="launcher."):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -130,16 +130,17 @@ class DriverChannel:
             conn.close()
             return
         after_hello()
-        if self.relay is not None and not hello.get("relayed"):
-            self.relay.joined_directly(hello.get("partition"))
-        if hello.get("relayed"):
-            logger.info(
-                "rank slot %s on %s reaches the driver through the object store (%s): %s",
-                hello.get("partition"),
-                str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS],
-                self.relay.spec.uri if self.relay else "?",
-                str(hello.get("relayed"))[:300],
-            )
+        if self.relay is not None:
+            if not hello.get("relayed"):
+                self.relay.joined_directly(hello.get("partition"))
+            else:  # a relayed hello can only come through the relay this run offered
+                logger.info(
+                    "rank slot %s on %s reaches the driver through the object store (%s): %s",
+                    hello.get("partition"),
+                    str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS],
+                    self.relay.spec.uri,
+                    str(hello.get("relayed"))[:300],
+                )
         with self._lock:
             if self._closed or self.failed.is_set():
                 # A task of a run that already failed: Spark re-running the barrier stage

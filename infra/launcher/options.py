@@ -175,12 +175,8 @@ class LaunchOptions:
             raise ValueError(f"engine={self.engine!r}: expected one of {', '.join(_wire.ENGINES)}")
         if self.relay not in RELAY_MODES:
             raise ValueError(f"relay={self.relay!r}: expected one of {', '.join(RELAY_MODES)}")
-        if self.relay == "always" and self.engine == _wire.HOROVOD:
-            raise ValueError(
-                "relay='always' with engine='horovod': Horovod's rendezvous server runs on the "
-                "driver, which the ranks then never reach; use engine='tf_collective' or "
-                "'torch', or relay='auto'"
-            )
+        if problem := relay_engine_error(self.relay, self.engine):
+            raise ValueError(problem)
         if not isinstance(self.horovod, HorovodOptions):
             raise ValueError(
                 f"horovod={self.horovod!r}: expected a HorovodOptions (from hvdflow import "
@@ -230,6 +226,18 @@ def checked_options(
             f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
         )
     return options or LaunchOptions()
+
+
+def relay_engine_error(relay: str, engine: str, where: str = "") -> str | None:
+    """Why the tasks cannot reach the driver only through the object store with ``engine``;
+    None where they can. ``where`` names the setting's parent (``"launcher."``)."""
+    if relay == "always" and engine == _wire.HOROVOD:
+        return (
+            f"{where}relay='always' with {where}engine='horovod': Horovod's rendezvous server "
+            "runs on the driver, which the ranks then never reach; use engine 'tf_collective' "
+            "or 'torch', or relay 'auto'"
+        )
+    return None
 
 
 def heartbeat_timeout_error(value: Any) -> str | None:

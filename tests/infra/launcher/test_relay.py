@@ -53,6 +53,12 @@ def test_the_relay_setting_is_checked_when_the_options_are_made():
         LaunchOptions(relay="sometimes")
     with pytest.raises(ValueError, match=r"Horovod's rendezvous server runs on the driver"):
         LaunchOptions(relay="always")  # the horovod engine, the default
+    # The pipeline's parameters say the same, up front, naming their own settings.
+    from hvdflow.tasks.config import LauncherParams
+
+    with pytest.raises(ValueError, match=r"launcher\.relay='always' with launcher\.engine="):
+        LauncherParams(relay="always", engine="horovod")
+    assert LauncherParams(relay="always", engine="tf_collective").relay == "always"
 
 
 @pytest.mark.integration
