@@ -53,7 +53,14 @@ def deployments(
 ) -> list:
     """The three deployments; scoring's default parameters exist only with ``score_params``
     (without them a run asked for in the UI names its input there)."""
-    common = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1}
+    common = {
+        "entrypoint_type": EntrypointType.MODULE_PATH,
+        "concurrency_limit": 1,
+        # Each run in the worker's own folder, where nothing is written: without a working_dir
+        # Prefect's process worker makes a temporary folder per run and removes it only when
+        # the run ends under it, so a worker killed mid-run left one behind per run.
+        "job_variables": {"working_dir": "."},
+    }
     made = [
         pipeline.to_deployment(
             name=PIPELINE,

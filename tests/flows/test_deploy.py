@@ -61,6 +61,8 @@ def test_a_worker_without_a_checkout_runs_the_pipeline_scoring_on_its_champion_a
     assert deployment.entrypoint == "hvdflow.flows.prefect.pipeline.pipeline"
     assert not deployment.pull_steps  # nothing to pull: the worker has hvdflow installed
     assert deployment.work_pool_name == "hvdflow"
+    # Runs in the worker's folder: no temporary folder per run for a killed worker to leave.
+    assert deployment.job_variables == {"working_dir": "."}
     assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
     assert deployment.parameters["params"]["training"]["epochs"] == 5
     # Neither folder got anything: no checkout was needed where `deploy` or the worker ran.
