@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import sys
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
 from tests.airflow_harness import Airflow, require_airflow
+from tests.connect_client import needs_connect_client
 from tests.tasks.score.helpers import write_digits
 
 pytestmark = pytest.mark.slow
@@ -43,23 +45,25 @@ def own_tracking_server(seaweed, tmp_path):
         server.stop()
 
 
-@pytest.fixture
-def airflow(own_tracking_server, seaweed, tmp_path):
-    """Airflow with the example DAG file in its dags folder, as the README puts it there."""
+@contextmanager
+def started_airflow(tmp_path, env: dict[str, str], without: tuple[str, ...] = ()):
+    """Airflow with the example DAG file in its dags folder, as the README puts it there, its
+    tasks seeing ``env`` on top of this environment, less ``without``; held-out digits for the
+    scoring DAG."""
     require_airflow()
     heldout = tmp_path / "heldout"
     write_digits(heldout, HELD_OUT, bad=False)
     server = Airflow(
         tmp_path / "airflow",
         {
-            **seaweed.env(),
-            **own_tracking_server.env(),
-            "HVDFLOW_PYTHON": sys.executable,
             "HVDFLOW_HOME": str(tmp_path / "hvdflow"),
             "HVDFLOW_SCORE_INPUT": str(heldout),
             "SPARK_LOCAL_IP": "127.0.0.1",
+            **env,
         },
     )
+    for name in without:
+        server.env.pop(name, None)
     server.write_example_dags()
     server.start()
     try:
@@ -67,6 +71,14 @@ def airflow(own_tracking_server, seaweed, tmp_path):
     finally:
         left = server.stop()
         assert not left, f"Airflow processes left running: {left}"
+
+
+@pytest.fixture
+def airflow(own_tracking_server, seaweed, tmp_path):
+    """Airflow whose tasks run in this environment (HVDFLOW_PYTHON), on local[N]."""
+    env = {**seaweed.env(), **own_tracking_server.env(), "HVDFLOW_PYTHON": sys.executable}
+    with started_airflow(tmp_path, env) as server:
+        yield server
 
 
 @pytest.mark.timeout(900)
@@ -184,3 +196,51 @@ def _see_the_grid(airflow: Airflow, run_id: str) -> None:
             screenshot(page, "airflow-pipeline-grid")
         finally:
             browser.close()
+
+
+@pytest.mark.current
+@needs_connect_client
+@pytest.mark.timeout(900)
+def test_the_dags_run_through_spark_connect_from_a_thin_worker(
+    connect_server, own_tracking_server, seaweed, tmp_path
+):
+    """Airflow's tasks in the thin worker's environment (.venv-client: pyspark-client, no
+    TensorFlow, no Java on the PATH), Spark through a Connect server (SPARK_REMOTE, and the
+    form's spark_master): the pipeline registers a champion and its asset event scores."""
+    from tests.connect_client import path_without_java
+    from tests.uv import CHECKOUT
+
+    images = tmp_path / "images"  # the thin worker has no scikit-learn for the bundled digits
+    write_digits(images, range(0, 500))
+    env = {
+        **seaweed.env(),
+        **own_tracking_server.env(),
+        "HVDFLOW_PYTHON": str(CHECKOUT / ".venv-client" / "bin" / "python"),
+        "SPARK_REMOTE": connect_server.url,
+        "PATH": path_without_java(tmp_path / "bin"),
+    }
+    with started_airflow(tmp_path, env, without=("JAVA_HOME",)) as airflow:
+        airflow.wait_for_dag(PIPELINE)
+        form = {
+            "np": 2,
+            "epochs": 2,
+            "input": str(images),
+            "input_format": "folders",
+            "spark_master": connect_server.url,
+        }
+        good = airflow.trigger(PIPELINE, form)
+        run = airflow.wait_for_run(PIPELINE, good, 600)
+        states = airflow.task_states(PIPELINE, good)
+        tail = airflow.task_log(PIPELINE, good, "train")[-3000:]
+        assert run["state"] == "success", (states, tail)
+        assert "initial weights in a Spark task (Spark Connect)" in airflow.task_log(
+            PIPELINE, good, "stage_weights"
+        )
+        log = airflow.task_log(PIPELINE, good, "train")
+        assert "[1,0]<" in log and "[1,1]<" in log, log[-3000:]
+        trained = airflow.xcom(PIPELINE, good, "train")
+        assert "champion" in trained["aliases"] and trained["model_version"] == "1"
+        scoring = _asset_triggered_run(airflow)
+        assert scoring["state"] == "success", airflow.task_states(SCORE, scoring["dag_run_id"])
+        scored = airflow.xcom(SCORE, scoring["dag_run_id"], "score")
+        assert scored["model_version"] == "1" and scored["scored"] == len(HELD_OUT)
