@@ -71,6 +71,8 @@ def outsider(netns_cluster):
     netns.add_outsider(found, netns_cluster.driver_ip)
     try:
         yield found
+        # The client's runs ended with nothing of theirs still running there.
+        assert netns.namespace_pids(found.netns) == []
     finally:
         left = netns.remove_outsider(found)
         assert not left, f"processes {left} would not stop in {found.netns}"
