@@ -114,10 +114,16 @@ class _Mailbox:
             keys.extend(item["Key"] for item in page.get("Contents", []))
         return sorted(keys)  # zero-padded: the order they were written in, per slot
 
-    def take(self, key: str) -> list[dict]:
-        data = self._client.get_object(Bucket=self._bucket, Key=key)["Body"].read()
+    def read(self, key: str) -> list[dict]:
+        return _decode(self._client.get_object(Bucket=self._bucket, Key=key)["Body"].read())
+
+    def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self._bucket, Key=key)
-        return _decode(data)
+
+    def take(self, key: str) -> list[dict]:
+        messages = self.read(key)
+        self.delete(key)
+        return messages
 
 
 class _Writer:
@@ -147,6 +153,9 @@ class TaskRelay:
         self._down = _Mailbox(client, spec.bucket, spec.mailbox("down", slot))
         self._outbox: list[dict] = []
         self._lock = threading.Lock()
+        # Set once the task said bye or the driver said it closed: nothing is written after,
+        # since the driver removes the run's objects once every task has said either.
+        self._done = False
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._threads = [
@@ -167,13 +176,14 @@ class TaskRelay:
     def _flush(self) -> None:
         with self._lock:
             batch, self._outbox = self._outbox, []
-            if not batch:
+            if not batch or self._done:
                 return
             try:
                 self._up.write(batch)
             except Exception as e:  # botocore's errors: kept for the next flush
                 self._outbox[:0] = batch
                 raise OSError(f"the relay could not write to the object store: {e}") from None
+            self._done = any(m.get("type") == _wire.BYE for m in batch)
 
     def _flush_every(self) -> None:
         while not self._closed.wait(FLUSH_S):
@@ -186,7 +196,17 @@ class TaskRelay:
         while not self._closed.wait(POLL_S):
             try:
                 for key in self._down.keys():
-                    for message in self._down.take(key):
+                    messages = self._down.read(key)
+                    closing = any(m.get("type") == CLOSE for m in messages)
+                    if closing:
+                        # Stop writing before the driver learns that its close was read (the
+                        # object's removal): it then removes the run's objects, and a batch
+                        # written after would stay in the bucket. The lock waits out a write
+                        # in flight.
+                        with self._lock:
+                            self._done = True
+                    self._down.delete(key)
+                    for message in messages:
                         if message.get("type") == CLOSE:
                             self._inbox.put(_END)
                             return

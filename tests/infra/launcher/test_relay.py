@@ -119,3 +119,42 @@ def test_a_task_refused_by_the_driver_falls_back_to_the_relay(relay_store):
         assert any(line.text == "rank 0 says again" for line in lines), lines
         assert channel.relay.used
     assert relay_keys(relay_store) == []
+
+
+@pytest.mark.integration
+def test_a_task_told_to_close_writes_nothing_after_so_the_run_leaves_nothing(relay_store):
+    """The driver closes a task that is still sending (a rank whose peer died, its lines and
+    heartbeats going on), then removes the run's objects: what the task sends after it read the
+    close must not land in the bucket after that removal (CI found two such batches left)."""
+    import threading
+    import time
+
+    relay = _relay.relay_spec("closing", always=True)
+    peers = []
+    driver = _relay.DriverRelay(relay, peers.append)
+    task = _relay.TaskRelay(relay, 0)
+    stop = threading.Event()
+
+    def chatter():  # a line every 20 ms until told to stop, as a rank's output would be
+        n = 0
+        while not stop.is_set():
+            task.send({"type": "line", "text": f"line {n}"})
+            n += 1
+            time.sleep(0.02)
+
+    task.send({"type": "hello"})
+    talker = threading.Thread(target=chatter, daemon=True)
+    talker.start()
+    deadline = time.monotonic() + 30
+    while not peers and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert peers, "the driver never heard the task"
+    peers[0].close()  # the run failed elsewhere: the driver tells the task to close
+    driver.close()  # waits until the task read that, then removes the run's objects
+    assert task.receive() is None  # the task saw the close
+    time.sleep(3 * _relay.FLUSH_S)  # its lines go on a moment, as a dying rank's would
+    stop.set()
+    talker.join()
+    task.send({"type": "bye"})
+    task.close()
+    assert relay_keys(relay_store) == []
