@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from hvdflow.infra import constants as c
 from hvdflow.infra._env import temporary_env
 from hvdflow.infra.connect import CONNECT_PORT, is_connect, is_connect_url
+from hvdflow.infra.executor_jvm import executor_java_options
 from hvdflow.infra.progress import EVERY_S, tasks_line
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         conf[c.SPARK_DRIVER_HOST] = host
         conf[c.SPARK_DRIVER_BIND_ADDRESS] = host
     conf.update(extra or {})
+    conf.update(executor_java_options(master, extra))
     return conf
 
 

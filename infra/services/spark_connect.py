@@ -4,7 +4,8 @@
 What ``$SPARK_HOME/sbin/start-connect-server.sh`` runs, in the foreground: ``spark-submit
 --class org.apache.spark.sql.connect.service.SparkConnectServer``. Its executors run this Python
 (hvdflow's environment) unless ``PYSPARK_PYTHON`` names another; the barrier checks fail a
-stage without slots in seconds, as hvdflow's own sessions do (``infra.spark.spark_conf``).
+stage without slots in seconds, and on a standalone master its executors keep their temporary
+files in their work folders, as hvdflow's own sessions do (``infra.spark.spark_conf``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from hvdflow.infra import constants as c
+from hvdflow.infra.executor_jvm import executor_java_options
 from hvdflow.infra.services._process import LOOPBACK, url_host
 from hvdflow.infra.services._service import Service
 
@@ -71,6 +73,7 @@ class SparkConnectServer(Service):
             "spark.local.dir": str(self.home / "local"),
             **self.conf,
         }
+        conf.update(executor_java_options(self.master, self.conf))
         command = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master]
         for key, value in conf.items():
             command += ["--conf", f"{key}={value}"]

@@ -5,7 +5,8 @@ run`` trains np=3 with ``launcher.min_np`` 2; in epoch 2 the third host is stopp
 Spark worker, executor and rank SIGKILLed, nothing restarts them). The fault costs an attempt: the
 next one runs on the two slots left, from the last checkpoint, in the same MLflow run; every
 epoch's metrics exist once, the model is registered and its card says np 2. The third host stays
-lost; the two the other tests use are untouched.
+lost; the two the other tests use are untouched. What its killed executor unpacked stays in that
+executor's work folder, not in the host's /tmp.
 
 The other side of the rule, fewer slots left than ``min_np`` (one line naming the failure and the
 slots left), is ``tests/tasks/train/test_elastic.py`` with exact slot counts: the slots this run
@@ -115,6 +116,14 @@ def test_a_host_lost_for_good_costs_an_attempt_that_resumes_on_the_ranks_left(
         assert timeline["named_s"] < 5, timeline  # named within seconds, not a timeout
     finally:
         netns_cluster.stop_host_for_good(lost)  # whatever happened, the others' tests see two
+
+    # The lost host's executor was SIGKILLed with its task: the native libraries its JVM
+    # unpacked (lz4-java's, for Spark's compressed broadcasts) lie in its work folder, which
+    # Spark keeps with its logs, not loose in the host's /tmp (infra/executor_jvm.py).
+    unpacked = netns_cluster.run_on_host(
+        lost, "find /tmp -xdev -name 'liblz4-java-*' -o -name 'snappy-*' -o -name 'libzstd-jni-*'"
+    ).stdout.split()
+    assert unpacked and all(path.startswith("/tmp/work/app-") for path in unpacked), unpacked
 
     _home, env, _good = cluster_services
     with temporary_env(env):

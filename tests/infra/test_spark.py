@@ -52,9 +52,14 @@ def test_spark_local_ip_chooses_a_local_drivers_address_and_extra_wins(monkeypat
 
 
 @pytest.mark.unit
-def test_a_cluster_session_leaves_the_drivers_address_to_spark(monkeypatch):
+def test_a_cluster_session_leaves_the_drivers_address_to_spark(monkeypatch, tmp_path):
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
-    assert spark_conf("spark://master:7077") == EVERY_SESSION
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf
+    # Its executors' temporary files go to their work folders (tests/infra/test_executor_jvm.py).
+    assert spark_conf("spark://master:7077") == {
+        **EVERY_SESSION,
+        "spark.executor.extraJavaOptions": "-Djava.io.tmpdir=.",
+    }
 
 
 @pytest.mark.unit

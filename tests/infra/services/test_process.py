@@ -385,3 +385,21 @@ def test_a_bind_address_must_be_one_of_this_machine_and_name_itself():
         "address): pass one of its interfaces' addresses, or 127.0.0.1"
     )
     assert (url_host("10.0.0.5"), url_host("fd00::2")) == ("10.0.0.5", "[fd00::2]")
+
+
+def test_a_connect_servers_executors_on_a_standalone_master_keep_temporary_files_at_home(
+    tmp_path, monkeypatch
+):
+    from hvdflow.infra.services.spark_connect import SparkConnectServer
+
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf
+    on_cluster = SparkConnectServer(tmp_path, 15002, master="spark://10.0.0.1:7077")
+    conf = [a for a in on_cluster._command() if "extraJavaOptions" in a]
+    assert conf == ["spark.executor.extraJavaOptions=-Djava.io.tmpdir=."]
+    given = {"spark.executor.extraJavaOptions": "-Xss4m"}
+    mine = SparkConnectServer(tmp_path, 15002, master="spark://10.0.0.1:7077", conf=given)
+    assert [a for a in mine._command() if "extraJavaOptions" in a] == [
+        "spark.executor.extraJavaOptions=-Xss4m -Djava.io.tmpdir=."
+    ]
+    local = SparkConnectServer(tmp_path, 15002)  # local[2]: the server's JVM is the executor
+    assert not [a for a in local._command() if "extraJavaOptions" in a]
