@@ -21,6 +21,7 @@ from hvdflow.bench import stats, time_to_target
 from hvdflow.bench.conditions import dataset_readers, measure
 from hvdflow.bench.workloads import write_augmented_digits_idx
 from hvdflow.flows.params import AUGMENTED_DIGITS, BenchParams
+from hvdflow.flows.prefect.orphan import outlive_worker
 from hvdflow.flows.prefect.preprocess import preprocessed
 from hvdflow.flows.prefect.results import shared_result_storage
 from hvdflow.flows.prefect.spark_slots import spark_slots
@@ -29,7 +30,6 @@ from hvdflow.flows.prefect.weights import stage_weights_for
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import get_spark
-from hvdflow.infra.stdio import outlive_reader
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.config import GRAPH_MODELS, LauncherParams
 from hvdflow.tasks.train.spec import training_spec
@@ -69,7 +69,7 @@ def measure_step(
 
 @flow(name="hvdflow-benchmark")
 def benchmark(params: BenchParams = DEFAULT_BENCH) -> dict:
-    outlive_reader()  # a run orphaned by its worker's death goes on (hvdflow.infra.stdio)
+    outlive_worker()  # a run orphaned by its worker's death goes on, and leaves nothing
     logger = get_run_logger()
     # A user:password in the tracking URI goes to MLflow's login variables for the run: no task
     # input, result or printed link carries it.

@@ -11,12 +11,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from hvdflow.flows.params import PipelineParams
 from hvdflow.flows.prefect.origin import this_flow_run
+from hvdflow.flows.prefect.orphan import outlive_worker
 from hvdflow.flows.prefect.preprocess import preprocessed
 from hvdflow.flows.prefect.results import shared_result_storage
 from hvdflow.flows.prefect.train import check_tracking_step, train_step
 from hvdflow.flows.prefect.weights import stage_weights_for
 from hvdflow.infra.secrets import tracking_login
-from hvdflow.infra.stdio import outlive_reader
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.train.summary import (
     profile_lines,
@@ -31,8 +31,7 @@ DEFAULT_PARAMS = PipelineParams()
 @flow(name="hvdflow-pipeline", log_prints=True)
 def pipeline(params: PipelineParams = DEFAULT_PARAMS) -> dict:
     """Preprocess images, stage weights, train with Horovod on Spark, log and register."""
-    # Orphaned by its worker's death, this run goes on: its output pipe may lose its reader.
-    outlive_reader()
+    outlive_worker()  # a run orphaned by its worker's death goes on, and leaves nothing
     logger = get_run_logger()
     # A user:password in the tracking URI goes to MLflow's login variables for the run: no task
     # input, result or printed link carries it.

@@ -12,10 +12,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from hvdflow.flows.params import ScoreParams
+from hvdflow.flows.prefect.orphan import outlive_worker
 from hvdflow.flows.prefect.score import find_model_step, record_step, score_step
 from hvdflow.flows.prefect.train import check_tracking_step
 from hvdflow.infra.secrets import tracking_login
-from hvdflow.infra.stdio import outlive_reader
 from hvdflow.infra.tracking import tracking_uri
 from hvdflow.tasks.score.summary import scoring_summary
 
@@ -25,7 +25,7 @@ ARTIFACT_KEY = "hvdflow-score-summary"
 @flow(name="hvdflow-score", log_prints=True)
 def score(params: ScoreParams) -> dict:
     """Find the model version, score the inputs on Spark, publish, and record it in MLflow."""
-    outlive_reader()  # a run orphaned by its worker's death goes on (hvdflow.infra.stdio)
+    outlive_worker()  # a run orphaned by its worker's death goes on, and leaves nothing
     logger = get_run_logger()
     config = params.score_config()
     with tracking_login(tracking_uri()) as uri:
