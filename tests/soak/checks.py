@@ -320,9 +320,15 @@ def _any_left(stack) -> bool:
     )
 
 
+# A JVM's perf-data file (HotSpot writes it in /tmp whatever java.io.tmpdir says): a live JVM's
+# own, or a killed one's, which HotSpot removes when the next JVM starts on the host (checked on
+# this machine: kill -9, then any java). Listed apart; not a leftover.
+JVM_PERF_FILE = re.compile(r"^/tmp/hsperfdata_[^/]+/(\d+)$")
+
+
 def host_tmp(stack) -> dict[str, dict]:
-    """Each host's /tmp: files beside Spark's work dir (its executors' logs, kept by Spark's
-    design), and the bytes used."""
+    """Each host's /tmp: files beside Spark's work dir (its executors' logs and what their JVMs
+    unpacked, kept by Spark's design), JVMs' perf-data files apart, and the bytes used."""
     out = {}
     for host in stack.cluster.hosts + stack.cluster.spare_hosts:
         done = stack.cluster.run_on_host(
@@ -333,8 +339,11 @@ def host_tmp(stack) -> dict[str, dict]:
         )
         lines = done.stdout.splitlines()
         used = next((ln for ln in lines if ln.startswith("USED")), "USED 0 WORK 0").split()
+        files = [ln for ln in lines if not ln.startswith("USED")]
+        perf = [f for f in files if JVM_PERF_FILE.match(f)]
         out[host.name] = {
-            "files": [ln for ln in lines if not ln.startswith("USED")],
+            "files": [f for f in files if f not in perf],
+            "jvm_perf_files": perf,
             "kib": int(used[1]),
             "work_kib": int(used[3]) if len(used) > 3 else 0,
         }
