@@ -343,6 +343,9 @@ def host_tmp(stack) -> dict[str, dict]:
         perf = [f for f in files if JVM_PERF_FILE.match(f)]
         out[host.name] = {
             "files": [f for f in files if f not in perf],
+            # A host lost for good is a dead machine: its disk, and what lies on it, went with
+            # it (a replacement starts empty: tests.soak.faults.replace_lost_host).
+            "lost_for_good": host.name in stack.lost_for_good,
             "jvm_perf_files": perf,
             "kib": int(used[1]),
             "work_kib": int(used[3]) if len(used) > 3 else 0,

@@ -56,7 +56,29 @@ def executor_kill(stack, detail: dict) -> dict:
 def host_lost(stack, detail: dict) -> dict:
     (spare,) = stack.cluster.spare_hosts
     killed = stack.cluster.stop_host_for_good(spare)
+    stack.lost_for_good.add(spare.name)
     return {"struck": f"{spare.name} lost for good ({len(killed)} processes SIGKILLed)"}
+
+
+# A machine that replaces a lost one starts with an empty disk: everything in the host's private
+# folders goes but the three the harness made for it (emptied), and never a mount point (the
+# checkout and its environments may be mounted under them: tests.cluster.netns).
+_FRESH_DISK = (
+    "set -e; keep='! -path /tmp/home ! -path /tmp/work ! -path /tmp/spark-local';"
+    " for d in /tmp /var/tmp /dev/shm /tmp/home /tmp/work /tmp/spark-local; do"
+    " find $d -xdev -mindepth 1 -maxdepth 1 $keep ! -exec mountpoint -q {} \\;"
+    " -exec rm -rf --one-file-system {} +; done"
+)
+
+
+def replace_lost_host(stack, host) -> None:
+    """The spare host back as a new machine: a fresh disk, then its worker."""
+    if host.name in stack.lost_for_good:
+        done = stack.cluster.run_on_host(host, _FRESH_DISK)
+        if done.returncode != 0:
+            raise RuntimeError(f"{host.name}: its disk could not be emptied: {done.stderr[-500:]}")
+        stack.lost_for_good.discard(host.name)
+    stack.cluster.start_worker(host)
 
 
 def link_cut(stack, detail: dict) -> dict:
@@ -218,6 +240,6 @@ def prepare(stack, fault: str | None, index: int) -> dict:
     if fault == "host_lost":
         (spare,) = stack.cluster.spare_hosts
         if spare.ip not in {w["host"] for w in stack.cluster.alive_workers()}:
-            stack.cluster.start_worker(spare)  # it joins; this run loses it for good
+            replace_lost_host(stack, spare)  # it joins; this run loses it for good
         return {"np": 3, "min_np": 2}
     return {}

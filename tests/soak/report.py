@@ -99,17 +99,21 @@ def _tmp(check) -> dict:
     """What the last check found in /tmp: the hosts' files beside Spark's work dir (by name
     pattern), their growth, and new entries in this machine's /tmp."""
     names: dict[str, int] = {}
+    on_lost: dict[str, int] = {}
     hosts = check.figures.get("hosts", {}).values()
     for host in hosts:
+        counted = on_lost if host.get("lost_for_good") else names
         for path in host["files"]:
             pattern = re.sub(r"[0-9a-f]{6,}|\d+", "N", path.rsplit("/", 1)[-1])
-            names[pattern] = names.get(pattern, 0) + 1
+            counted[pattern] = counted.get(pattern, 0) + 1
     root_new = check.figures.get("root_tmp_new", [])
     return {
         # What #55 asks to be 0: files the hosts' /tmp keeps beside Spark's work dir, and new
         # entries in this machine's /tmp.
         "files_left": sum(names.values()) + len(root_new),
         "host_files_by_pattern": names,
+        # On a host lost for good and not replaced since: a dead machine's disk.
+        "lost_host_files_by_pattern": on_lost,
         # Listed apart (tests.soak.checks.JVM_PERF_FILE): HotSpot's perf-data files.
         "host_jvm_perf_files": sum(len(h.get("jvm_perf_files", [])) for h in hosts),
         "host_tmp_growth_kib": check.figures.get("host_tmp_growth_kib"),

@@ -61,6 +61,8 @@ class SoakStack:
     worker: subprocess.Popen | None = None
     workers_started: int = 0
     airflow: object | None = None  # bench.airflow_local.LocalAirflow, when a run goes through it
+    # Hosts lost for good and not replaced yet: their disks went with them (tests.soak.checks).
+    lost_for_good: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
