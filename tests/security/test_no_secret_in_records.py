@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import secrets
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -312,7 +311,8 @@ def test_no_planted_secret_reaches_any_record(
     assert wait_for_no_ranks() == []
 
     flow_run_ids = [s.state_details.flow_run_id for s in (first, bench, failed)]
-    workdir = Path(tempfile.mkdtemp(prefix="hvdflow-security-"))
+    workdir = tmp_path / "records"  # goes with the test
+    workdir.mkdir()
     database = prefect_server.database_path
     output = capfd.readouterr()
     records = [

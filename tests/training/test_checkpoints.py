@@ -49,6 +49,7 @@ def test_a_checkpoint_folder_that_fills_keeps_the_last_complete_checkpoint(tmp_p
         restored, checkpoint = model_checkpoint(0.0)
         store.restore(checkpoint, latest)
         assert kernel(restored) == 1.0
+        store.close()  # the restored files' folder goes (the trainer closes after a step)
 
         # Room again: the next attempt's save goes through and counts.
         resize_disk(disk, 4 * KERNEL_KIB + 256)
