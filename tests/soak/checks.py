@@ -9,6 +9,8 @@ leak is counted once and not carried into the next run's figures.
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -353,7 +355,24 @@ def host_tmp(stack) -> dict[str, dict]:
     return out
 
 
+# Folders in /tmp that the stack's programs share, one entry per process or run: Prefect's
+# workers' runner storage (removed when the worker exits cleanly), TensorBoard's and torch's.
+# Their entries are looked at one by one: the folders themselves were there before the soak.
+SHARED_TMP_FOLDERS = ("runner_storage", ".tensorboard-info", "torchinductor_*")
+
+
 def root_tmp_entries(exclude: tuple[Path, ...]) -> set[str]:
-    """Names in this machine's /tmp, less the soak's own folders."""
+    """Names in this machine's /tmp, and in its SHARED_TMP_FOLDERS, less the soak's own
+    folders and JVMs' perf-data files (JVM_PERF_FILE)."""
     names = set(os.listdir("/tmp"))
-    return {n for n in names if not any(Path("/tmp", n) in (e, *e.parents) for e in exclude)}
+    for folder in names & {
+        f for pattern in SHARED_TMP_FOLDERS for f in fnmatch.filter(names, pattern)
+    }:
+        with contextlib.suppress(OSError):  # gone meanwhile, or not a folder
+            names |= {f"{folder}/{child}" for child in os.listdir(Path("/tmp", folder))}
+    return {
+        n
+        for n in names
+        if not any(Path("/tmp", n) in (e, *e.parents) for e in exclude)
+        and not JVM_PERF_FILE.match(f"/tmp/{n}")
+    }
