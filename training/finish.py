@@ -4,9 +4,12 @@ one ``RankResult``. The Keras and the PyTorch trainers differ before this, not h
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+from hvdflow.infra.errors import DiskFullError, is_disk_full
 from hvdflow.infra.launcher.rank_events import log_to_driver
 from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.quality import rejection
@@ -54,7 +57,8 @@ def finish_training(
                 f"{spec.tracking.registered_model_name} (an earlier attempt): not again"
             )
         else:
-            version, evaluation = log_model()
+            with _model_disk_full_said(spec):
+                version, evaluation = log_model()
     return RankResult(
         size=size,
         history={key: tuple(values) for key, values in history.items()},
@@ -71,6 +75,24 @@ def finish_training(
         evaluation=evaluation,
         profile=profile,
     )
+
+
+@contextmanager
+def _model_disk_full_said(spec: TrainSpec):
+    """A full disk while rank 0 logs the model (MLflow writes it into a temporary folder before
+    uploading it) as a DiskFullError that says where and what to do. Transient: the next attempt
+    resumes from the last checkpoint, which holds the trained weights, and registers once."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFullError(
+            f"the model could not be logged to MLflow run {spec.tracking.run_id}: no space left "
+            f"on device in {tempfile.gettempdir()} (MLflow writes a model there before it "
+            "uploads it). Free space there, or point TMPDIR at a larger disk; the next attempt "
+            "resumes from the last checkpoint and logs it again"
+        ) from e
 
 
 def registered_version(name: str | None, run_id: str) -> str | None:

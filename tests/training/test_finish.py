@@ -63,3 +63,50 @@ def test_a_run_that_already_registered_a_version_does_not_register_another(
 
     assert _finish(spec, must_not_register).model_version == "2"
     assert len(client.search_model_versions(f"name = '{NAME}'")) == 2
+
+
+class _Weighty(mlflow.pyfunc.PythonModel):
+    """A model of about 256 KiB once pickled: more than the small disk below holds."""
+
+    def __init__(self):
+        self.weights = bytes(range(256)) * 1024
+
+    def predict(self, context, model_input):
+        return model_input
+
+
+def test_a_full_disk_while_the_model_is_logged_is_a_temporary_failure_that_says_where(
+    mlflow_server, monkeypatch, tmp_path
+):
+    import tempfile
+
+    from hvdflow.infra.errors import DiskFullError, TransientError
+    from tests.helpers import resize_disk, small_disk
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    mlflow.set_tracking_uri(mlflow_server.tracking_uri)
+    client = MlflowClient(mlflow_server.tracking_uri)
+    run_id = client.create_run(client.create_experiment("finish-disk-full")).info.run_id
+    data = DataSpec("file:///t", "file:///v", 10, 2, 10, (8, 8, 1))
+    spec = TrainSpec(data, "digits_mlp", tracking=TrackingSpec(run_id, None, "finish-disk-full"))
+
+    def log_model():  # as the trainers' do: MLflow writes the model under TMPDIR first
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=_Weighty(), registered_model_name="finish-disk-full"
+            )
+        return str(info.registered_model_version), None
+
+    with small_disk(tmp_path / "tmp", 64) as tmp:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the rank's TMPDIR
+        with pytest.raises(DiskFullError) as failed:
+            _finish(spec, log_model)
+        message = str(failed.value)
+        assert f"the model could not be logged to MLflow run {run_id}" in message, message
+        assert f"no space left on device in {tmp}" in message and "TMPDIR" in message
+        assert isinstance(failed.value, TransientError)  # the training step tries again
+        assert registered_version("finish-disk-full", run_id) is None
+
+        # Room again: the next attempt logs and registers, once.
+        resize_disk(tmp, 4096)
+        assert _finish(spec, log_model).model_version == "1"
