@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class TransientError(RuntimeError):
@@ -27,6 +29,19 @@ class DiskFullError(TransientError):
     """A write that found its disk full. Transient: the failed write's own files are removed,
     and space another process held may be free by the next attempt; the message names what was
     being written, where, and how to make room."""
+
+
+@contextmanager
+def disk_full_as(message: str) -> Iterator[None]:
+    """A full disk met inside (``is_disk_full``) raised as a DiskFullError with ``message`` (what
+    was being written, where, how to make room), from the original error; anything else as it
+    was."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise DiskFullError(message) from e
 
 
 def is_disk_full(error: BaseException) -> bool:

@@ -23,10 +23,9 @@ import re
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from hvdflow.infra.errors import DiskFullError, is_disk_full
+from hvdflow.infra.errors import disk_full_as
 from hvdflow.infra.storage.uris import parse_uri
 
 logger = logging.getLogger(__name__)
@@ -71,23 +70,17 @@ def epoch_folder(epoch: int) -> str:
     return f"epoch-{epoch:04d}"
 
 
-@contextmanager
 def _disk_full_said(state: CheckpointState, where: str, what: str):
     """A full disk under ``where`` as a DiskFullError that says which checkpoint, where, and that
     the last complete one still counts (``latest.json`` is written last, so nothing points at a
     partial folder). Transient: the training step resumes from that checkpoint, and fails
     with this message once its attempts are spent."""
-    try:
-        yield
-    except Exception as e:
-        if not is_disk_full(e):
-            raise
-        raise DiskFullError(
-            f"checkpoint {state.folder} could not be written: no space left on device in "
-            f"{where} ({what}). The last complete checkpoint still counts: nothing points at "
-            "this one. Free space there, or point TMPDIR (where ranks write a checkpoint "
-            "before uploading it) at a larger disk"
-        ) from e
+    return disk_full_as(
+        f"checkpoint {state.folder} could not be written: no space left on device in "
+        f"{where} ({what}). The last complete checkpoint still counts: nothing points at "
+        "this one. Free space there, or point TMPDIR (where ranks write a checkpoint "
+        "before uploading it) at a larger disk"
+    )
 
 
 def folders_to_remove(folders: list[str], keep: int, current: str) -> list[str]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
-from hvdflow.infra.errors import DiskFullError, is_disk_full
+from hvdflow.infra.errors import disk_full_as
 from hvdflow.infra.launcher.rank_events import log_to_driver
 from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.training.quality import rejection
@@ -77,22 +76,16 @@ def finish_training(
     )
 
 
-@contextmanager
 def _model_disk_full_said(spec: TrainSpec):
     """A full disk while rank 0 logs the model (MLflow writes it into a temporary folder before
     uploading it) as a DiskFullError that says where and what to do. Transient: the next attempt
     resumes from the last checkpoint, which holds the trained weights, and registers once."""
-    try:
-        yield
-    except Exception as e:
-        if not is_disk_full(e):
-            raise
-        raise DiskFullError(
-            f"the model could not be logged to MLflow run {spec.tracking.run_id}: no space left "
-            f"on device in {tempfile.gettempdir()} (MLflow writes a model there before it "
-            "uploads it). Free space there, or point TMPDIR at a larger disk; the next attempt "
-            "resumes from the last checkpoint and logs it again"
-        ) from e
+    return disk_full_as(
+        f"the model could not be logged to MLflow run {spec.tracking.run_id}: no space left "
+        f"on device in {tempfile.gettempdir()} (MLflow writes a model there before it "
+        "uploads it). Free space there, or point TMPDIR at a larger disk; the next attempt "
+        "resumes from the last checkpoint and logs it again"
+    )
 
 
 def registered_version(name: str | None, run_id: str) -> str | None:
