@@ -18,6 +18,7 @@ framework 'torch'.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import tempfile
@@ -303,7 +304,14 @@ class _TorchCheckpoint:
         import torch
 
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        torch.save(state, os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE))
+        # Serialized in memory, written by Python: torch.save's own file writer reports a full
+        # disk as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", without
+        # ENOSPC, so the full disk would not be told apart from a real failure (the soak's
+        # disk_full). A write through Python raises OSError(ENOSPC): a DiskFullError upstream.
+        serialized = io.BytesIO()
+        torch.save(state, serialized)
+        with open(os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE), "wb") as f:
+            f.write(serialized.getbuffer())
 
     def read(self, prefix: str):
         import torch

@@ -68,3 +68,24 @@ def test_a_full_temporary_folder_says_so_and_publishes_nothing(tmp_path, monkeyp
         assert "TMPDIR" in str(failed.value)
         assert store.latest() is None
         assert list(tmp.iterdir()) == []  # the partial write went with its temporary folder
+
+
+def test_a_torch_checkpoint_on_a_full_temporary_folder_says_so_too(tmp_path, monkeypatch):
+    # torch.save's own writer reports a full disk without ENOSPC ("unexpected pos"): the
+    # trainer's checkpoint writes through Python, so the soak's disk_full is told apart.
+    torch = pytest.importorskip("torch", reason="torch is not installed (the classic profile)")
+    from hvdflow.training.torch_trainer import _TorchCheckpoint
+
+    model = torch.nn.Linear(784, 64)  # 196 KiB of weights, and as much again for Adam
+    optimizer = torch.optim.Adam(model.parameters())
+    with small_disk(tmp_path / "tmp", KERNEL_KIB // 2) as tmp:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the rank's TMPDIR
+        store = CheckpointStore(str(tmp_path / "run"))
+        with pytest.raises(DiskFullError) as failed:
+            store.save(_TorchCheckpoint(model, optimizer), CheckpointState(1, "epoch-0001"))
+        assert "checkpoint epoch-0001 could not be written: no space left" in str(failed.value)
+        assert store.latest() is None
+        assert list(tmp.iterdir()) == []
+        resize_disk(tmp, 4 * KERNEL_KIB + 256)
+        store.save(_TorchCheckpoint(model, optimizer), CheckpointState(1, "epoch-0001"))
+        assert store.latest().epoch == 1
