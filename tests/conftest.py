@@ -186,22 +186,30 @@ def _check_module_fixtures(items):
 
 @pytest.fixture(autouse=True)
 def _mlflow_tracking_uri_restored():
-    """The tracking URI this test found, back after it. `mlflow.set_tracking_uri` (called by
-    `train_and_track`) sets a module global that wins over $MLFLOW_TRACKING_URI, and sets that
-    variable too: left as is, a later test on this worker that sets only the variable talks to
-    this test's server, stopped by then (seen in CI as "Connection refused")."""
+    """The tracking URI and experiment this test found, back after it. `mlflow.set_tracking_uri`
+    (called by `train_and_track`) sets a module global that wins over $MLFLOW_TRACKING_URI, and
+    sets that variable too: left as is, a later test on this worker that sets only the variable
+    talks to this test's server, stopped by then (seen in CI as "Connection refused").
+    `mlflow.set_experiment` (tasks/train/run.py, tasks/score/record.py) does the same with the
+    active experiment and $MLFLOW_EXPERIMENT_ID: left as is, a later test's
+    `start_run(run_id=...)` of a run in another experiment fails with "active experiment ID
+    does not match environment run ID" (seen in CI)."""
     import sys
 
-    before_env = os.environ.get("MLFLOW_TRACKING_URI")
+    before = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
     yield
     # Not imported, nothing set: the unit tier need not import MLflow for this.
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")
     if utils is not None and utils._tracking_uri is not None:
         utils.set_tracking_uri(None)  # public as mlflow.set_tracking_uri; also unsets the variable
-    if before_env is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before_env
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is not None:
+        fluent._active_experiment_id = None  # what mlflow.set_experiment sets; no public unset
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
