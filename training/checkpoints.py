@@ -83,6 +83,17 @@ def _disk_full_said(state: CheckpointState, where: str, what: str):
     )
 
 
+def _restore_disk_full_said(state: CheckpointState, url: str, where: str):
+    """A full disk while ``state``'s files download to ``where`` (under TMPDIR) as a
+    DiskFullError: the checkpoint itself is intact, so the next attempt resumes from it once
+    there is room."""
+    return disk_full_as(
+        f"checkpoint {state.folder} could not be restored: no space left on device in "
+        f"{os.path.dirname(where)} (ranks download a checkpoint there before loading it). The "
+        f"checkpoint is intact in {url}. Free space there, or point TMPDIR at a larger disk"
+    )
+
+
 def folders_to_remove(folders: list[str], keep: int, current: str) -> list[str]:
     """Epoch folders beyond the newest ``keep`` (never ``current``), and stray names never."""
     numbered = sorted(
@@ -219,8 +230,14 @@ class CheckpointStore:
         """
         self.close()
         self._restored = tempfile.mkdtemp(prefix="hvdflow-ckpt-")
-        for name in self._files.list(state.folder):
-            self._files.get_file(f"{state.folder}/{name}", os.path.join(self._restored, name))
+        try:
+            with _restore_disk_full_said(state, self.url, self._restored):
+                for name in self._files.list(state.folder):
+                    target = os.path.join(self._restored, name)
+                    self._files.get_file(f"{state.folder}/{name}", target)
+        except BaseException:
+            self.close()  # a partial download helps no one and holds the space that ran out
+            raise
         checkpoint.read(os.path.join(self._restored, _PREFIX)).expect_partial()
 
     def close(self) -> None:

@@ -89,3 +89,29 @@ def test_a_torch_checkpoint_on_a_full_temporary_folder_says_so_too(tmp_path, mon
         resize_disk(tmp, 4 * KERNEL_KIB + 256)
         store.save(_TorchCheckpoint(model, optimizer), CheckpointState(1, "epoch-0001"))
         assert store.latest().epoch == 1
+
+
+def test_a_full_temporary_folder_while_restoring_says_so_and_keeps_the_checkpoint(
+    tmp_path, monkeypatch
+):
+    # Seen in the soak: a rank resuming after a fault met a full /tmp while it downloaded the
+    # checkpoint, and a bare OSError ended the run instead of the training step trying again.
+    store = CheckpointStore(str(tmp_path / "run"))
+    _, checkpoint = model_checkpoint(1.0)
+    store.save(checkpoint, CheckpointState(1, "epoch-0001"))
+    with small_disk(tmp_path / "tmp", KERNEL_KIB // 2) as tmp:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the rank's TMPDIR
+        restored, checkpoint = model_checkpoint(0.0)
+        with pytest.raises(DiskFullError) as failed:
+            store.restore(checkpoint, store.latest())
+        message = str(failed.value)
+        assert "checkpoint epoch-0001 could not be restored: no space left" in message, message
+        assert str(tmp) in message and "TMPDIR" in message
+        assert f"intact in {tmp_path / 'run'}" in message
+        assert isinstance(failed.value, TransientError)  # the training step tries again
+        assert list(tmp.iterdir()) == []  # the partial download went
+
+        resize_disk(tmp, 4 * KERNEL_KIB + 256)
+        store.restore(checkpoint, store.latest())
+        assert kernel(restored) == 1.0
+        store.close()
