@@ -196,7 +196,9 @@ def _mlflow_tracking_uri_restored():
     does not match environment run ID" (seen in CI)."""
     import sys
 
-    before = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")}
+    before = {
+        name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
+    }
     yield
     # Not imported, nothing set: the unit tier need not import MLflow for this.
     utils = sys.modules.get("mlflow.tracking._tracking_service.utils")

@@ -119,6 +119,10 @@ def _tmp(check) -> dict:
         "host_tmp_growth_kib": check.figures.get("host_tmp_growth_kib"),
         "host_work_kib": sum(h["work_kib"] for h in check.figures.get("hosts", {}).values()),
         "root_tmp_new": root_new,
+        # Listed apart: Prefect workers' runner folders (tests.soak.stack.RUNNER_STORAGE), the
+        # live worker's in use, a SIGKILLed or stopped one's left by Prefect itself (its
+        # worker did not exit cleanly, or was not let to).
+        "worker_folders": check.figures.get("worker_folders", {}),
     }
 
 

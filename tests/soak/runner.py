@@ -354,7 +354,11 @@ class Soak:
         objects, object_figures = _retrying(lambda: self.ledger.record_and_compare(stack.store()))
         problems += [p for p in objects if self.counts(p)]
         hosts = checks.host_tmp(stack)
-        root_tmp = checks.root_tmp_entries(exclude=stack.own_tmp()) - self.baseline["root_tmp"]
+        now = checks.root_tmp_entries(exclude=stack.own_tmp())
+        # Each Prefect worker's runner folder, live or left by a worker that did not exit
+        # cleanly, is listed apart with what became of its worker; the baseline holds the first.
+        workers = {e: how for e, how in stack.worker_folders.items() if e in now}
+        root_tmp = now - self.baseline["root_tmp"] - set(workers)
         figures = {
             **registry_figures,
             **object_figures,
@@ -364,6 +368,7 @@ class Soak:
             "host_tmp_growth_kib": sum(h["kib"] for h in hosts.values())
             - sum(h["kib"] for h in self.baseline["hosts"].values()),
             "root_tmp_new": sorted(root_tmp),
+            "worker_folders": workers,
         }
         self.idle.append(IdleCheck(after, problems, leftovers, figures))
         if problems or leftovers:

@@ -38,6 +38,10 @@ RAW = "s3://hvdflow/raw/digits/"
 DATASETS = "s3://hvdflow/datasets"
 IMAGES_PER_CLASS = 50  # 500 digits: epochs long enough to strike in, accuracy far from chance
 WORKER_STOP_TIMEOUT_S = 20.0
+# Where each Prefect worker keeps its runner's files, one folder per worker, made as it starts
+# and removed only when it exits cleanly (prefect.runner.Runner: tempfile.gettempdir()).
+RUNNER_STORAGE = Path("/tmp/runner_storage")
+WORKER_FOLDER_WAIT_S = 60.0
 AIRFLOW_ORPHAN_CHECK_S = 30
 # The variables that point clients at services: with one set, `hvdflow up` starts none of that
 # kind.
@@ -63,6 +67,10 @@ class SoakStack:
     airflow: object | None = None  # bench.airflow_local.LocalAirflow, when a run goes through it
     # Hosts lost for good and not replaced yet: their disks went with them (tests.soak.checks).
     lost_for_good: set = field(default_factory=set)
+    # Each worker's runner folder (a /tmp entry, "runner_storage/<id>") and what became of the
+    # worker: "live", "SIGKILLed" or "stopped"; the soak's checks list these apart.
+    worker_folders: dict = field(default_factory=dict)
+    _worker_folder: str | None = None
 
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
@@ -140,21 +148,41 @@ class SoakStack:
         here = self.workdir / "worker-here"
         here.mkdir(parents=True, exist_ok=True)
         self.workers_started += 1
+        before = _entries(RUNNER_STORAGE)
         self.worker = start_process(
             [str(BIN / "prefect"), "worker", "start", "--pool", POOL],
             self.worker_log,
             self.worker_env(),
             cwd=here,
         )
+        self._worker_folder = _new_entry(RUNNER_STORAGE, before, self.worker)
+        if self._worker_folder:
+            self.worker_folders[self._worker_folder] = "live"
 
     def kill_worker(self) -> None:
         """SIGKILL the worker alone (the flow runs it started are left to themselves)."""
         self.worker.send_signal(signal.SIGKILL)
         self.worker.wait(10)
+        self._worker_ended("SIGKILLed")
 
     def stop_worker(self) -> None:
         if self.worker is not None:
             stop_process_group(self.worker, WORKER_STOP_TIMEOUT_S)
+            self._worker_ended("stopped")
+
+    def remove_worker_folders(self) -> None:
+        """Remove the empty runner folders of the workers that ended (once the checks have
+        listed them): Prefect leaves one per worker that does not exit cleanly, and nothing
+        else would remove them."""
+        for entry, how in self.worker_folders.items():
+            if how != "live":
+                with contextlib.suppress(OSError):  # gone already, or not empty: left as is
+                    (RUNNER_STORAGE.parent / entry).rmdir()
+
+    def _worker_ended(self, how: str) -> None:
+        if self._worker_folder:
+            self.worker_folders[self._worker_folder] = how
+            self._worker_folder = None
 
     # --- Airflow ------------------------------------------------------------------------------
     def start_airflow(self) -> None:
@@ -231,3 +259,24 @@ def processes_with_env(name: str, value: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def _entries(folder: Path) -> set[str]:
+    with contextlib.suppress(OSError):
+        return set(os.listdir(folder))
+    return set()
+
+
+def _new_entry(
+    folder: Path, before: set[str], worker: subprocess.Popen, under: Path = Path("/tmp")
+) -> str | None:
+    """The entry of ``under`` ("runner_storage/<id>") of the worker just started: the folder
+    that appears in ``folder`` as its runner starts. None when none appears while it runs (a
+    worker that failed to start says why in its log, which the soak's runs then show)."""
+    deadline = time.monotonic() + WORKER_FOLDER_WAIT_S
+    while time.monotonic() < deadline and worker.poll() is None:
+        new = _entries(folder) - before
+        if new:
+            return f"{folder.relative_to(under)}/{min(new)}"
+        time.sleep(0.2)
+    return None

@@ -17,6 +17,7 @@ import pytest
 from tests.soak import report
 from tests.soak.plan import make_plan
 from tests.soak.session import run_soak
+from tests.soak.stack import RUNNER_STORAGE
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,9 @@ def test_a_short_soak_loses_nothing_and_leaves_nothing_behind(netns_cluster, tmp
     assert summary["leftover_processes"] == [] and soak.final_leftovers == [], summary
     assert summary["failed_without_reason"] == 0, summary
     assert soak.harness_errors == []
+    # The worker's runner folder was told apart from what the runs left, and went with it.
+    ((folder, how),) = soak.stack.worker_folders.items()
+    assert how == "stopped" and not (RUNNER_STORAGE.parent / folder).exists(), folder
     # Every fault struck while its run trained, and the runs went on to a registered model.
     for record in soak.records:
         if record.planned.fault:
