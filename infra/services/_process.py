@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -123,6 +124,25 @@ def free_port(
 # --- processes ------------------------------------------------------------------------------
 
 
+# Started from a background job of a shell without job control (`hvdflow up &` in a script,
+# nohup, a CI runner), a process inherits SIGINT ignored and keeps it ignored across exec.
+# Prefect's worker stops on SIGTERM by sending itself SIGINT: ignored, it never stopped, was
+# SIGKILLed at the stopper's timeout 20 s later, and left its runner folder in /tmp. So a
+# service starts with SIGINT at its default, as from a terminal or systemd, through this exec.
+_SIGINT_AT_DEFAULT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def with_sigint_at_default(command: list[str]) -> list[str]:
+    """``command``, run through an exec that puts SIGINT back to its default when this process
+    ignores it (what a child would inherit); as is otherwise."""
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+        return command
+    return [sys.executable, "-I", "-S", "-c", _SIGINT_AT_DEFAULT, *command]
+
+
 def start_process(
     command: list[str],
     log_path: Path,
@@ -131,11 +151,11 @@ def start_process(
     cwd: Path | None = None,
 ) -> subprocess.Popen:
     """Run ``command`` in its own process group (in folder ``cwd``), output appended to
-    ``log_path``."""
+    ``log_path``, SIGINT at its default (``with_sigint_at_default``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            command,
+            with_sigint_at_default(command),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -167,3 +169,35 @@ def test_up_names_its_own_timeout_when_a_service_never_answers(tmp_path, monkeyp
         f"see {tmp_path / 'seaweed' / 'sleeper.log'}"
     )
     assert LocalServices(tmp_path).state() == {}
+
+
+def test_a_service_started_where_sigint_is_ignored_gets_it_at_its_default(tmp_path):
+    # A parent started as a background job (nohup, `&` in a script, a CI runner) ignores
+    # SIGINT, and so would what it starts: Prefect's worker, which stops on SIGTERM by sending
+    # itself SIGINT, then never stopped. Here a parent that ignores SIGINT starts a Python that
+    # sleeps; SIGINT must end it.
+    parent = (
+        "import signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from hvdflow.infra.services._process import start_process\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "child = start_process([sys.executable, '-c', 'import time; time.sleep(30)'],\n"
+        "                      Path(sys.argv[1]))\n"
+        "time.sleep(1)  # its Python is up, its handlers set\n"
+        "child.send_signal(signal.SIGINT)\n"
+        "try:\n"
+        "    print(child.wait(10))\n"
+        "except Exception:\n"
+        "    child.kill()\n"
+        "    print('still running')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", parent, str(tmp_path / "child.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # Python's default SIGINT handler: KeyboardInterrupt, then it ends itself with SIGINT.
+    assert done.stdout.strip() == str(-signal.SIGINT), (done.stdout, done.stderr)
+    assert "KeyboardInterrupt" in (tmp_path / "child.log").read_text()
