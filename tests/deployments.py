@@ -50,6 +50,8 @@ class DeployedRun:
     folders: tuple[Path, Path]  # where `hvdflow deploy` ran and where the worker ran: empty
     # Processes the worker had started that were still alive after it was stopped.
     left_alive: list[str] = field(default_factory=list)
+    # The worker's exit code once stopped: 0 when it stopped on SIGTERM, -9 when SIGKILLed.
+    worker_exit: int | None = None
 
 
 def run_params(tmp: Path) -> dict:
@@ -169,6 +171,7 @@ def deployed_pipeline_run(prefect_server, seaweed, mlflow_server, tmp_path_facto
         bench_run=bench_run,
         folders=(deploy_here, worker_here),
         left_alive=left,
+        worker_exit=worker.returncode,
     )
 
 

@@ -88,3 +88,6 @@ def test_a_worker_without_a_checkout_runs_the_pipeline_scoring_on_its_champion_a
     assert run.bench_run.state.is_completed(), f"{run.bench_run.state}\n{log}"
     # Stopping the worker left nothing running: not it, a flow run, Spark, or a rank.
     assert run.left_alive == []
+    # The worker stopped on SIGTERM, not SIGKILLed at the timeout: a test run from a background
+    # job ignores SIGINT, which a Prefect worker needs to stop (infra/services/_process.py).
+    assert run.worker_exit == 0, f"the worker exited with {run.worker_exit}\n{log}"
