@@ -356,7 +356,8 @@ def host_tmp(stack) -> dict[str, dict]:
 
 
 # Folders in /tmp that the stack's programs share, one entry per process or run: Prefect's
-# workers' runner storage (removed when the worker exits cleanly), TensorBoard's and torch's.
+# workers' runner storage (Prefect 3.8 leaves each worker's, even a cleanly stopped one's),
+# TensorBoard's and torch's.
 # Their entries are looked at one by one: the folders themselves were there before the soak.
 SHARED_TMP_FOLDERS = ("runner_storage", ".tensorboard-info", "torchinductor_*")
 

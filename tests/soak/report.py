@@ -120,8 +120,8 @@ def _tmp(check) -> dict:
         "host_work_kib": sum(h["work_kib"] for h in check.figures.get("hosts", {}).values()),
         "root_tmp_new": root_new,
         # Listed apart: Prefect workers' runner folders (tests.soak.stack.RUNNER_STORAGE), the
-        # live worker's in use, a SIGKILLed or stopped one's left by Prefect itself (its
-        # worker did not exit cleanly, or was not let to).
+        # live worker's in use, a SIGKILLed or stopped one's left by Prefect itself (3.8 leaves
+        # it even when its worker stops cleanly).
         "worker_folders": check.figures.get("worker_folders", {}),
     }
 

@@ -39,7 +39,8 @@ DATASETS = "s3://hvdflow/datasets"
 IMAGES_PER_CLASS = 50  # 500 digits: epochs long enough to strike in, accuracy far from chance
 WORKER_STOP_TIMEOUT_S = 20.0
 # Where each Prefect worker keeps its runner's files, one folder per worker, made as it starts
-# and removed only when it exits cleanly (prefect.runner.Runner: tempfile.gettempdir()).
+# (prefect.runner.Runner: tempfile.gettempdir()). Prefect 3.8 leaves it behind, empty, even
+# when the worker stops cleanly.
 RUNNER_STORAGE = Path("/tmp/runner_storage")
 WORKER_FOLDER_WAIT_S = 60.0
 AIRFLOW_ORPHAN_CHECK_S = 30
@@ -172,8 +173,8 @@ class SoakStack:
 
     def remove_worker_folders(self) -> None:
         """Remove the empty runner folders of the workers that ended (once the checks have
-        listed them): Prefect leaves one per worker that does not exit cleanly, and nothing
-        else would remove them."""
+        listed them): Prefect leaves one per worker, even one that stopped cleanly, and
+        nothing else would remove them."""
         for entry, how in self.worker_folders.items():
             if how != "live":
                 with contextlib.suppress(OSError):  # gone already, or not empty: left as is
