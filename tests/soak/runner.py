@@ -355,8 +355,8 @@ class Soak:
         problems += [p for p in objects if self.counts(p)]
         hosts = checks.host_tmp(stack)
         now = checks.root_tmp_entries(exclude=stack.own_tmp())
-        # Each Prefect worker's runner folder, live or left by a worker that did not exit
-        # cleanly, is listed apart with what became of its worker; the baseline holds the first.
+        # Each Prefect worker's runner folder, the live one's or one Prefect left behind, is
+        # listed apart with what became of its worker; the baseline holds the first.
         workers = {e: how for e, how in stack.worker_folders.items() if e in now}
         root_tmp = now - self.baseline["root_tmp"] - set(workers)
         figures = {
