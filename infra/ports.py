@@ -63,13 +63,16 @@ def hold_port(host: str) -> socket.socket:
     ``SO_REUSEADDR`` too, can still take the port, while a plain ``bind`` (every other pick
     here, ``is_bindable``) finds it taken until the holder closes it. Without the hold, another
     program's pick in the seconds rank 0 takes to import torch could land on the same port.
+    It holds the port on every address, not only ``host``'s: torch's store listens on every
+    address, so a server another pick put on the same port of another address (a service on
+    a cluster's address) would keep it off as surely.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(TRIES):
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, unclaimed_port(host)))
+            sock.bind(("", unclaimed_port(host)))
         except OSError:  # taken between the pick and this bind
             sock.close()
             continue

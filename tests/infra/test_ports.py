@@ -31,8 +31,13 @@ def test_a_held_port_is_taken_for_other_picks_and_free_for_the_server_it_is_held
         port = held.getsockname()[1]
         assert LOWEST <= port < ephemeral_start()
         assert not is_bindable(port, "127.0.0.1")  # every other pick passes it by
-        with socket.socket() as server:  # as torch's TCPStore binds
+        # A pick for a server on another address passes it by too: listening there, that
+        # server would keep torch's TCPStore off the port, since the store listens on every
+        # address (seen in CI: "EADDRINUSE" from rank 0, a service of another test on the
+        # cluster's address meanwhile).
+        assert not is_bindable(port, "127.0.0.2")
+        with socket.socket() as server:  # as torch's TCPStore binds: every address
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            server.bind(("127.0.0.1", port))
+            server.bind(("", port))
             server.listen()
     assert is_bindable(port, "127.0.0.1")  # given back when the holder closes it
