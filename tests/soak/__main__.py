@@ -2,6 +2,11 @@
 root; prints the table for BENCHMARKS.md ("Soak") and writes the JSON record.
 
     .venv/bin/python -m tests.soak --runs 25 --seed 44 --json docs/benchmarks/soak.json
+
+The runs go through the profile of the Python that runs it; with ``--current N`` the last N go
+through the current profile too, on a stack of its own (``tests.soak.phases``):
+
+    .venv/bin/python -m tests.soak --runs 30 --current 15 --each 2 --burst 10 --burst-faces prefect
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import time
 from pathlib import Path
 
 from tests.soak import report
-from tests.soak.plan import AIRFLOW, FACE_OF_KIND, FAULT_KINDS, make_plan
+from tests.soak.plan import AIRFLOW, FACE_OF_KIND, FAULT_KINDS, PREFECT, make_plan
 
 EPOCHS = 8
 
@@ -38,15 +43,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--burst", type=int, default=0, help="then this many runs at once through each face"
     )
+    parser.add_argument(
+        "--burst-faces",
+        nargs="*",
+        choices=[PREFECT, AIRFLOW],
+        default=[PREFECT, AIRFLOW],
+        help="the orchestrators that get a burst (default: each one the runs go through)",
+    )
+    parser.add_argument(
+        "--current",
+        type=int,
+        default=0,
+        help="the last this many runs through the current profile, on a stack of its own "
+        "(.venv-current), after the classic profile's runs and bursts",
+    )
+    # The part of a plan that another profile's Python runs (tests.soak.phases).
+    parser.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     from tests.cluster import netns
-    from tests.cluster.spark_cluster import netns_spark_cluster
-    from tests.soak.session import run_soak
+    from tests.soak import phases
 
     if (reason := netns.unavailable_reason()) is not None:
         print(f"the multi-host harness cannot run here: {reason}", file=sys.stderr)
         return 2
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hvdflow-soak-", dir="/var/tmp"))
+    if args.phase is not None:
+        part = phases.run_here(phases.read_plan(args.phase), workdir, args.epochs)
+        if args.json:
+            phases.write_part(part, args.json)
+        return 0
     kinds = args.kinds or list(FAULT_KINDS)
     airflow = args.airflow
     if airflow is None:
@@ -61,26 +87,37 @@ def main(argv: list[str] | None = None) -> int:
         airflow=airflow,
         torch=args.runs // 4 if args.torch is None else args.torch,
         burst=args.burst,
+        burst_faces=tuple(args.burst_faces),
+        current=args.current,
     )
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hvdflow-soak-", dir="/var/tmp"))
     started = time.time()
-    with netns_spark_cluster(
-        workdir / "cluster", workers=2, cores=1, spare=1, kind="bench", timeout_s=300
-    ) as cluster:
-        soak = run_soak(cluster, workdir, plan, args.epochs, score_in_airflow=True)
+    parts = phases.run(plan, workdir, args.epochs)
     wall = time.time() - started
+    records = [r for part in parts for r in part.records]
+    idle = [c for part in parts for c in part.idle]
     print(f"\nsoak: {len(plan)} runs, seed {args.seed}, {wall / 60:.1f} min\n")
-    print(report.table(soak.records, soak.idle))
-    summary = report.summary(soak.records, soak.idle)
-    summary["scoring"] = soak.scoring
-    summary["airflow_scoring"] = soak.airflow_scoring
-    summary["final_leftovers"] = soak.final_leftovers
-    summary["harness_errors"] = soak.harness_errors
+    print(report.table(records, idle))
+    print()
+    print(report.faces_table(records))
+    summary = report.summary(records, idle)
+    summary["by_profile"] = {
+        part.profile: {
+            "runs": len(part.records),
+            "wall_s": round(part.wall_s, 1),
+            "tmp_at_end": report.tmp_at_end(part.idle),
+            "scoring": part.scoring,
+            "airflow_scoring": part.airflow_scoring,
+            "final_leftovers": part.final_leftovers,
+            "harness_errors": part.harness_errors,
+        }
+        for part in parts
+    }
+    summary["missing_runs"] = sorted({p.index for p in plan} - {r.planned.index for r in records})
     print(json.dumps(summary, indent=2))
     if args.json:
         record = report.as_json(
-            soak.records,
-            soak.idle,
+            records,
+            idle,
             {
                 "seed": args.seed,
                 "runs": args.runs,
@@ -88,49 +125,20 @@ def main(argv: list[str] | None = None) -> int:
                 "epochs": args.epochs,
                 "wall_s": wall,
                 "command": " ".join(sys.argv),
-                "stack": stack_versions(),
+                "stack": {part.profile: part.stack for part in parts},
             },
+            summary,
         )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2, default=str))
     bad = (
         summary["problems"]
-        or soak.scoring.get("state") != "COMPLETED"
-        or soak.scoring.get("problems")
+        or summary["missing_runs"]
+        or any(part.bad() for part in parts)
         or summary["leftover_processes"]
-        or soak.final_leftovers
-        or soak.harness_errors
         or summary["burst_overlaps"]
-        or soak.airflow_scoring.get("problems")
     )
     return 1 if bad or summary["failed_without_reason"] else 0
-
-
-STACK_PACKAGES = (
-    "pyspark",
-    "tensorflow",
-    "tensorflow-cpu",
-    "torch",
-    "horovod",
-    "mlflow",
-    "prefect",
-)
-
-
-def stack_versions() -> dict:
-    """What the soak ran on: the profile is the environment that runs it (``.venv/bin/python``
-    for the classic one, ``.venv-current/bin/python`` for the current one), cluster included."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from hvdflow.tasks.config import default_engine
-
-    found = {"python": sys.version.split()[0], "engine": default_engine()}
-    for name in STACK_PACKAGES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return found
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ FAULT_KINDS: dict[str, str] = {
 }
 # The orchestrators a run goes through (tests.soak.faces), and the kinds that strike only one.
 PREFECT, AIRFLOW = "prefect", "airflow"
+# The profiles a run goes through: the environment its stack runs from (docs/profiles.md).
+CLASSIC, CURRENT = "classic", "current"
 FACE_OF_KIND = {
     "prefect_restart": PREFECT,
     "worker_kill": PREFECT,
@@ -48,6 +50,7 @@ class PlannedRun:
     face: str = PREFECT  # the orchestrator it is asked for through
     framework: str = "tensorflow"  # training.framework: tensorflow or torch
     burst: bool = False  # one of a burst: asked for at once with the others, fault-free
+    profile: str = "classic"  # the environment its stack runs from: classic or current
 
 
 def make_plan(
@@ -61,6 +64,8 @@ def make_plan(
     airflow: int = 0,
     torch: int = 0,
     burst: int = 0,
+    burst_faces: tuple[str, ...] = (PREFECT, AIRFLOW),
+    current: int = 0,
 ) -> list[PlannedRun]:
     """``runs`` runs; each kind of ``kinds`` (default: all) in ``each`` of them at least, the
     rest fault-free; from ``seed`` alone. The first run is fault-free (``clean_first``): it
@@ -74,8 +79,15 @@ def make_plan(
     runs, at random, train with PyTorch.
 
     ``burst``: then that many fault-free runs asked for at once through Prefect, and once those
-    are over, as many through Airflow (when any run goes through it): each orchestrator must
-    run them in turn, none lost, none twice. They come on top of ``runs``."""
+    are over, as many through Airflow (when any run goes through it; ``burst_faces`` names the
+    orchestrators that get one): each orchestrator must run them in turn, none lost, none
+    twice. They come on top of ``runs``.
+
+    ``current``: the last ``current`` of the runs go through the current profile, on a stack of
+    its own started after the classic one's runs and bursts are over (``tests.soak.phases``).
+    Copy j of the i-th kind goes to the current profile when i + j is odd, so ``each=2`` puts
+    one copy of every kind in each profile; PyTorch runs stay in the classic one (the current
+    profile has no torch), and so do the bursts. Each profile's first run is its clean one."""
     kinds = list(kinds or FAULT_KINDS)
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown:
@@ -83,16 +95,79 @@ def make_plan(
     before = [k for k in kinds if FAULT_KINDS[k] == BEFORE]
     if not clean_first and before:
         raise ValueError(f"{before} strike before a run: they need a clean first run")
-    faulty = [k for k in kinds for _ in range(each)]
+    if not 0 <= current <= runs:
+        raise ValueError(f"current={current}: give between 0 and --runs ({runs}) runs")
+    copies = [(i + j, k) for i, k in enumerate(kinds) for j in range(each)]
+    faulty = {
+        CLASSIC: [k for n, k in copies if not (current and n % 2)],
+        CURRENT: [k for n, k in copies if current and n % 2],
+    }
+    sizes = {CLASSIC: runs - current, CURRENT: current}
     clean = 1 if clean_first else 0
-    if runs < len(faulty) + clean:
+    for profile, size in sizes.items():
+        if size and size < len(faulty[profile]) + clean:
+            where = f" in the {profile} profile" if current else ""
+            need = len(faulty[profile]) + clean + (runs - size)
+            raise ValueError(
+                f"{size} runs{where} cannot hold the {len(faulty[profile])} faulty runs "
+                f"({each} of each of {len(kinds)} fault kinds in all)"
+                + (" after a first clean run" if clean_first else "")
+                + f": give --runs {need} or more"
+                + (
+                    f" (--current {len(faulty[profile]) + clean} or more)"
+                    if profile == CURRENT
+                    else ""
+                )
+                + ", or fewer --kinds"
+            )
+    forced = sum(FACE_OF_KIND.get(k) == AIRFLOW for k in kinds) * each
+    if current and airflow < forced:
         raise ValueError(
-            f"runs={runs} cannot hold {each} of each of {len(kinds)} fault kinds"
-            + (" after a first clean run" if clean_first else "")
-            + f": give --runs {len(faulty) + clean} or more, or fewer --kinds"
+            f"airflow={airflow} runs through Airflow cannot hold the {forced} whose fault strikes "
+            f"Airflow: give --airflow {forced} or more"
         )
+    airflow_current = _airflow_share(faulty, sizes, airflow)
+    shares = {CLASSIC: airflow - airflow_current, CURRENT: airflow_current}
     rng = random.Random(seed)
-    rest: list[str | None] = faulty + [None] * (runs - len(faulty) - clean)
+    plan: list[PlannedRun] = []
+    for profile in (CLASSIC, CURRENT):
+        if sizes[profile] == 0:
+            continue
+        phase = _phase(
+            sizes[profile],
+            faulty[profile],
+            rng,
+            epochs=epochs,
+            clean_first=clean_first,
+            airflow=shares[profile],
+            torch=torch if profile == CLASSIC else 0,
+            profile=profile,
+            start=len(plan),
+        )
+        plan += phase
+        if profile == CLASSIC:
+            faces_used = [f for f in (PREFECT, AIRFLOW) if f in burst_faces]
+            if not any(p.face == AIRFLOW for p in plan):
+                faces_used = [f for f in faces_used if f != AIRFLOW]
+            plan += _bursts(burst, faces_used, start=len(plan))
+    return plan
+
+
+def _phase(
+    size: int,
+    faulty: list[str],
+    rng: random.Random,
+    *,
+    epochs: int,
+    clean_first: bool,
+    airflow: int,
+    torch: int,
+    profile: str,
+    start: int,
+) -> list[PlannedRun]:
+    """One profile's runs, indexed from ``start``."""
+    clean = 1 if clean_first else 0
+    rest: list[str | None] = faulty + [None] * (size - len(faulty) - clean)
     rng.shuffle(rest)
     ordered = [None, *rest] if clean_first else rest
     faces = _faces(ordered, airflow, rng)
@@ -100,29 +175,34 @@ def make_plan(
         raise ValueError(f"torch={torch}: give between 0 and {len(ordered)} runs")
     with_torch = set(rng.sample(range(len(ordered)), torch))
     plan = []
-    for index, fault in enumerate(ordered):
+    for i, fault in enumerate(ordered):
         epoch = rng.randint(2, max(2, epochs - 2))
         delay_s = round(rng.uniform(0.0, 1.0), 2)
         # Faults on what a run reads strike between runs, not under the one before.
-        overlap = index > 0 and FAULT_KINDS.get(fault, EPOCH) == EPOCH and rng.random() < 0.3
+        overlap = i > 0 and FAULT_KINDS.get(fault, EPOCH) == EPOCH and rng.random() < 0.3
         plan.append(
             PlannedRun(
-                index=index,
+                index=start + i,
                 fault=fault,
                 epoch=epoch,
                 delay_s=delay_s,
-                overlap=overlap and faces[index] == faces[index - 1] == PREFECT,
+                overlap=overlap and faces[i] == faces[i - 1] == PREFECT,
                 detail=_detail(fault, rng),
-                face=faces[index],
-                framework="torch" if index in with_torch else "tensorflow",
+                face=faces[i],
+                framework="torch" if i in with_torch else "tensorflow",
+                profile=profile,
             )
         )
-    faces_used = [PREFECT] + ([AIRFLOW] if AIRFLOW in faces else [])
-    for face in faces_used:
+    return plan
+
+
+def _bursts(burst: int, faces: list[str], start: int) -> list[PlannedRun]:
+    plan = []
+    for face in faces:
         for i in range(burst):
             plan.append(
                 PlannedRun(
-                    index=len(plan),
+                    index=start + len(plan),
                     fault=None,
                     epoch=2,
                     delay_s=0.0,
@@ -132,6 +212,17 @@ def make_plan(
                 )
             )
     return plan
+
+
+def _airflow_share(faulty: dict[str, list[str]], sizes: dict[str, int], airflow: int) -> int:
+    """How many of the ``airflow`` runs through Airflow the current profile gets: its share of
+    the runs, but at least the runs whose fault strikes Airflow there, and leaving the classic
+    profile its own."""
+    if not sizes[CURRENT]:
+        return 0
+    forced = {p: sum(FACE_OF_KIND.get(k) == AIRFLOW for k in faulty[p]) for p in faulty}
+    share = round(airflow * sizes[CURRENT] / (sizes[CLASSIC] + sizes[CURRENT]))
+    return max(forced[CURRENT], min(share, airflow - forced[CLASSIC]))
 
 
 def _faces(ordered: list[str | None], airflow: int, rng: random.Random) -> list[str]:

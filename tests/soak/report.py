@@ -37,6 +37,21 @@ def table(records, idle) -> str:
     return "\n".join(rows)
 
 
+def faces_table(records) -> str:
+    """Runs, completed runs and registered versions by profile, orchestrator and framework."""
+    rows = [
+        "| profile | orchestrator | framework | runs | completed | versions |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, row in by_face(records).items():
+        profile, face, framework = key.split("/")
+        rows.append(
+            f"| {profile} | {face} | {framework} | {row['runs']} | {row['completed']} | "
+            f"{row['versions']} |"
+        )
+    return "\n".join(rows)
+
+
 def summary(records, idle) -> dict:
     problems = [p for r in records for p in r.problems] + [p for c in idle for p in c.problems]
     leftovers = [x for c in idle for x in c.leftovers]
@@ -52,17 +67,17 @@ def summary(records, idle) -> dict:
         "epochs_recomputed": sum(r.outcome.get("epochs_recomputed", 0) for r in records),
         # Flow runs by how many model versions they registered: every completed run exactly one.
         "versions_per_run": _versions_per_run(records),
-        "tmp_at_end": _tmp(idle[-1]) if idle else {},
+        "tmp_at_end": tmp_at_end(idle),
         "by_face": by_face(records),
         "burst_overlaps": burst_overlaps(records),
     }
 
 
 def by_face(records) -> dict[str, dict]:
-    """Runs, completed runs and registered versions per orchestrator and framework."""
+    """Runs, completed runs and registered versions per profile, orchestrator and framework."""
     out: dict[str, dict] = {}
     for r in records:
-        key = f"{r.planned.face}/{r.planned.framework}"
+        key = f"{r.planned.profile}/{r.planned.face}/{r.planned.framework}"
         row = out.setdefault(key, {"runs": 0, "completed": 0, "versions": 0})
         row["runs"] += 1
         row["completed"] += r.outcome.get("state") == "COMPLETED"
@@ -93,6 +108,10 @@ def _versions_per_run(records) -> dict[str, int]:
         key = f"{r.mlflow.get('versions', 0)} ({ended})"
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def tmp_at_end(idle) -> dict:
+    return _tmp(idle[-1]) if idle else {}
 
 
 def _tmp(check) -> dict:
@@ -126,10 +145,11 @@ def _tmp(check) -> dict:
     }
 
 
-def as_json(records, idle, meta: dict) -> dict:
+def as_json(records, idle, meta: dict, made: dict | None = None) -> dict:
+    """``made``: the summary, when the caller added to it."""
     return {
         **meta,
-        "summary": summary(records, idle),
+        "summary": made or summary(records, idle),
         "runs": [asdict(r) for r in records],
         "idle_checks": [asdict(c) for c in idle],
     }

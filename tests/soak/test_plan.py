@@ -1,0 +1,66 @@
+"""The soak's seeded plan over both profiles, and a profile's part read back from its record."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.soak import phases
+from tests.soak.plan import AIRFLOW, CLASSIC, CURRENT, FACE_OF_KIND, FAULT_KINDS, make_plan
+from tests.soak.runner import IdleCheck, RunRecord
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_plan_over_both_profiles_puts_one_copy_of_every_kind_in_each():
+    plan = make_plan(30, 9, epochs=4, each=2, airflow=8, torch=5, burst=10, current=15)
+    assert [p.index for p in plan] == list(range(len(plan)))
+    faults = Counter((p.profile, p.fault) for p in plan if p.fault)
+    assert faults == Counter(
+        {(profile, k): 1 for profile in (CLASSIC, CURRENT) for k in FAULT_KINDS}
+    )
+    # Each profile's stack starts empty: its first run is the clean one that builds the dataset.
+    for profile in (CLASSIC, CURRENT):
+        first = next(p for p in plan if p.profile == profile)
+        assert first.fault is None and not first.overlap, first
+    # The classic profile's runs and bursts come first; PyTorch and the bursts stay there.
+    profiles = [p.profile for p in plan]
+    assert profiles == [CLASSIC] * (15 + 2 * 10) + [CURRENT] * 15
+    assert {p.profile for p in plan if p.framework == "torch" or p.burst} == {CLASSIC}
+    assert sum(p.framework == "torch" for p in plan) == 5
+    # Runs whose fault strikes Airflow go through it in either profile; the total is kept.
+    assert all(p.face == AIRFLOW for p in plan if FACE_OF_KIND.get(p.fault) == AIRFLOW)
+    assert sum(p.face == AIRFLOW for p in plan if not p.burst) == 8
+
+
+def test_a_plan_without_current_runs_is_the_classic_one_it_always_was():
+    """A seed replays the schedule of the records in docs/benchmarks (the CI soak's too)."""
+    plan = make_plan(
+        2, 2, ["s3_restart", "prefect_restart"], epochs=4, each=1, clean_first=False, airflow=1
+    )
+    assert [(p.face, p.fault, p.profile) for p in plan] == [
+        ("prefect", "prefect_restart", CLASSIC),
+        ("airflow", "s3_restart", CLASSIC),
+    ]
+    bursts = make_plan(3, 1, ["rank_kill"], epochs=4, each=1, burst=2, burst_faces=("prefect",))
+    assert [(p.face, p.burst) for p in bursts[3:]] == [("prefect", True)] * 2
+
+
+def test_a_profile_too_small_for_its_share_of_kinds_says_how_many_runs_it_needs():
+    with pytest.raises(
+        ValueError, match=r"5 runs in the current profile .* give --runs 23 .*--current 8"
+    ):
+        make_plan(20, 1, epochs=4, each=1, current=5, airflow=2)
+
+
+def test_a_part_read_back_from_its_record_is_the_part_written(tmp_path):
+    (planned,) = make_plan(1, 3, ["rank_kill"], epochs=4, each=1, clean_first=False)
+    record = RunRecord(planned, "flow-run", {"began": 1.5}, {"state": "COMPLETED"}, {"versions": 1})
+    idle = IdleCheck(0, [], [], {"root_tmp_new": [], "worker_folders": {"w": "live"}})
+    part = phases.Part(CURRENT, [record], [idle], {"state": "COMPLETED", "problems": []})
+    phases.write_part(part, tmp_path / "part.json")
+    again = phases.read_part(tmp_path / "part.json")
+    assert again == part and not again.bad()
+    phases.write_plan([planned], tmp_path / "plan.json")
+    assert phases.read_plan(tmp_path / "plan.json") == [planned]
