@@ -86,7 +86,7 @@ def stop_reason(
 def exit_reason(returncode: int) -> str:
     """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
     if returncode == _wire.EXIT_TEMPFAIL:
-        return f"exited with code {returncode} (a temporary failure: TransientError)"
+        return f"exited with code {returncode} (a temporary failure: another attempt may succeed)"
     if returncode >= 0:
         return f"exited with code {returncode}"
     try:
@@ -113,10 +113,39 @@ def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
     """The exception a rank's output ends with (``ObjectStoreError: object store at ...``),
     for the first line of the error: what a person reads first says what happened. None when
     no line of ``tail`` is one."""
-    for line in reversed(tail):
-        text = line.split(">:", 1)[1] if line.startswith("[") and ">:" in line else line
+    texts = [
+        line.split(">:", 1)[1] if line.startswith("[") and ">:" in line else line for line in tail
+    ]
+    for text in reversed(texts):
         match = _EXCEPTION_LINE.match(text.strip())
         if match and not _peer_died_first(text):
             found = f"{match.group(1)}: {match.group(2)}"
+            if match.group(1) == "UnavailableError" and (ranks := _tf_unhealthy_ranks(texts)):
+                found = (
+                    f"UnavailableError: {' and '.join(f'rank {r}' for r in ranks)} stopped "
+                    "sending heartbeats (TensorFlow's coordination service aborted the "
+                    "collectives: its host unreachable, or its process stopped)"
+                )
             return found if len(found) <= limit else found[: limit - 3] + "..."
     return None
+
+
+# TensorFlow's coordination service, when workers stop sending heartbeats. TensorFlow 2.21: "The
+# following tasks are unhealthy (stopped sending heartbeats):", then one
+# "/job:worker/replica:0/task:N" line each; 2.15: "Task /job:worker/replica:0/task:N heartbeat
+# timeout". A worker's task index is its rank (``_placement.tf_config``).
+_TF_UNHEALTHY = "tasks are unhealthy (stopped sending heartbeats)"
+_TF_TASK = re.compile(r"^/job:worker/replica:\d+/task:(\d+)$")
+_TF_TASK_TIMEOUT = re.compile(r"Task /job:worker/replica:\d+/task:(\d+) heartbeat timeout")
+
+
+def _tf_unhealthy_ranks(texts: Sequence[str]) -> list[int]:
+    ranks = set()
+    for i, text in enumerate(texts):
+        ranks |= {int(n) for n in _TF_TASK_TIMEOUT.findall(text)}
+        if _TF_UNHEALTHY in text:
+            for after in texts[i + 1 :]:
+                if not (task := _TF_TASK.match(after.strip())):
+                    break
+                ranks.add(int(task.group(1)))
+    return sorted(ranks)

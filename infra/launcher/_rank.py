@@ -89,8 +89,9 @@ def main(argv: list[str]) -> int:
     except BaseException as e:
         traceback.print_exc()
         sys.stderr.flush()
-        # A temporary failure (a TransientError, such as the object store not answering):
-        # another attempt may succeed, and the training step retries it.
+        # A temporary failure (a TransientError, such as the object store not answering, or a
+        # TensorFlow peer that stopped answering): another attempt may succeed, and the
+        # training step retries it.
         return _wire.EXIT_TEMPFAIL if _transient(e) else 1
     if os.environ.get(HOROVOD_RANK, "0") == "0":
         try:
@@ -112,14 +113,25 @@ def main(argv: list[str]) -> int:
 
 
 def _transient(error: BaseException) -> bool:
-    """Whether ``error``, or an exception it was raised from, is a ``TransientError``."""
+    """Whether ``error``, or an exception it was raised from, is a ``TransientError`` or
+    TensorFlow's ``UnavailableError``."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, TransientError):
+        if isinstance(error, TransientError) or _tf_unavailable(error):
             return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return False
+
+
+def _tf_unavailable(error: BaseException) -> bool:
+    """TensorFlow's ``UnavailableError`` is gRPC's UNAVAILABLE, "most likely a transient
+    condition". Its coordination service raises it in every worker's collectives once a peer
+    stops sending heartbeats (its host's link cut, its process stopped): the tf_collective
+    engine's counterpart of a lost Horovod rank, which the training step retries too. Looked
+    up in ``sys.modules``: a rank that never imported TensorFlow cannot have raised it."""
+    errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    return errors is not None and isinstance(error, errors.UnavailableError)
 
 
 # Where each Horovod framework binding keeps its HorovodBasics (the ctypes handle on the library).

@@ -84,6 +84,33 @@ def test_a_signal_or_tempfail_is_a_transient_cause_and_another_exit_status_is_no
             "attempts",
         ),
         (["[1,1]<stderr>:ValueError: bad value"], "ValueError: bad value"),
+        # TensorFlow's coordination service aborted the collectives: the rank it names is said,
+        # in 2.15's words too.
+        (
+            [
+                "[1,0]<stderr>:tensorflow.python.framework.errors_impl.UnavailableError: Graph "
+                "execution error:",
+                "[1,0]<stderr>:Collective ops is aborted by: Error reported from "
+                "/job:worker/task:1: Task /job:worker/replica:0/task:1 heartbeat timeout. This "
+                "indicates that the remote task has failed, got preempted, or crashed.",
+            ],
+            "UnavailableError: rank 1 stopped sending heartbeats (TensorFlow's coordination "
+            "service aborted the collectives: its host unreachable, or its process stopped)",
+        ),
+        (
+            [
+                "[1,0]<stderr>:tensorflow.python.framework.errors_impl.UnavailableError: Graph "
+                "execution error:",
+                "[1,0]<stderr>:",
+                "[1,0]<stderr>:Collective ops is aborted by: Error reported from "
+                "/job:worker/task:1: The following tasks are unhealthy (stopped sending "
+                "heartbeats):",
+                "[1,0]<stderr>:/job:worker/replica:0/task:1",
+                "[1,0]<stderr>:The tasks have crashed. Check the task logs for an earlier error.",
+            ],
+            "UnavailableError: rank 1 stopped sending heartbeats (TensorFlow's coordination "
+            "service aborted the collectives: its host unreachable, or its process stopped)",
+        ),
         (["[1,0]<stdout>:Epoch 3/8", "[1,0]<stderr>:Killed"], None),
         # A peer's death seen by this rank is not what happened to it.
         (["[1,1]<stderr>:RuntimeError: Horovod has been shut down. This was caused by"], None),

@@ -21,7 +21,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
     "returncode, reason",
     [
         (1, "exited with code 1"),
-        (75, "exited with code 75 (a temporary failure: TransientError)"),  # EX_TEMPFAIL
+        (
+            75,
+            "exited with code 75 (a temporary failure: another attempt may succeed)",
+        ),  # EX_TEMPFAIL
         (137, "exited with code 137"),  # a shell's "killed": the status the rank itself chose
         (-9, "was killed by SIGKILL (exit -9)"),
         (-15, "was killed by SIGTERM (exit -15)"),

@@ -73,6 +73,43 @@ def test_a_worker_crash_in_the_tf_engine_is_named_and_leaves_no_process(spark):
     assert wait_for_no_ranks() == []
 
 
+def worker_1_stops_answering_in_epoch_2():
+    import tensorflow as tf
+
+    from hvdflow.training.engines import TF_COLLECTIVE, start_engine
+
+    engine = start_engine(TF_COLLECTIVE)
+
+    class StopInEpoch2(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1 and engine.rank == 1:
+                print("worker 1 about to stop answering", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)  # as a host whose link is cut
+
+    with engine.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+    data = tf.data.Dataset.from_tensors((tf.ones((8, 4)), tf.ones((8, 2)))).repeat()
+    model.fit(engine.distribute(data), epochs=50, steps_per_epoch=5, callbacks=[StopInEpoch2()])
+
+
+@pytest.mark.slow
+@pytest.mark.current
+def test_a_worker_that_stops_answering_is_a_temporary_failure_that_names_it(spark):
+    # TensorFlow's coordination service aborts the peers' collectives with UnavailableError
+    # once a worker stops sending heartbeats (10 s): the soak cut a host's link and the run
+    # failed for good, where a Horovod rank on that host is a lost rank, retried.
+    runner = HorovodRunner(np=2, options=LaunchOptions(spark=spark, engine="tf_collective"))
+    with pytest.raises(RankFailed) as failure:
+        runner.run(worker_1_stops_answering_in_epoch_2)
+    first = str(failure.value).splitlines()[0]
+    assert first.startswith("HorovodRunner np=2: rank 0 on "), first
+    assert "exited with code 75" in first, first
+    assert "rank 1 stopped sending heartbeats" in first, first
+    assert failure.value.cause == _wire.CAUSE_UNAVAILABLE and failure.value.transient
+    assert wait_for_no_ranks() == []
+
+
 def rank_0_returns_last(marks: str) -> None:
     import atexit
     import time
