@@ -254,8 +254,11 @@ def test_the_pipeline_and_scoring_from_a_thin_worker_the_executors_cannot_reach(
         "run",
         *("--np", "2", "--input-format", "folders", "--input", "s3://hvdflow/raw/digits/"),
         *("--output", "s3://hvdflow/connect-datasets"),
-        *("--params", '{"training": {"epochs": 3}}'),
-        kill_rank_1_at="Epoch 2/3",
+        # Five epochs, the kill at the second's start: the line reaches this process through
+        # the relay and the CLI, up to seconds later; with three, it once struck after the last
+        # epoch's checkpoint (CI, 2026-11-30: no resume "after epoch 1 or 2").
+        *("--params", '{"training": {"epochs": 5}}'),
+        kill_rank_1_at="Epoch 2/5",
     )
     assert "java" not in os.listdir(tmp_path / "bin")
     # The default weights (built offline) were built by an executor: no TensorFlow here.
@@ -268,7 +271,7 @@ def test_the_pipeline_and_scoring_from_a_thin_worker_the_executors_cannot_reach(
     # Said with the lines about attempts and epochs: CI once saw no such line (2026-11-30),
     # and the cut output could not say which epoch the kill struck.
     said = "\n".join(line for line in out.splitlines() if re.search(r"attempt|resum|Epoch", line))
-    assert re.search(r"resuming after epoch [12]\b", out), said[-6000:]
+    assert re.search(r"resuming after epoch [1-4]\b", out), said[-6000:]
     version = re.search(r"model version\s+models:/hvdflow-classifier/(\d+)", out)
     assert version, out[-4000:]
 
