@@ -322,9 +322,9 @@ class Soak:
             + (f"; problems: {record.problems}" if record.problems else "")
         )
         if face.name == AIRFLOW and outcome.get("tasks", {}).get("register") == "success":
-            self.airflow_scoring(record)
+            self.check_scoring_after(record)
 
-    def airflow_scoring(self, record: RunRecord) -> None:
+    def check_scoring_after(self, record: RunRecord) -> None:
         """The scoring DAG run that the champion an Airflow run made started (by the asset
         event), once final: it must have succeeded."""
         airflow = self.stack.airflow
