@@ -171,9 +171,11 @@ def _phase(
     rng.shuffle(rest)
     ordered = [None, *rest] if clean_first else rest
     faces = _faces(ordered, airflow, rng)
-    if not 0 <= torch <= len(ordered):
-        raise ValueError(f"torch={torch}: give between 0 and {len(ordered)} runs")
-    with_torch = set(rng.sample(range(len(ordered)), torch))
+    if not 0 <= torch <= len(ordered) - clean:
+        raise ValueError(f"torch={torch}: give between 0 and {len(ordered) - clean} runs")
+    # The clean first run trains TensorFlow: a PyTorch run stages no weights, and a
+    # weights_altered fault after it found none to alter (the mixed soak of 2026-11-30).
+    with_torch = set(rng.sample(range(clean, len(ordered)), torch))
     plan = []
     for i, fault in enumerate(ordered):
         epoch = rng.randint(2, max(2, epochs - 2))

@@ -24,6 +24,8 @@ def test_a_plan_over_both_profiles_puts_one_copy_of_every_kind_in_each():
     for profile in (CLASSIC, CURRENT):
         first = next(p for p in plan if p.profile == profile)
         assert first.fault is None and not first.overlap, first
+        # It stages the weights that a weights_altered fault alters: a PyTorch run stages none.
+        assert first.framework == "tensorflow", first
     # The classic profile's runs and bursts come first; PyTorch and the bursts stay there.
     profiles = [p.profile for p in plan]
     assert profiles == [CLASSIC] * (15 + 2 * 10) + [CURRENT] * 15
