@@ -94,6 +94,7 @@ SPARK_DRIVER_BIND_ADDRESS = "spark.driver.bindAddress"
 SPARK_UI_ENABLED = "spark.ui.enabled"
 # The executors' JVM options; hvdflow adds their temporary folder on standalone masters.
 SPARK_EXECUTOR_EXTRA_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+SPARK_DRIVER_EXTRA_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 SPARK_LOCAL_DIR = "spark.local.dir"
 # Cores one task takes: slot counting divides executor cores by it.
 SPARK_TASK_CPUS = "spark.task.cpus"

@@ -5,7 +5,10 @@ What ``$SPARK_HOME/sbin/start-connect-server.sh`` runs, in the foreground: ``spa
 --class org.apache.spark.sql.connect.service.SparkConnectServer``. Its executors run this Python
 (hvdflow's environment) unless ``PYSPARK_PYTHON`` names another; the barrier checks fail a
 stage without slots in seconds, and on a standalone master its executors keep their temporary
-files in their work folders, as hvdflow's own sessions do (``infra.spark.spark_conf``).
+files in their work folders, as hvdflow's own sessions do (``infra.spark.spark_conf``). The
+server's own JVM keeps its in its home (``tmp``): the native libraries lz4-java unpacks, its
+sessions' artifacts, and the ML model cache (``spark_connect_model_cache``), which Spark leaves
+in ``java.io.tmpdir`` after the server stops.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from pathlib import Path
 
 from hvdflow.infra import constants as c
-from hvdflow.infra.executor_jvm import executor_java_options
+from hvdflow.infra.executor_jvm import executor_java_options, spark_defaults
 from hvdflow.infra.services._process import LOOPBACK, url_host
 from hvdflow.infra.services._service import Service
 
@@ -74,10 +77,29 @@ class SparkConnectServer(Service):
             **self.conf,
         }
         conf.update(executor_java_options(self.master, self.conf))
+        conf.update(self._server_java_options())
         command = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master]
         for key, value in conf.items():
             command += ["--conf", f"{key}={value}"]
         return [*command, "--class", SERVER_CLASS]
+
+    @property
+    def tmp_dir(self) -> Path:
+        """The server JVM's temporary folder (``java.io.tmpdir``)."""
+        return self.home / "tmp"
+
+    def _server_java_options(self) -> dict[str, str]:
+        """The server JVM's options with its temporary folder at home: added to what ``conf``
+        or spark-defaults.conf give it, and nothing where those name one already."""
+        key = c.SPARK_DRIVER_EXTRA_JAVA_OPTIONS
+        given = self.conf.get(key) or spark_defaults().get(key, "")
+        if "-Djava.io.tmpdir=" in given:
+            return {}
+        return {key: f"{given} -Djava.io.tmpdir={self.tmp_dir}".strip()}
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        self.tmp_dir.mkdir(exist_ok=True)
 
     def _env(self) -> dict[str, str]:
         # A client's settings (SPARK_REMOTE, a conf dir) must not turn the server into a client.

@@ -394,12 +394,34 @@ def test_a_connect_servers_executors_on_a_standalone_master_keep_temporary_files
 
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf
     on_cluster = SparkConnectServer(tmp_path, 15002, master="spark://10.0.0.1:7077")
-    conf = [a for a in on_cluster._command() if "extraJavaOptions" in a]
+    conf = [a for a in on_cluster._command() if "executor.extraJavaOptions" in a]
     assert conf == ["spark.executor.extraJavaOptions=-Djava.io.tmpdir=."]
     given = {"spark.executor.extraJavaOptions": "-Xss4m"}
     mine = SparkConnectServer(tmp_path, 15002, master="spark://10.0.0.1:7077", conf=given)
-    assert [a for a in mine._command() if "extraJavaOptions" in a] == [
+    assert [a for a in mine._command() if "executor.extraJavaOptions" in a] == [
         "spark.executor.extraJavaOptions=-Xss4m -Djava.io.tmpdir=."
     ]
     local = SparkConnectServer(tmp_path, 15002)  # local[2]: the server's JVM is the executor
-    assert not [a for a in local._command() if "extraJavaOptions" in a]
+    assert not [a for a in local._command() if "executor.extraJavaOptions" in a]
+
+
+def test_a_connect_servers_own_jvm_keeps_temporary_files_at_home(tmp_path, monkeypatch):
+    """Its ML model cache (java.io.tmpdir/spark_connect_model_cache) outlives the server: the
+    soak found it, and the lz4 libraries and artifacts of a killed server, in the machine's /tmp."""
+    from hvdflow.infra.services.spark_connect import SparkConnectServer
+
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf
+    server = SparkConnectServer(tmp_path / "home", 15002)
+    assert f"spark.driver.extraJavaOptions=-Djava.io.tmpdir={tmp_path}/home/tmp" in (
+        server._command()
+    )
+    given = {"spark.driver.extraJavaOptions": "-Xss4m"}
+    mine = SparkConnectServer(tmp_path / "home", 15002, conf=given)
+    assert [a for a in mine._command() if "driver.extraJavaOptions" in a] == [
+        f"spark.driver.extraJavaOptions=-Xss4m -Djava.io.tmpdir={tmp_path}/home/tmp"
+    ]
+    theirs = {"spark.driver.extraJavaOptions": "-Djava.io.tmpdir=/scratch"}
+    elsewhere = SparkConnectServer(tmp_path / "home", 15002, conf=theirs)
+    assert [a for a in elsewhere._command() if "driver.extraJavaOptions" in a] == [
+        "spark.driver.extraJavaOptions=-Djava.io.tmpdir=/scratch"
+    ]
