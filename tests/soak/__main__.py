@@ -7,6 +7,8 @@ The runs go through the profile of the Python that runs it; with ``--current N``
 through the current profile too, on a stack of its own (``tests.soak.phases``):
 
     .venv/bin/python -m tests.soak --runs 30 --current 15 --each 2 --burst 10 --burst-faces prefect
+
+and with ``--connect N`` the last N of those reach Spark through a Spark Connect server.
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the last this many runs through the current profile, on a stack of its own "
         "(.venv-current), after the classic profile's runs and bursts",
     )
+    parser.add_argument(
+        "--connect",
+        type=int,
+        default=0,
+        help="the last this many of the current profile's runs reach Spark through a Spark "
+        "Connect server on the cluster (sc://), one at a time",
+    )
     # The part of a plan that another profile's Python runs (tests.soak.phases).
     parser.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         burst=args.burst,
         burst_faces=tuple(args.burst_faces),
         current=args.current,
+        connect=args.connect,
     )
     started = time.time()
     parts = phases.run(plan, workdir, args.epochs)

@@ -249,9 +249,15 @@ def held_slots_problems() -> list[str]:
 
 def leftover_processes(stack) -> list[str]:
     """Ranks, executors, drivers and flow-run processes when no run is in flight: there must be
-    none besides the worker. Each found is noted, then killed."""
+    none besides the worker, and the Spark Connect server's while it runs. Each found is noted,
+    then killed."""
+    connect = stack.connect_pids()
     found = {p.pid: f"rank {p.pid}" for p in faults.in_hosts(stack, RANK_ENTRY)}
-    found |= {p.pid: f"executor {p.pid}" for p in faults.in_hosts(stack, faults.EXECUTOR_MAIN)}
+    found |= {
+        p.pid: f"executor {p.pid}"
+        for p in faults.in_hosts(stack, faults.EXECUTOR_MAIN)
+        if p.pid not in connect
+    }
     worker = stack.worker.pid if stack.worker else None
     mine = {os.getpid()}
     for proc in s.processes_with_env("HVDFLOW_HOME", str(stack.home)):
@@ -267,6 +273,8 @@ def leftover_processes(stack) -> list[str]:
     lines = []
     for pid, line in found.items():
         if pid in services or _is_service_child(pid, services) or _airflow_own(stack, pid):
+            continue
+        if pid in connect:
             continue
         lines.append(line)
         try:
@@ -310,12 +318,15 @@ def wait_for_no_leftovers(stack, settle_s: float = 30.0) -> list[str]:
 
 
 def _any_left(stack) -> bool:
-    if faults.in_hosts(stack, RANK_ENTRY) or faults.in_hosts(stack, faults.EXECUTOR_MAIN):
+    connect = stack.connect_pids()
+    if faults.in_hosts(stack, RANK_ENTRY):
+        return True
+    if any(p.pid not in connect for p in faults.in_hosts(stack, faults.EXECUTOR_MAIN)):
         return True
     worker = stack.worker.pid if stack.worker else None
     services = {info["pid"] for info in stack.services.state().values()}
     return any(
-        p.pid not in (worker, os.getpid())
+        p.pid not in (worker, os.getpid(), *connect)
         and not _is_service_child(p.pid, services)
         and not _airflow_own(stack, p.pid)
         for p in s.processes_with_env("HVDFLOW_HOME", str(stack.home))

@@ -21,6 +21,9 @@ from tests.soak import stack as s
 
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 SERVICE_DOWN_S = 20.0
+# What a strike that found nothing to break says first: the soak's table does not count it as
+# injected (the mixed soak of 2026-11-30 counted a weights_altered that found no weights).
+NOT_STRUCK = "not struck: "
 DISK_FULL_S = 15.0
 
 
@@ -39,7 +42,7 @@ def in_hosts(stack, marker: str) -> list[psutil.Process]:
 def _kill_one(stack, marker: str, which: int, what: str) -> dict:
     found = in_hosts(stack, marker)
     if not found:
-        return {"struck": f"no {what} was running"}
+        return {"struck": f"{NOT_STRUCK}no {what} was running"}
     victim = found[which % len(found)]
     victim.send_signal(signal.SIGKILL)
     return {"struck": f"{what} pid {victim.pid} SIGKILLed"}
@@ -153,7 +156,8 @@ def disk_full(stack, detail: dict) -> dict:
             size, used = df.stdout.split()
             capped = stack.cluster.run_on_host(host, f"mount -o remount,size={int(used) + 4}k /tmp")
             if capped.returncode != 0:
-                return {"struck": f"could not cap {host.name}'s /tmp: {capped.stderr.strip()}"}
+                why = capped.stderr.strip()
+                return {"struck": f"{NOT_STRUCK}could not cap {host.name}'s /tmp: {why}"}
             sizes[host] = size
         time.sleep(DISK_FULL_S)
     finally:
@@ -169,7 +173,7 @@ def weights_altered(stack, detail: dict) -> dict:
         k for k in store.list_keys(store.config.key("weights") + "/") if not k.endswith(".json")
     ]
     if not staged:
-        return {"struck": "no staged weights yet"}
+        return {"struck": f"{NOT_STRUCK}no staged weights yet"}
     key = staged[-1]
     uri = f"s3://hvdflow/{key}"
     data = store.get_bytes(uri)
@@ -191,7 +195,7 @@ def row_group_corrupt(stack, detail: dict) -> dict:
     store = stack.store()
     newest = current_dataset(store)
     if newest is None:
-        return {"struck": "no published dataset yet"}
+        return {"struck": f"{NOT_STRUCK}no published dataset yet"}
     attempt = newest["path"].removeprefix("s3://hvdflow/")
     parts = [k for k in store.list_keys(attempt + "/train/") if k.endswith(".parquet")]
     key = parts[0]

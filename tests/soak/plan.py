@@ -4,7 +4,7 @@ one fault, its moment, and whether the run is asked for while the one before sti
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # When a fault strikes: in an epoch of the training (`epoch`), or between two runs, on what
 # the next one will read (`before`).
@@ -51,6 +51,7 @@ class PlannedRun:
     framework: str = "tensorflow"  # training.framework: tensorflow or torch
     burst: bool = False  # one of a burst: asked for at once with the others, fault-free
     profile: str = "classic"  # the environment its stack runs from: classic or current
+    connect: bool = False  # its Spark is the stack's Spark Connect server (sc://), not a driver
 
 
 def make_plan(
@@ -66,6 +67,7 @@ def make_plan(
     burst: int = 0,
     burst_faces: tuple[str, ...] = (PREFECT, AIRFLOW),
     current: int = 0,
+    connect: int = 0,
 ) -> list[PlannedRun]:
     """``runs`` runs; each kind of ``kinds`` (default: all) in ``each`` of them at least, the
     rest fault-free; from ``seed`` alone. The first run is fault-free (``clean_first``): it
@@ -87,7 +89,14 @@ def make_plan(
     its own started after the classic one's runs and bursts are over (``tests.soak.phases``).
     Copy j of the i-th kind goes to the current profile when i + j is odd, so ``each=2`` puts
     one copy of every kind in each profile; PyTorch runs stay in the classic one (the current
-    profile has no torch), and so do the bursts. Each profile's first run is its clean one."""
+    profile has no torch), and so do the bursts. Each profile's first run is its clean one.
+
+    ``connect``: the last ``connect`` of the current profile's runs reach Spark through a Spark
+    Connect server on the cluster (``launcher.spark_master: sc://...``) instead of a driver of
+    their own. None of them is asked for while another run is in flight: the server's
+    executors hold every core while it runs, so it starts once the runs before are over, and
+    the runs through it share one application, where one run's barrier stage would meet the
+    other's tasks on its slots."""
     kinds = list(kinds or FAULT_KINDS)
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown:
@@ -97,6 +106,11 @@ def make_plan(
         raise ValueError(f"{before} strike before a run: they need a clean first run")
     if not 0 <= current <= runs:
         raise ValueError(f"current={current}: give between 0 and --runs ({runs}) runs")
+    if not 0 <= connect <= current:
+        raise ValueError(
+            f"connect={connect}: give between 0 and --current ({current}) runs: the runs through "
+            "Spark Connect are the current profile's (its pyspark has the Connect client)"
+        )
     copies = [(i + j, k) for i, k in enumerate(kinds) for j in range(each)]
     faulty = {
         CLASSIC: [k for n, k in copies if not (current and n % 2)],
@@ -150,6 +164,10 @@ def make_plan(
             if not any(p.face == AIRFLOW for p in plan):
                 faces_used = [f for f in faces_used if f != AIRFLOW]
             plan += _bursts(burst, faces_used, start=len(plan))
+    if connect:
+        current_runs = [i for i, p in enumerate(plan) if p.profile == CURRENT]
+        for i in current_runs[-connect:]:
+            plan[i] = replace(plan[i], connect=True, overlap=False)
     return plan
 
 

@@ -38,16 +38,17 @@ def table(records, idle) -> str:
 
 
 def faces_table(records) -> str:
-    """Runs, completed runs and registered versions by profile, orchestrator and framework."""
+    """Runs, completed runs and registered versions by profile, orchestrator, framework and
+    how the run reached Spark."""
     rows = [
-        "| profile | orchestrator | framework | runs | completed | versions |",
-        "|---|---|---|---|---|---|",
+        "| profile | orchestrator | framework | Spark | runs | completed | versions |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, row in by_face(records).items():
-        profile, face, framework = key.split("/")
+        profile, face, framework, spark = key.split("/")
         rows.append(
-            f"| {profile} | {face} | {framework} | {row['runs']} | {row['completed']} | "
-            f"{row['versions']} |"
+            f"| {profile} | {face} | {framework} | {spark} | {row['runs']} | "
+            f"{row['completed']} | {row['versions']} |"
         )
     return "\n".join(rows)
 
@@ -74,10 +75,12 @@ def summary(records, idle) -> dict:
 
 
 def by_face(records) -> dict[str, dict]:
-    """Runs, completed runs and registered versions per profile, orchestrator and framework."""
+    """Runs, completed runs and registered versions per profile, orchestrator, framework and
+    Spark: ``connect`` (a Spark Connect server) or ``driver`` (the run's own)."""
     out: dict[str, dict] = {}
     for r in records:
-        key = f"{r.planned.profile}/{r.planned.face}/{r.planned.framework}"
+        spark = "connect" if r.planned.connect else "driver"
+        key = f"{r.planned.profile}/{r.planned.face}/{r.planned.framework}/{spark}"
         row = out.setdefault(key, {"runs": 0, "completed": 0, "versions": 0})
         row["runs"] += 1
         row["completed"] += r.outcome.get("state") == "COMPLETED"

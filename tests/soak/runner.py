@@ -19,6 +19,8 @@ RUN_TIMEOUT_S = 900.0  # a run not final by then is wedged: cancelled, and count
 # What the training step logs when an attempt failed and the next one resumes.
 RETRY_LINE = "running it again from the last checkpoint"
 TRIGGER_TIMEOUT_S = 600.0
+# How a fault that was not injected says so (tests.soak.faults): the table does not count it.
+NOT_STRUCK = faults.NOT_STRUCK
 
 
 @dataclass
@@ -40,10 +42,16 @@ class IdleCheck:
     figures: dict
 
 
-def run_params(planned: PlannedRun, prepared: dict, epochs: int) -> dict:
+def run_params(
+    planned: PlannedRun, prepared: dict, epochs: int, spark_master: str | None = None
+) -> dict:
+    """``spark_master``: a Spark Connect URL for a run planned through it; else the worker's
+    own (its driver on the cluster's master)."""
     launcher = {"np": prepared.get("np", 2), "heartbeat_timeout_s": 20.0}
     if "min_np" in prepared:
         launcher |= {"min_np": prepared["min_np"], "elastic_wait_s": 8.0}
+    if spark_master:
+        launcher["spark_master"] = spark_master
     return {
         "data": {"input": s.RAW, "input_format": "folders", "output": s.DATASETS},
         "training": {"epochs": epochs, "batch_size": 16, "framework": planned.framework},
@@ -132,6 +140,9 @@ class Soak:
         for planned in self.plan:
             if not planned.overlap:
                 self.settle(in_flight)
+            if planned.connect and self.stack.connect is None:
+                url = self.stack.start_connect()
+                self.say(f"soak: Spark Connect server at {url} for the runs through it")
             record = RunRecord(planned)
             self.records.append(record)
             try:
@@ -145,21 +156,27 @@ class Soak:
             face = self.faces[planned.face]
             record.flow_run_id = _retrying(
                 lambda face=face, prepared=prepared, planned=planned: face.submit(
-                    run_params(planned, prepared, self.epochs)
+                    run_params(planned, prepared, self.epochs, self.spark_master(planned))
                 )
             )
+            through = " through Spark Connect" if planned.connect else ""
             self.say(
-                f"run {planned.index} ({face.name}): {record.flow_run_id} "
+                f"run {planned.index} ({face.name}{through}): {record.flow_run_id} "
                 f"{planned.fault or 'no fault'}{' (overlapping)' if planned.overlap else ''}"
             )
             in_flight.append(record)
             if when == EPOCH:
                 self.strike_in_run(record)
         self.settle(in_flight)
+        # Its application holds every core: the scoring runs' drivers would get none.
+        self.stack.stop_connect()
         if self.score:
             self.score_champion()
         if self.score_in_airflow and self.stack.airflow is not None:
             self.score_champion_in_airflow()
+
+    def spark_master(self, planned: PlannedRun) -> str | None:
+        return self.stack.connect.url if planned.connect else None
 
     def score_champion(self) -> None:
         """One scoring run through its deployment, on the raw images the pipeline trained on,
@@ -223,6 +240,9 @@ class Soak:
             self.harness_errors.append(f"run {planned.index} {kind}: {done['struck']}")
             self.say(f"  fault {kind}: {done['struck']}")
             return done
+        if done["struck"].startswith(NOT_STRUCK):  # found nothing to strike: not injected
+            self.say(f"  fault {kind}: {done['struck']}")
+            return done
         if kind == "weights_altered" and "uri" in done:
             self.ledger.damaged_weights.add(done["uri"])
             self.damage.append((planned.index, kind, done["uri"]))
@@ -236,7 +256,7 @@ class Soak:
     def strike_in_run(self, record: RunRecord) -> None:
         planned = record.planned
         if not self.wait_running(record):
-            record.strike = {"struck": "not struck: the run ended before it ran"}
+            record.strike = {"struck": f"{NOT_STRUCK}the run ended before it ran"}
             self.say(f"  fault {planned.fault}: {record.strike['struck']}")
             return
         seen = len(self.log.lines)  # what came before this run began
@@ -251,11 +271,11 @@ class Soak:
                 record.strike = self.strike(planned)
                 return
             if self.final(record):
-                record.strike = {"struck": "not struck: the run ended before its trigger"}
+                record.strike = {"struck": f"{NOT_STRUCK}the run ended before its trigger"}
                 self.say(f"  fault {planned.fault}: {record.strike['struck']}")
                 return
             time.sleep(0.05)
-        record.strike = {"struck": f"not struck: no trigger within {TRIGGER_TIMEOUT_S:g} s"}
+        record.strike = {"struck": f"{NOT_STRUCK}no trigger within {TRIGGER_TIMEOUT_S:g} s"}
 
     def recovery(self, record: RunRecord, ended: float) -> float | None:
         """Seconds from the fault's start until training went on: the first epoch begun after

@@ -44,6 +44,7 @@ def run_soak(
     finally:
         soak.log.stop()
         stack.stop_worker()
+        stack.stop_connect()
         stack.remove_worker_folders()
         airflow_left = [f"Airflow's {left}" for left in stack.stop_airflow()]
         soak.final_leftovers = airflow_left + _final_leftovers(soak)

@@ -26,7 +26,7 @@ from hvdflow.infra.services._process import (
 )
 from hvdflow.infra.services.local import LocalServices
 from hvdflow.infra.services.seaweed import recorded_unix_sockets
-from tests.cluster.driver import driver_env
+from tests.cluster.driver import driver_conf, driver_env
 
 BIN = Path(sys.executable).parent
 POOL = "hvdflow"
@@ -72,6 +72,11 @@ class SoakStack:
     # worker: "live", "SIGKILLed" or "stopped"; the soak's checks list these apart.
     worker_folders: dict = field(default_factory=dict)
     _worker_folder: str | None = None
+    # The Spark Connect server the runs planned through Connect reach Spark by, once started
+    # (hvdflow.infra.services.spark_connect.SparkConnectServer), and what its executors'
+    # command lines hold: its driver's address.
+    connect: object | None = None
+    connect_driver: str | None = None
 
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
@@ -224,6 +229,44 @@ class SoakStack:
             return []
         return self.airflow.stop()
 
+    # --- Spark Connect ------------------------------------------------------------------------
+    def start_connect(self) -> str:
+        """A Spark Connect server at the driver's address over the cluster's master, as an
+        operator runs one for thin clients; its URL. Its application holds every core while it
+        runs (tests.soak.plan: the runs through it come last, one at a time)."""
+        from hvdflow.infra.ports import unclaimed_port
+        from hvdflow.infra.services.spark_connect import SparkConnectServer
+
+        ip = self.cluster.driver_ip
+        port = unclaimed_port(ip)
+        conf = {**driver_conf(self.cluster), "spark.sql.shuffle.partitions": "2"}
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            conf.pop(key)  # the server sets both to its own address
+        # A fixed driver port: its executors' command lines name it, which tells them apart
+        # from a run's own (tests.soak.checks.leftover_processes).
+        conf["spark.driver.port"] = str(port)
+        self.connect = SparkConnectServer(
+            self.workdir / "connect", host=ip, master=self.cluster.master_url, conf=conf
+        ).start()
+        self.connect_driver = f"CoarseGrainedScheduler@{ip}:{port}"
+        return self.connect.url
+
+    def stop_connect(self) -> None:
+        """Stop the Connect server; its executors end with it (the next check looks)."""
+        if self.connect is not None:
+            self.connect.stop()
+            self.connect, self.connect_driver = None, None
+
+    def connect_pids(self) -> set[int]:
+        """The live Connect server's processes: its own group, and its executors on the hosts.
+        They live as long as the server, not as long as a run."""
+        if self.connect is None or self.connect.pid is None:
+            return set()
+        from tests.soak.faults import EXECUTOR_MAIN, in_hosts
+
+        executors = {p.pid for p in in_hosts(self, EXECUTOR_MAIN) if _names(p, self.connect_driver)}
+        return executors | set(group_members(self.connect.pid)) | {self.connect.pid}
+
     # --- data ---------------------------------------------------------------------------------
     def store(self):
         from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
@@ -260,6 +303,13 @@ def processes_with_env(name: str, value: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def _names(proc: psutil.Process, text: str) -> bool:
+    try:
+        return text in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _entries(folder: Path) -> set[str]:

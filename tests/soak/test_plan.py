@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from tests.soak import phases
+from tests.soak import phases, report
 from tests.soak.plan import AIRFLOW, CLASSIC, CURRENT, FACE_OF_KIND, FAULT_KINDS, make_plan
 from tests.soak.runner import IdleCheck, RunRecord
 
@@ -66,3 +67,41 @@ def test_a_part_read_back_from_its_record_is_the_part_written(tmp_path):
     assert again == part and not again.bad()
     phases.write_plan([planned], tmp_path / "plan.json")
     assert phases.read_plan(tmp_path / "plan.json") == [planned]
+
+
+def test_the_runs_through_spark_connect_are_the_current_profiles_last_one_at_a_time():
+    plain = make_plan(30, 9, epochs=4, each=2, airflow=8, torch=5, burst=10, current=15)
+    plan = make_plan(30, 9, epochs=4, each=2, airflow=8, torch=5, burst=10, current=15, connect=6)
+    through = [p for p in plan if p.connect]
+    assert [p.index for p in through] == [p.index for p in plan if p.profile == CURRENT][-6:]
+    # The server starts once the runs before are over, and its runs share one application.
+    assert not any(p.overlap for p in through)
+    # Otherwise the plan is the one without them: the same faults, faces and moments.
+    assert [replace(p, connect=False, overlap=False) for p in plan] == [
+        replace(p, overlap=False) for p in plain
+    ]
+    with pytest.raises(ValueError, match=r"connect=3: give between 0 and --current \(2\)"):
+        make_plan(4, 1, ["rank_kill"], epochs=4, each=1, current=2, connect=3)
+
+
+def test_a_fault_that_found_nothing_to_strike_is_not_counted_as_injected():
+    """A rank_kill on hosts that run no rank (none here: a cluster of no hosts) finds nothing:
+    its run is not counted as one the fault struck (the mixed soak of 2026-11-30 counted a
+    weights_altered that found no staged weights)."""
+    from types import SimpleNamespace
+
+    from tests.soak.checks import Ledger
+    from tests.soak.runner import Soak
+
+    missed, hit = make_plan(3, 5, ["rank_kill"], epochs=4, each=2)[1:]
+    soak = object.__new__(Soak)  # its strike alone: no stack, worker or log to start
+    soak.stack = SimpleNamespace(cluster=SimpleNamespace(netns_inodes={}))
+    soak.say, soak.harness_errors, soak.ledger, soak.damage = print, [], Ledger(), []
+    strike = soak.strike(missed)
+    assert strike == {"struck": "not struck: no rank was running"} and not soak.harness_errors
+    records = [
+        RunRecord(missed, "a", strike, {"state": "COMPLETED"}),
+        RunRecord(hit, "b", {"struck": "rank pid 7 SIGKILLed", "began": 1.0}, {"state": "X"}),
+    ]
+    row = next(ln for ln in report.table(records, []).splitlines() if "rank_kill" in ln)
+    assert "| 1 of 2 runs |" in row, row
