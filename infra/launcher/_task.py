@@ -514,10 +514,16 @@ def _resolve(hostname: str) -> str | None:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the rank's process group, then SIGKILL what is left after a short grace."""
+    """SIGTERM the rank's process group, then SIGKILL what is left after a short grace.
+
+    SIGCONT follows SIGTERM, as systemd and Kubernetes do: a stopped process (SIGSTOP, a
+    debugger, a frozen cgroup) would keep SIGTERM pending through its grace and die by SIGKILL
+    without cleaning up; woken, it handles SIGTERM at once."""
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             return
         try:

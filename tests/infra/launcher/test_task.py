@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import sys
 
 import cloudpickle
@@ -66,3 +68,36 @@ def test_a_host_whose_name_resolves_to_loopback_fails_before_starting_a_multi_ho
     assert str(err.value) == reason
     [report] = reports
     assert (report["rank"], report["reason"], report["tail"]) == (1, reason, [])
+
+
+# A rank that says it handled SIGTERM, then exits as a Python does on it.
+ON_SIGTERM = """
+import signal, sys, time
+def stop(*_):
+    print("handled SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.integration
+def test_a_stopped_rank_is_woken_to_handle_sigterm_and_not_killed_after_the_grace():
+    """A rank frozen by SIGSTOP (the soak's tf_collective fault) handled nothing before: SIGTERM
+    stayed pending, SIGKILL came 3 s later, and its cleanup never ran."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ON_SIGTERM],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGSTOP)
+        _task._kill_group(proc)
+        # Its own exit, not SIGKILL's -9.
+        assert (proc.stdout.read().strip(), proc.returncode) == ("handled SIGTERM", 143)
+    finally:
+        proc.kill()
