@@ -105,3 +105,13 @@ def test_a_fault_that_found_nothing_to_strike_is_not_counted_as_injected():
     ]
     row = next(ln for ln in report.table(records, []).splitlines() if "rank_kill" in ln)
     assert "| 1 of 2 runs |" in row, row
+
+
+def test_each_run_trains_from_a_seed_of_its_own():
+    """So that a later run can beat the champion and move it (an Airflow run's register then
+    triggers the scoring DAG, which the soak checks)."""
+    from tests.soak.runner import run_params
+
+    plan = make_plan(4, 2, ["rank_kill"], epochs=4, each=1)
+    seeds = [run_params(p, {}, 4)["training"]["seed"] for p in plan]
+    assert len(set(seeds)) == len(plan)
