@@ -19,11 +19,14 @@ from hvdflow.infra import constants as c
 EXECUTOR_TMPDIR_OPTION = "-Djava.io.tmpdir=."
 
 
-def spark_defaults() -> dict[str, str]:
-    """The settings of ``spark-defaults.conf`` in ``$SPARK_CONF_DIR`` (else ``$SPARK_HOME/conf``),
-    as spark-submit reads them: a key, then whitespace, ``=`` or ``:``, then its value."""
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or os.path.join(
-        os.environ.get("SPARK_HOME", ""), "conf"
+def spark_defaults(conf_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """The settings of ``spark-defaults.conf`` in ``conf_dir`` (default ``$SPARK_CONF_DIR``, else
+    ``$SPARK_HOME/conf``), as spark-submit reads them: a key, then whitespace, ``=`` or ``:``,
+    then its value."""
+    conf_dir = (
+        conf_dir
+        or os.environ.get("SPARK_CONF_DIR")
+        or os.path.join(os.environ.get("SPARK_HOME", ""), "conf")
     )
     try:
         with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8") as f:
@@ -38,14 +41,21 @@ def spark_defaults() -> dict[str, str]:
     return found
 
 
-def executor_java_options(master: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def executor_java_options(
+    master: str,
+    extra: Mapping[str, str] | None = None,
+    defaults: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """On a standalone master (``spark://``), the executors' JVM options with their temporary
-    folder in their own work folder: added to what ``extra`` or spark-defaults.conf give them,
-    and nothing where those name a temporary folder already (or the master is another)."""
+    folder in their own work folder: added to what ``extra`` or spark-defaults.conf
+    (``defaults``: its settings, when not the caller's own ``spark_defaults()``) give them, and
+    nothing where those name a temporary folder already (or the master is another)."""
     if not master.startswith("spark://"):
         return {}
     key = c.SPARK_EXECUTOR_EXTRA_JAVA_OPTIONS
-    given = (extra or {}).get(key) or spark_defaults().get(key, "")
+    given = (extra or {}).get(key) or (spark_defaults() if defaults is None else defaults).get(
+        key, ""
+    )
     if "-Djava.io.tmpdir=" in given:
         return {}
     return {key: f"{given} {EXECUTOR_TMPDIR_OPTION}".strip()}

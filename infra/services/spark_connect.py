@@ -76,8 +76,9 @@ class SparkConnectServer(Service):
             "spark.local.dir": str(self.home / "local"),
             **self.conf,
         }
-        conf.update(executor_java_options(self.master, self.conf))
-        conf.update(self._server_java_options())
+        defaults = spark_defaults(self.conf_dir)
+        conf.update(executor_java_options(self.master, self.conf, defaults))
+        conf.update(self._server_java_options(defaults))
         command = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master]
         for key, value in conf.items():
             command += ["--conf", f"{key}={value}"]
@@ -88,11 +89,17 @@ class SparkConnectServer(Service):
         """The server JVM's temporary folder (``java.io.tmpdir``)."""
         return self.home / "tmp"
 
-    def _server_java_options(self) -> dict[str, str]:
+    @property
+    def conf_dir(self) -> Path:
+        """Where the server's spark-submit reads spark-defaults.conf: ``$SPARK_HOME/conf`` (its
+        environment drops a client's SPARK_CONF_DIR), pyspark's own without a SPARK_HOME."""
+        return Path(os.environ.get("SPARK_HOME") or spark_home()) / "conf"
+
+    def _server_java_options(self, defaults: dict[str, str]) -> dict[str, str]:
         """The server JVM's options with its temporary folder at home: added to what ``conf``
-        or spark-defaults.conf give it, and nothing where those name one already."""
+        or spark-defaults.conf (``defaults``) give it, and nothing where those name one."""
         key = c.SPARK_DRIVER_EXTRA_JAVA_OPTIONS
-        given = self.conf.get(key) or spark_defaults().get(key, "")
+        given = self.conf.get(key) or defaults.get(key, "")
         if "-Djava.io.tmpdir=" in given:
             return {}
         return {key: f"{given} -Djava.io.tmpdir={self.tmp_dir}".strip()}

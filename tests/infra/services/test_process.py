@@ -392,7 +392,7 @@ def test_a_connect_servers_executors_on_a_standalone_master_keep_temporary_files
 ):
     from hvdflow.infra.services.spark_connect import SparkConnectServer
 
-    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))  # no conf/spark-defaults.conf
     on_cluster = SparkConnectServer(tmp_path, 15002, master="spark://10.0.0.1:7077")
     conf = [a for a in on_cluster._command() if "executor.extraJavaOptions" in a]
     assert conf == ["spark.executor.extraJavaOptions=-Djava.io.tmpdir=."]
@@ -410,7 +410,7 @@ def test_a_connect_servers_own_jvm_keeps_temporary_files_at_home(tmp_path, monke
     soak found it, and the lz4 libraries and artifacts of a killed server, in the machine's /tmp."""
     from hvdflow.infra.services.spark_connect import SparkConnectServer
 
-    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))  # no conf/spark-defaults.conf
     server = SparkConnectServer(tmp_path / "home", 15002)
     assert f"spark.driver.extraJavaOptions=-Djava.io.tmpdir={tmp_path}/home/tmp" in (
         server._command()
@@ -424,4 +424,17 @@ def test_a_connect_servers_own_jvm_keeps_temporary_files_at_home(tmp_path, monke
     elsewhere = SparkConnectServer(tmp_path / "home", 15002, conf=theirs)
     assert [a for a in elsewhere._command() if "driver.extraJavaOptions" in a] == [
         "spark.driver.extraJavaOptions=-Djava.io.tmpdir=/scratch"
+    ]
+    # The defaults the server's spark-submit reads: its SPARK_HOME's, not a client's conf dir
+    # (its environment drops SPARK_CONF_DIR).
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Xss8m\n")
+    client_conf = tmp_path / "client-conf"
+    client_conf.mkdir()
+    (client_conf / "spark-defaults.conf").write_text(
+        "spark.driver.extraJavaOptions -Djava.io.tmpdir=/client\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(client_conf))
+    assert [a for a in server._command() if "driver.extraJavaOptions" in a] == [
+        f"spark.driver.extraJavaOptions=-Xss8m -Djava.io.tmpdir={tmp_path}/home/tmp"
     ]
