@@ -155,9 +155,8 @@ def disk_full(stack, detail: dict) -> dict:
             df = stack.cluster.run_on_host(host, "df -B1K --output=size,used /tmp | tail -1")
             size, used = df.stdout.split()
             capped = stack.cluster.run_on_host(host, f"mount -o remount,size={int(used) + 4}k /tmp")
-            if capped.returncode != 0:
-                why = capped.stderr.strip()
-                return {"struck": f"{NOT_STRUCK}could not cap {host.name}'s /tmp: {why}"}
+            if capped.returncode != 0:  # the soak's own failure (Soak.strike notes it)
+                raise RuntimeError(f"could not cap {host.name}'s /tmp: {capped.stderr.strip()}")
             sizes[host] = size
         time.sleep(DISK_FULL_S)
     finally:

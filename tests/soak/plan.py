@@ -91,12 +91,14 @@ def make_plan(
     one copy of every kind in each profile; PyTorch runs stay in the classic one (the current
     profile has no torch), and so do the bursts. Each profile's first run is its clean one.
 
-    ``connect``: the last ``connect`` of the current profile's runs reach Spark through a Spark
-    Connect server on the cluster (``launcher.spark_master: sc://...``) instead of a driver of
-    their own. None of them is asked for while another run is in flight: the server's
-    executors hold every core while it runs, so it starts once the runs before are over, and
-    the runs through it share one application, where one run's barrier stage would meet the
-    other's tasks on its slots."""
+    ``connect``: the last ``connect`` of the current profile's runs through Prefect reach Spark
+    through a Spark Connect server on the cluster (``launcher.spark_master: sc://...``) instead
+    of a driver of their own. The server's application holds every core while it runs, so it
+    runs only for them: none of them, and no run after one, is asked for while another run is
+    in flight (a driver of its own would get no core; two runs through the server would share
+    its application, where one run's barrier stage meets the other's tasks on its slots). Not
+    through Airflow: the scoring DAG that a new champion triggers starts a driver of its own on
+    the cluster at once, which would get no core while the server runs."""
     kinds = list(kinds or FAULT_KINDS)
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown:
@@ -164,11 +166,25 @@ def make_plan(
             if not any(p.face == AIRFLOW for p in plan):
                 faces_used = [f for f in faces_used if f != AIRFLOW]
             plan += _bursts(burst, faces_used, start=len(plan))
-    if connect:
-        current_runs = [i for i, p in enumerate(plan) if p.profile == CURRENT]
-        for i in current_runs[-connect:]:
-            plan[i] = replace(plan[i], connect=True, overlap=False)
-    return plan
+    return _through_connect(plan, connect)
+
+
+def _through_connect(plan: list[PlannedRun], connect: int) -> list[PlannedRun]:
+    """The plan with the current profile's last ``connect`` runs through Prefect marked
+    ``connect``, and neither they nor the run after each asked for while another is in flight."""
+    if not connect:
+        return plan
+    eligible = [i for i, p in enumerate(plan) if p.profile == CURRENT and p.face == PREFECT]
+    if len(eligible) < connect:
+        raise ValueError(
+            f"connect={connect}: the current profile has {len(eligible)} runs through Prefect; "
+            "give --connect at most that (runs through Airflow do not go through Connect)"
+        )
+    chosen = set(eligible[-connect:])
+    return [
+        replace(p, connect=i in chosen, overlap=p.overlap and not ({i, i - 1} & chosen))
+        for i, p in enumerate(plan)
+    ]
 
 
 def _phase(

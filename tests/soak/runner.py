@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tests.cluster.fixtures import BAD
@@ -148,9 +148,7 @@ class Soak:
         for planned in self.plan:
             if not planned.overlap:
                 self.settle(in_flight)
-            if planned.connect and self.stack.connect is None:
-                url = self.stack.start_connect()
-                self.say(f"soak: Spark Connect server at {url} for the runs through it")
+            planned = self.spark_for(planned)
             record = RunRecord(planned)
             self.records.append(record)
             try:
@@ -185,6 +183,24 @@ class Soak:
 
     def spark_master(self, planned: PlannedRun) -> str | None:
         return self.stack.connect.url if planned.connect else None
+
+    def spark_for(self, planned: PlannedRun) -> PlannedRun:
+        """The Spark Connect server running for a run through it, and for no other run (its
+        application holds every core); the run as it goes: one planned through a server that
+        would not start goes through a driver of its own, said as a harness error."""
+        stack = self.stack
+        if stack.connect is not None and not (planned.connect and stack.connect_alive()):
+            if planned.connect:  # died since the run before: its log says why
+                self.harness_errors.append(f"run {planned.index}: the Connect server had died")
+            stack.stop_connect()
+        if planned.connect and stack.connect is None:
+            try:
+                url = stack.start_connect()
+            except Exception as e:  # the soak's own failure: noted, and the run goes ahead
+                self.harness_errors.append(f"run {planned.index}: no Connect server: {e!r}")
+                return replace(planned, connect=False)
+            self.say(f"soak: Spark Connect server at {url} for the runs through it")
+        return planned
 
     def score_champion(self) -> None:
         """One scoring run through its deployment, on the raw images the pipeline trained on,

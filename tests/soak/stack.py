@@ -238,16 +238,19 @@ class SoakStack:
         from hvdflow.infra.services.spark_connect import SparkConnectServer
 
         ip = self.cluster.driver_ip
-        port = unclaimed_port(ip)
+        grpc = unclaimed_port(ip)
+        port = next(p for p in iter(lambda: unclaimed_port(ip), None) if p != grpc)
         conf = {**driver_conf(self.cluster), "spark.sql.shuffle.partitions": "2"}
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             conf.pop(key)  # the server sets both to its own address
         # A fixed driver port: its executors' command lines name it, which tells them apart
-        # from a run's own (tests.soak.checks.leftover_processes).
-        conf["spark.driver.port"] = str(port)
-        self.connect = SparkConnectServer(
-            self.workdir / "connect", host=ip, master=self.cluster.master_url, conf=conf
-        ).start()
+        # from a run's own (tests.soak.checks.leftover_processes). No retry on another port,
+        # which they would name instead: a port taken meanwhile fails the start, and says so.
+        conf |= {"spark.driver.port": str(port), "spark.port.maxRetries": "0"}
+        server = SparkConnectServer(
+            self.workdir / "connect", grpc, host=ip, master=self.cluster.master_url, conf=conf
+        )
+        self.connect = server.start()
         self.connect_driver = f"CoarseGrainedScheduler@{ip}:{port}"
         return self.connect.url
 
@@ -256,6 +259,9 @@ class SoakStack:
         if self.connect is not None:
             self.connect.stop()
             self.connect, self.connect_driver = None, None
+
+    def connect_alive(self) -> bool:
+        return self.connect is not None and is_running(self.connect.pid)
 
     def connect_pids(self) -> set[int]:
         """The live Connect server's processes: its own group, and its executors on the hosts.

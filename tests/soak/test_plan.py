@@ -73,15 +73,20 @@ def test_the_runs_through_spark_connect_are_the_current_profiles_last_one_at_a_t
     plain = make_plan(30, 9, epochs=4, each=2, airflow=8, torch=5, burst=10, current=15)
     plan = make_plan(30, 9, epochs=4, each=2, airflow=8, torch=5, burst=10, current=15, connect=6)
     through = [p for p in plan if p.connect]
-    assert [p.index for p in through] == [p.index for p in plan if p.profile == CURRENT][-6:]
-    # The server starts once the runs before are over, and its runs share one application.
-    assert not any(p.overlap for p in through)
+    prefect = [p.index for p in plan if p.profile == CURRENT and p.face == "prefect"]
+    assert [p.index for p in through] == prefect[-6:]
+    assert any(p.face == AIRFLOW for p in plan[through[0].index :]), "none interleaved: no test"
+    # The server runs only for its runs: none of them, and no run after one, overlaps another.
+    after = [plan[p.index + 1] for p in through if p.index + 1 < len(plan)]
+    assert not any(p.overlap for p in through + after)
     # Otherwise the plan is the one without them: the same faults, faces and moments.
     assert [replace(p, connect=False, overlap=False) for p in plan] == [
         replace(p, overlap=False) for p in plain
     ]
     with pytest.raises(ValueError, match=r"connect=3: give between 0 and --current \(2\)"):
         make_plan(4, 1, ["rank_kill"], epochs=4, each=1, current=2, connect=3)
+    with pytest.raises(ValueError, match=r"connect=2: the current profile has 1 runs through"):
+        make_plan(2, 1, ["rank_kill"], epochs=4, each=0, current=2, airflow=1, connect=2)
 
 
 def test_a_fault_that_found_nothing_to_strike_is_not_counted_as_injected():
