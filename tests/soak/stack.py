@@ -43,6 +43,10 @@ WORKER_STOP_TIMEOUT_S = 20.0
 # when the worker stops cleanly.
 RUNNER_STORAGE = Path("/tmp/runner_storage")
 WORKER_FOLDER_WAIT_S = 60.0
+# What a Prefect worker prints once it runs (its runner's folder, where one is made, is there by
+# then), and how long the folder is waited for after it.
+WORKER_STARTED = "started!"
+WORKER_STARTED_GRACE_S = 2.0
 AIRFLOW_ORPHAN_CHECK_S = 30
 # The variables that point clients at services: with one set, `hvdflow up` starts none of that
 # kind.
@@ -161,7 +165,7 @@ class SoakStack:
             self.worker_env(),
             cwd=here,
         )
-        self._worker_folder = _new_entry(RUNNER_STORAGE, before, self.worker)
+        self._worker_folder = _new_entry(RUNNER_STORAGE, before, self.worker, self.worker_log)
         if self._worker_folder:
             self.worker_folders[self._worker_folder] = "live"
 
@@ -325,15 +329,29 @@ def _entries(folder: Path) -> set[str]:
 
 
 def _new_entry(
-    folder: Path, before: set[str], worker: subprocess.Popen, under: Path = Path("/tmp")
+    folder: Path,
+    before: set[str],
+    worker: subprocess.Popen,
+    log: Path,
+    under: Path = Path("/tmp"),
 ) -> str | None:
     """The entry of ``under`` ("runner_storage/<id>") of the worker just started: the folder
-    that appears in ``folder`` as its runner starts. None when none appears while it runs (a
-    worker that failed to start says why in its log, which the soak's runs then show)."""
+    that appears in ``folder`` as its runner starts, before the worker says it started. None
+    when none appears by then (Prefect 3.9's process worker makes none: it waited the whole
+    WORKER_FOLDER_WAIT_S, a minute, at each start) or while it runs (a worker that failed to
+    start says why in its log, which the soak's runs then show)."""
     deadline = time.monotonic() + WORKER_FOLDER_WAIT_S
     while time.monotonic() < deadline and worker.poll() is None:
         new = _entries(folder) - before
         if new:
             return f"{folder.relative_to(under)}/{min(new)}"
+        if WORKER_STARTED in _text(log):
+            deadline = min(deadline, time.monotonic() + WORKER_STARTED_GRACE_S)
         time.sleep(0.2)
     return None
+
+
+def _text(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")
+    return ""
