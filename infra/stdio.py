@@ -7,6 +7,12 @@ without a reader raises ``BrokenPipeError``. MLflow's ``end_run`` prints the run
 ran it again. ``outlive_reader`` makes both streams point to ``os.devnull`` from the first such
 write on: the run's own records (the Prefect API's logs, the run's log file, MLflow) are where
 its output is kept, and they are unaffected.
+
+Logging handlers made before it (Prefect's console handler, set up as the engine starts) hold
+the streams as they were: it points them at the stand-ins too. Prefect's prints through Rich,
+which meets a broken pipe with ``SystemExit``; in the driver's channel thread that ended the
+thread, and the driver took the rank whose line it was logging for lost (every soak's killed
+worker cost its run an attempt).
 """
 
 from __future__ import annotations
@@ -65,7 +71,8 @@ class _OutlivesReader:
 
 
 def outlive_reader() -> None:
-    """Makes ``sys.stdout`` and ``sys.stderr`` survive their reader's end (once per process)."""
+    """Makes ``sys.stdout`` and ``sys.stderr`` survive their reader's end (once per process),
+    and the logging handlers that write to them."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is None or isinstance(stream, _OutlivesReader):
@@ -74,4 +81,22 @@ def outlive_reader() -> None:
             stream.fileno()
         except (AttributeError, OSError, ValueError):
             continue  # not a file (a test's capture, a notebook): nothing to redirect
-        setattr(sys, name, _OutlivesReader(stream, name))
+        guarded = _OutlivesReader(stream, name)
+        setattr(sys, name, guarded)
+        _point_handlers(stream, guarded)
+
+
+def _point_handlers(stream, guarded: _OutlivesReader) -> None:
+    """Every logging handler that writes to ``stream`` writes through ``guarded`` instead; and
+    so does a Rich console a handler prints with (Prefect's console handler)."""
+    loggers = [logging.getLogger()] + [
+        found
+        for found in logging.Logger.manager.loggerDict.values()
+        if isinstance(found, logging.Logger)
+    ]
+    for handler in {h for found in loggers for h in found.handlers}:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
+            handler.setStream(guarded)
+        console = getattr(handler, "console", None)
+        if console is not None and getattr(console, "file", None) is stream:
+            console.file = guarded

@@ -162,6 +162,11 @@ class DriverChannel:
             while (message := conn.receive()) is not None:
                 said_bye = message.get("type") == _wire.BYE
                 self._dispatch(conn, message, hostname)
+        except BaseException:
+            # Said here: its thread would end in silence (socketserver prints an exception on
+            # stderr, which may have no reader, and nothing at all for SystemExit).
+            logger.exception("the driver stopped reading rank slot %s", hello.get("partition"))
+            raise
         finally:
             # A task that ends on its own says bye; one that does not died (its executor,
             # worker or host), unless the driver closed it (abort).
@@ -198,7 +203,10 @@ class DriverChannel:
             )
             try:
                 self._on_line(line)
-            except Exception:  # a consumer's bug must not stop the stream
+            # A consumer's bug must not stop the stream; nor its SystemExit, which in this
+            # thread would end the task's connection, not the process (Rich raises one on a
+            # broken pipe: hvdflow.infra.stdio).
+            except (Exception, SystemExit):
                 logger.exception("a rank output consumer failed on %s", line.formatted())
         elif kind == _wire.PLAN:
             hosts = list(message["hosts"])

@@ -44,3 +44,45 @@ def test_writes_after_the_reader_is_gone_go_on_only_when_guarded(guarded, tmp_pa
         assert (code, marker.read_text()) == (0, "went on")
     else:
         assert code != 0 and not marker.exists()
+
+
+# As a flow run's process: Prefect's logging (its console handler holds sys.stderr as it was at
+# import), then outlive_reader(), then a thread that logs, as the driver channel logs rank
+# lines. Rich, which Prefect's console handler prints with, raises SystemExit on a broken pipe.
+LOGGING_CHILD = """
+import logging, sys, threading
+from prefect.logging.configuration import setup_logging
+setup_logging()  # as a flow run's engine does: a console handler on the root logger
+from hvdflow.infra.stdio import outlive_reader
+outlive_reader()
+print("ready", flush=True)
+sys.stdin.readline()  # the parent has closed its end of stderr by now
+said = []
+def rank_lines():
+    for i in range(50):
+        logging.getLogger("hvdflow.ranks").warning("[1,0]<stdout>:Epoch %d/50", i)
+        said.append(i)
+reader = threading.Thread(target=rank_lines)
+reader.start()
+reader.join()
+open(sys.argv[1], "w").write(str(len(said)))
+"""
+
+
+def test_a_thread_that_logs_after_the_reader_is_gone_goes_on(tmp_path):
+    """The soak's killed Prefect workers cost every run an attempt: the driver's channel thread
+    for rank 0 met the dead pipe in Prefect's console handler, Rich raised SystemExit, the
+    thread ended, and the driver took rank 0's task for lost."""
+    said = tmp_path / "said"
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOGGING_CHILD, str(said)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout.readline() == b"ready\n"
+    child.stderr.close()  # the worker's end of the pipe goes with the worker
+    child.stdin.write(b"go\n")
+    child.stdin.close()
+    assert child.wait(timeout=120) == 0
+    assert said.read_text() == "50"

@@ -213,3 +213,27 @@ def test_a_message_over_the_cap_closes_that_connection_only(caplog):
                 time.sleep(0.05)
     assert [line.text for line in lines] == ["still here"]
     assert "longer than 4194304 bytes (MAX_MESSAGE_BYTES)" in caplog.text
+
+
+@pytest.mark.integration
+def test_a_consumer_that_raises_system_exit_does_not_end_the_tasks_connection(caplog):
+    """Rich raises SystemExit on a broken pipe (Prefect's console handler, its worker dead):
+    it ended the connection's thread, and the driver took the task for lost."""
+    lines = []
+
+    def on_line(line):
+        lines.append(line)
+        if len(lines) == 1:
+            raise SystemExit(1)
+
+    with DriverChannel("127.0.0.1", on_line=on_line) as channel:
+        with socket.create_connection(("127.0.0.1", channel.port)) as task:
+            task.sendall(_wire.encode({"type": _wire.HELLO, "token": channel.token}))
+            task.sendall(line_message("met a dead pipe"))
+            task.sendall(line_message("and went on"))
+            deadline = time.monotonic() + 5
+            while len(lines) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not closed_by_peer(task, within_s=0.5)
+    assert [line.text for line in lines] == ["met a dead pipe", "and went on"]
+    assert "a rank output consumer failed" in caplog.text
