@@ -63,11 +63,20 @@ class _OutlivesReader:
             finally:
                 os.close(devnull)
             self.reader_gone = True
-        logger.warning(
-            "%s's reader is gone (the process that started this one, such as a Prefect worker, "
-            "ended); going on without it: this run's logs are kept in Prefect and its log file",
-            self._name,
-        )
+        # Said from a thread of its own: this write may come from a logging handler holding
+        # its lock, and the warning goes to handlers too (two such writes, one per stream,
+        # would wait for each other's lock).
+        threading.Thread(
+            target=logger.warning,
+            args=(
+                "%s's reader is gone (the process that started this one, such as a Prefect "
+                "worker, ended); going on without it: this run's logs are kept in Prefect and "
+                "its log file",
+                self._name,
+            ),
+            name="hvdflow-reader-gone",
+            daemon=True,
+        ).start()
 
 
 def outlive_reader() -> None:
@@ -83,17 +92,15 @@ def outlive_reader() -> None:
             continue  # not a file (a test's capture, a notebook): nothing to redirect
         guarded = _OutlivesReader(stream, name)
         setattr(sys, name, guarded)
+        guarded.flush()  # what the stream holds, through the guard: setStream flushes it too
         _point_handlers(stream, guarded)
 
 
 def _point_handlers(stream, guarded: _OutlivesReader) -> None:
     """Every logging handler that writes to ``stream`` writes through ``guarded`` instead; and
     so does a Rich console a handler prints with (Prefect's console handler)."""
-    loggers = [logging.getLogger()] + [
-        found
-        for found in logging.Logger.manager.loggerDict.values()
-        if isinstance(found, logging.Logger)
-    ]
+    known = list(logging.Logger.manager.loggerDict.values())  # other threads may add some
+    loggers = [logging.getLogger()] + [lg for lg in known if isinstance(lg, logging.Logger)]
     for handler in {h for found in loggers for h in found.handlers}:
         if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
             handler.setStream(guarded)
