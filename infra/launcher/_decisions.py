@@ -126,6 +126,12 @@ def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
                     "sending heartbeats (TensorFlow's coordination service aborted the "
                     "collectives: its host unreachable, or its process stopped)"
                 )
+            elif match.group(1) == "DeadlineExceededError" and _TF_HEARTBEAT_RPC in texts:
+                found = (
+                    "DeadlineExceededError: TensorFlow's coordination service, on rank 0, did "
+                    "not answer this rank's heartbeats in time (rank 0's host unreachable, or "
+                    "its process stopped)"
+                )
             return found if len(found) <= limit else found[: limit - 3] + "..."
     return None
 
@@ -135,6 +141,8 @@ def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
 # "/job:worker/replica:0/task:N" line each; 2.15: "Task /job:worker/replica:0/task:N heartbeat
 # timeout". A worker's task index is its rank (``_placement.tf_config``).
 _TF_UNHEALTHY = "tasks are unhealthy (stopped sending heartbeats)"
+# The call a worker's DEADLINE_EXCEEDED names when the coordination service did not answer it.
+_TF_HEARTBEAT_RPC = "RPC: /tensorflow.CoordinationService/Heartbeat"
 _TF_TASK = re.compile(r"^/job:worker/replica:\d+/task:(\d+)$")
 _TF_TASK_TIMEOUT = re.compile(r"Task /job:worker/replica:\d+/task:(\d+) heartbeat timeout")
 

@@ -113,25 +113,30 @@ def main(argv: list[str]) -> int:
 
 
 def _transient(error: BaseException) -> bool:
-    """Whether ``error``, or an exception it was raised from, is a ``TransientError`` or
-    TensorFlow's ``UnavailableError``."""
+    """Whether ``error``, or an exception it was raised from, is a ``TransientError`` or one of
+    TensorFlow's errors for a peer out of reach (``_tf_peer_out_of_reach``)."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, TransientError) or _tf_unavailable(error):
+        if isinstance(error, TransientError) or _tf_peer_out_of_reach(error):
             return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return False
 
 
-def _tf_unavailable(error: BaseException) -> bool:
-    """TensorFlow's ``UnavailableError`` is gRPC's UNAVAILABLE, "most likely a transient
-    condition". Its coordination service raises it in every worker's collectives once a peer
-    stops sending heartbeats (its host's link cut, its process stopped): the tf_collective
-    engine's counterpart of a lost Horovod rank, which the training step retries too. Looked
-    up in ``sys.modules``: a rank that never imported TensorFlow cannot have raised it."""
+def _tf_peer_out_of_reach(error: BaseException) -> bool:
+    """TensorFlow's ``UnavailableError`` and ``DeadlineExceededError``, gRPC's UNAVAILABLE
+    ("most likely a transient condition") and DEADLINE_EXCEEDED: the tf_collective engine's
+    counterparts of a lost Horovod rank, which the training step retries too. The coordination
+    service (on rank 0) raises the first in every worker's collectives once a worker stops
+    sending heartbeats; a worker whose own heartbeats to it get no answer in time (rank 0's
+    host cut off, its process stopped) aborts its collectives with the second (the soak of
+    2026-11-30, seed 62). Looked up in ``sys.modules``: a rank that never imported TensorFlow
+    cannot have raised them."""
     errors = sys.modules.get("tensorflow.python.framework.errors_impl")
-    return errors is not None and isinstance(error, errors.UnavailableError)
+    return errors is not None and isinstance(
+        error, (errors.UnavailableError, errors.DeadlineExceededError)
+    )
 
 
 # Where each Horovod framework binding keeps its HorovodBasics (the ctypes handle on the library).

@@ -111,6 +111,21 @@ def test_a_signal_or_tempfail_is_a_transient_cause_and_another_exit_status_is_no
             "UnavailableError: rank 1 stopped sending heartbeats (TensorFlow's coordination "
             "service aborted the collectives: its host unreachable, or its process stopped)",
         ),
+        # A worker whose heartbeats the coordination service (rank 0's host, cut off) did not
+        # answer in time (TensorFlow 2.21; the soak of 2026-11-30).
+        (
+            [
+                "[1,1]<stderr>:E0000 base_collective_executor.cc:252] BaseCollectiveExecutor::"
+                "StartAbort DEADLINE_EXCEEDED: Deadline Exceeded",
+                "[1,1]<stderr>:",
+                "[1,1]<stderr>:RPC: /tensorflow.CoordinationService/Heartbeat",
+                "[1,1]<stderr>:tensorflow.python.framework.errors_impl.DeadlineExceededError: "
+                "Graph execution error:",
+                "[1,1]<stderr>:Collective ops is aborted by: Deadline Exceeded",
+            ],
+            "DeadlineExceededError: TensorFlow's coordination service, on rank 0, did not answer "
+            "this rank's heartbeats in time (rank 0's host unreachable, or its process stopped)",
+        ),
         (["[1,0]<stdout>:Epoch 3/8", "[1,0]<stderr>:Killed"], None),
         # A peer's death seen by this rank is not what happened to it.
         (["[1,1]<stderr>:RuntimeError: Horovod has been shut down. This was caused by"], None),

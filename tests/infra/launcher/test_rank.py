@@ -53,3 +53,24 @@ def test_a_rank_started_by_its_task_runs_main_and_returns_the_result(tmp_path):
     assert rank.returncode == 0, rank.stderr
     assert marker.read_text() == "main ran"
     assert cloudpickle.loads((tmp_path / "result.pkl").read_bytes()) == "done"
+
+
+def test_tensorflows_errors_for_a_peer_out_of_reach_are_temporary():
+    """UNAVAILABLE (a worker's heartbeats stopped reaching the coordination service) and
+    DEADLINE_EXCEEDED (the coordination service stopped answering a worker's, in the soak of
+    2026-11-30): the training step runs both again; a Python error inside them it does not."""
+    tf = pytest.importorskip("tensorflow")
+    from hvdflow.infra.launcher._rank import _transient
+
+    def raised(error):
+        try:
+            try:
+                raise error
+            except Exception as e:
+                raise RuntimeError("in the user's main") from e
+        except RuntimeError as wrapped:
+            return wrapped
+
+    assert _transient(raised(tf.errors.UnavailableError(None, None, "heartbeats stopped")))
+    assert _transient(raised(tf.errors.DeadlineExceededError(None, None, "Deadline Exceeded")))
+    assert not _transient(raised(tf.errors.InvalidArgumentError(None, None, "a bad shape")))
