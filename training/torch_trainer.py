@@ -116,10 +116,13 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
         epoch_times.append(took)
         if rank == 0:
             log_to_driver(epoch_done_line(epoch + 1, spec.epochs, took, logs))
-            if metrics is not None:
-                metrics.put(epoch, logs)
+            # The checkpoint first, then MLflow, as the Keras trainer's callbacks do: an epoch
+            # whose checkpoint could not be written (the object store down) is trained again
+            # by the next attempt, and was logged twice (the soak of 2026-11-30, seed 62).
             if checkpoints is not None:
                 _save(checkpoints, model, optimizer, epoch + 1, history, epoch_times)
+            if metrics is not None:
+                metrics.put(epoch, logs)
         if distributed:
             dist.barrier()  # no rank begins an epoch its checkpoint does not cover yet
         stopped = divergence(epoch + 1, logs, data.num_classes, plan.describe())
