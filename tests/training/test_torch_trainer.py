@@ -99,3 +99,46 @@ def test_a_rank_killed_mid_training_resumes_from_the_last_checkpoint(digits_data
     assert [epochs_done(t) for t in finished] == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert result.history["val_accuracy"][-1] > 0.8
     assert wait_for_no_ranks() == []
+
+
+@pytest.mark.slow
+def test_an_epoch_whose_checkpoint_was_not_written_is_not_logged_to_mlflow(
+    digits_dataset, mlflow_server, tmp_path, monkeypatch
+):
+    """The next attempt trains that epoch again: logged before its checkpoint, it was logged
+    twice (the soak of 2026-11-30, seed 62: SeaweedFS down over a PyTorch checkpoint). Here an
+    S3 server of the test's own stops as epoch 1 begins: the checkpoint's upload retries for
+    seconds and gives up, time enough for epoch 1's metrics to reach MLflow were they sent
+    first."""
+    _needs_torch()
+    from mlflow import MlflowClient
+
+    from hvdflow.infra.services.seaweed import SeaweedServer
+    from hvdflow.infra.storage.object_store import ObjectStore, ObjectStoreConfig
+    from hvdflow.training.spec import TrackingSpec
+
+    client = MlflowClient(mlflow_server.tracking_uri)
+    run_id = client.create_run(client.create_experiment("torch-checkpoint-first")).info.run_id
+    server = SeaweedServer(tmp_path / "seaweed").start()
+    try:
+        for name, value in server.env().items():  # the rank inherits this process's variables
+            monkeypatch.setenv(name, value)
+        bucket = ObjectStoreConfig(bucket="ckpt", endpoint_url=server.endpoint_url)
+        ObjectStore(bucket).ensure_bucket()
+        spec = training_spec(TrainingParams(model="digits_mlp", epochs=3), digits_dataset)
+        spec = spec.replace(
+            reader="pyarrow",
+            checkpoint_url="s3://ckpt/torch-checkpoint-first",
+            tracking=TrackingSpec(run_id, mlflow_server.tracking_uri),
+        )
+
+        def stop_the_store_as_epoch_1_begins(line) -> None:
+            if line.text.startswith("Epoch 1/3") and " done" not in line.text:
+                server.stop()
+
+        with pytest.raises(RankFailed, match="rank 0 .*unreachable"):
+            _run(spec, 1, on_log_line=stop_the_store_as_epoch_1_begins)
+    finally:
+        server.stop()
+    assert client.get_metric_history(run_id, "val_accuracy") == []  # no checkpoint, no epoch
+    assert wait_for_no_ranks() == []
