@@ -103,7 +103,7 @@ class Attempts:
                     launcher.retries,
                 )
                 if launcher.min_np is not None:
-                    np = self._ranks_for_next_attempt(str(e).splitlines()[0])
+                    np = self._ranks_for_next_attempt(str(e).splitlines()[0], np)
                 if getattr(e, "cause", None) == CAUSE_UNAVAILABLE:
                     pause = UNAVAILABLE_BACKOFF_S * self.count
                     logger.warning(
@@ -117,7 +117,7 @@ class Attempts:
                 self.last_wall_s = time.perf_counter() - started
                 log_artifacts(runner, self.number)
 
-    def _ranks_for_next_attempt(self, failure: str) -> int:
+    def _ranks_for_next_attempt(self, failure: str, tried: int) -> int:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
         spark = self.spark or get_spark()
@@ -126,8 +126,10 @@ class Attempts:
         ranks_per_slot = int(gpus) if gpus is not None and gpus > 1 else 1
 
         def ranks_that_fit() -> int:
-            slots = task_slots(spark)  # None: not countable (Spark Connect): as many as before
-            return self.launcher.np if slots is None else slots * ranks_per_slot
+            slots = task_slots(spark)  # None: not countable (Spark Connect)
+            if slots is None:
+                return uncounted_ranks(self.launcher.np, tried, failure)
+            return slots * ranks_per_slot
 
         time.sleep(SLOTS_NOTICE_S)
         np = ranks_for_next_attempt(
@@ -179,6 +181,19 @@ def ranks_for_next_attempt(
         f"(launcher.elastic_wait_s), fewer than launcher.min_np={launcher.fewest_ranks} "
         f"(np={launcher.np}): add executors, or lower launcher.min_np to go on with fewer ranks"
     )
+
+
+# What Spark's barrier check says when a stage asks for more task slots than the cluster has.
+TOO_FEW_SLOTS = "SPARK-24819"
+
+
+def uncounted_ranks(np: int, tried: int, failure: str) -> int:
+    """The ranks that fit where the task slots cannot be counted (Spark Connect: no
+    SparkContext): one fewer than the attempt that ``failure`` ended tried when Spark's barrier
+    check refused it for want of slots, else ``np``. A host lost for good thus costs one attempt
+    that Spark refuses at once, and the next runs on the ranks left (the soak of 2026-11-30:
+    every retry asked for np again, and was refused, until the retries ran out)."""
+    return tried - 1 if TOO_FEW_SLOTS in failure else np
 
 
 def may_retry(error: BaseException, attempt: int, retries: int) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hvdflow.tasks.config import LauncherParams
-from hvdflow.tasks.train.attempts import TooFewSlots, ranks_for_next_attempt
+from hvdflow.tasks.train.attempts import TooFewSlots, ranks_for_next_attempt, uncounted_ranks
 
 pytestmark = pytest.mark.unit
 
@@ -44,3 +44,23 @@ def test_fewer_slots_than_min_np_fail_in_one_line_naming_the_failure_and_the_slo
 def test_min_np_must_be_between_1_and_np_on_the_cluster(np, min_np):
     with pytest.raises(ValueError, match=f"launcher.min_np={min_np} with np={np}"):
         LauncherParams(np=np, min_np=min_np)
+
+
+# Spark's barrier check refusing a stage of 3 tasks on 2 slots, as HorovodRunner's first line
+# says it (through Spark Connect, in the soak of 2026-11-30).
+REFUSED = (
+    "HorovodRunner np=3: the Spark job that ran the 3 ranks failed: [SPARK-24819]: Barrier "
+    "execution mode does not allow run a barrier stage that requires more slots than the total "
+    "number of slots in the cluster currently."
+)
+
+
+def test_through_spark_connect_a_stage_refused_for_want_of_slots_steps_down_one_rank():
+    """No SparkContext: the slots cannot be counted. After a lost host the next attempt asks for
+    np again; when Spark refuses it, the one after runs on one rank fewer."""
+    elastic = LauncherParams(np=3, min_np=2)
+    assert uncounted_ranks(3, 3, FAILURE) == 3  # the lost host: as many as np, once more
+    assert uncounted_ranks(3, 3, REFUSED) == 2
+    assert next_ranks(elastic, [uncounted_ranks(3, 3, REFUSED)]) == 2
+    with pytest.raises(TooFewSlots, match="1 task slot"):
+        next_ranks(elastic, [uncounted_ranks(3, 2, REFUSED)])  # refused at 2 too: below min_np
