@@ -19,8 +19,6 @@ RUN_TIMEOUT_S = 900.0  # a run not final by then is wedged: cancelled, and count
 # What the training step logs when an attempt failed and the next one resumes.
 RETRY_LINE = "running it again from the last checkpoint"
 TRIGGER_TIMEOUT_S = 600.0
-# How a fault that was not injected says so (tests.soak.faults): the table does not count it.
-NOT_STRUCK = faults.NOT_STRUCK
 
 
 @dataclass
@@ -264,7 +262,7 @@ class Soak:
             self.harness_errors.append(f"run {planned.index} {kind}: {done['struck']}")
             self.say(f"  fault {kind}: {done['struck']}")
             return done
-        if done["struck"].startswith(NOT_STRUCK):  # found nothing to strike: not injected
+        if done["struck"].startswith(faults.NOT_STRUCK):  # found nothing to strike: not injected
             self.say(f"  fault {kind}: {done['struck']}")
             return done
         if kind == "weights_altered" and "uri" in done:
@@ -280,7 +278,7 @@ class Soak:
     def strike_in_run(self, record: RunRecord) -> None:
         planned = record.planned
         if not self.wait_running(record):
-            record.strike = {"struck": f"{NOT_STRUCK}the run ended before it ran"}
+            record.strike = {"struck": f"{faults.NOT_STRUCK}the run ended before it ran"}
             self.say(f"  fault {planned.fault}: {record.strike['struck']}")
             return
         seen = len(self.log.lines)  # what came before this run began
@@ -295,11 +293,11 @@ class Soak:
                 record.strike = self.strike(planned)
                 return
             if self.final(record):
-                record.strike = {"struck": f"{NOT_STRUCK}the run ended before its trigger"}
+                record.strike = {"struck": f"{faults.NOT_STRUCK}the run ended before its trigger"}
                 self.say(f"  fault {planned.fault}: {record.strike['struck']}")
                 return
             time.sleep(0.05)
-        record.strike = {"struck": f"{NOT_STRUCK}no trigger within {TRIGGER_TIMEOUT_S:g} s"}
+        record.strike = {"struck": f"{faults.NOT_STRUCK}no trigger within {TRIGGER_TIMEOUT_S:g} s"}
 
     def recovery(self, record: RunRecord, ended: float) -> float | None:
         """Seconds from the fault's start until training went on: the first epoch begun after
