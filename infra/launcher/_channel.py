@@ -157,20 +157,23 @@ class DriverChannel:
             self._reading += 1
         self.liveness.join(conn, hello.get("partition"), hello.get("hostname"))
         hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
-        said_bye = False
+        said_bye, driver_error = False, None
         try:
             while (message := conn.receive()) is not None:
                 said_bye = message.get("type") == _wire.BYE
                 self._dispatch(conn, message, hostname)
-        except BaseException:
+        except BaseException as error:
             # Said here: its thread would end in silence (socketserver prints an exception on
             # stderr, which may have no reader, and nothing at all for SystemExit).
             logger.exception("the driver stopped reading rank slot %s", hello.get("partition"))
+            driver_error = error
             raise
         finally:
             # A task that ends on its own says bye; one that does not died (its executor,
-            # worker or host), unless the driver closed it (abort).
-            report = self.liveness.leave(conn, vanished=not said_bye and not self._closed)
+            # worker or host), unless the driver closed it (abort) or failed reading it.
+            report = self.liveness.leave(
+                conn, vanished=not said_bye and not self._closed, driver_error=driver_error
+            )
             if report is not None:
                 self.report(report)
             with self._drained:

@@ -70,7 +70,30 @@ def vanished_task_report(
     return _lost_report(rank, reason, at)
 
 
-def _lost_report(rank: int, reason: str, at: float) -> dict[str, Any]:
+def driver_error_report(
+    *,
+    partition: int | None,
+    hostname: str,
+    plan_hosts: Sequence[str] | None,
+    error: BaseException,
+    at: float,
+) -> dict[str, Any]:
+    """The failure report for a task whose messages the driver stopped reading because it raised
+    ``error`` on one of them: a fault of the driver process, or a message it could not handle.
+    Either way the task's connection is no longer read, so the run stops; but the task did not
+    vanish, and a "was lost" report would send its user to the executors' logs."""
+    rank, who = _who(partition, hostname, plan_hosts)
+    reason = (
+        f"the driver stopped reading the messages of {who} when handling one raised "
+        f"{type(error).__name__}: {error} (the traceback is in the driver's log; the task "
+        "itself did not fail)"
+    )
+    return _lost_report(rank, reason, at, _wire.CAUSE_DRIVER)
+
+
+def _lost_report(
+    rank: int, reason: str, at: float, cause: str = _wire.CAUSE_LOST
+) -> dict[str, Any]:
     """A ``failed`` report the driver makes for a task that cannot make its own (transient)."""
     return {
         "type": _wire.FAILED,
@@ -78,7 +101,7 @@ def _lost_report(rank: int, reason: str, at: float) -> dict[str, Any]:
         "reason": reason,
         "tail": [],
         "exited_at": at,
-        "cause": _wire.CAUSE_LOST,
+        "cause": cause,
     }
 
 
@@ -133,16 +156,20 @@ class Tracker:
             if peer is not None:
                 peer.last_heard, peer.last_heard_at = self._monotonic(), self._wall()
 
-    def leave(self, key: Hashable, vanished: bool = False) -> dict[str, Any] | None:
-        """A task's connection ended; ``vanished``: without its bye. Then its failure report."""
+    def leave(
+        self, key: Hashable, vanished: bool = False, driver_error: BaseException | None = None
+    ) -> dict[str, Any] | None:
+        """A task's connection ended; ``vanished``: without its bye; ``driver_error``: because
+        the driver raised it while reading. Then the failure report, if it failed."""
         with self._lock:
             peer = self._peers.pop(key, None)
-            if not vanished or peer is None:
+            if not (vanished or driver_error) or peer is None:
                 return None
             plan_hosts = self._plan_hosts
-        return vanished_task_report(
-            partition=peer.partition, hostname=peer.hostname, plan_hosts=plan_hosts, at=self._wall()
-        )
+        where = {"partition": peer.partition, "hostname": peer.hostname, "plan_hosts": plan_hosts}
+        if driver_error is not None:
+            return driver_error_report(**where, error=driver_error, at=self._wall())
+        return vanished_task_report(**where, at=self._wall())
 
     def plan(self, hosts: Sequence[str]) -> None:
         """The task hosts the run was planned with: they turn partitions into ranks."""

@@ -91,7 +91,12 @@ CAUSE_STOPPED = "stopped"
 CAUSE_HOST = "host"
 # The rank exited with EX_TEMPFAIL: a service it needs (the object store) was unreachable.
 CAUSE_UNAVAILABLE = "unavailable"
-TRANSIENT_CAUSES = frozenset({CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED, CAUSE_UNAVAILABLE})
+# The driver itself failed while reading a task's messages (a full disk under its log, no
+# memory): the rank is not to blame, and a new attempt gets a new channel.
+CAUSE_DRIVER = "driver"
+TRANSIENT_CAUSES = frozenset(
+    {CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED, CAUSE_UNAVAILABLE, CAUSE_DRIVER}
+)
 # sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"): the status of a
 # rank whose main raised an exception with a true ``transient`` attribute.
 EXIT_TEMPFAIL = 75

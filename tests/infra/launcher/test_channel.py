@@ -237,3 +237,31 @@ def test_a_consumer_that_raises_system_exit_does_not_end_the_tasks_connection(ca
             assert not closed_by_peer(task, within_s=0.5)
     assert [line.text for line in lines] == ["met a dead pipe", "and went on"]
     assert "a rank output consumer failed" in caplog.text
+
+
+@pytest.mark.integration
+def test_a_message_the_driver_cannot_handle_is_named_as_the_drivers_failure_not_a_lost_task(
+    caplog,
+):
+    """A line without its time raises in the driver's reading thread. Its task was reported
+    as "lost: its task ended without a word", which sends a user to the executors' logs."""
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        with socket.create_connection(("127.0.0.1", channel.port)) as task:
+            task.sendall(
+                _wire.encode(
+                    {"type": _wire.HELLO, "token": channel.token, "partition": 1, "hostname": "h1"}
+                )
+            )
+            task.sendall(
+                _wire.encode({"type": _wire.LINE, "rank": 1, "stream": _wire.STDOUT, "text": "x"})
+            )
+            assert channel.failed.wait(5)
+    ((failure), others) = channel.root_failure()
+    assert others == []
+    assert failure["cause"] == _wire.CAUSE_DRIVER and _wire.CAUSE_DRIVER in _wire.TRANSIENT_CAUSES
+    assert failure["reason"] == (
+        "the driver stopped reading the messages of the task of partition 1 on h1 when handling "
+        "one raised KeyError: 'time' (the traceback is in the driver's log; the task itself did "
+        "not fail)"
+    )
+    assert "the driver stopped reading rank slot 1" in caplog.text
