@@ -15,6 +15,16 @@ from hvdflow.infra.connect import is_connect
 logger = logging.getLogger(__name__)
 
 _LOCAL_MASTER = re.compile(r"local\[(\d+)(,\d+)?\]$")
+# What Spark's barrier check says when it refuses a stage that asks for more task slots than
+# the cluster has (after spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures checks).
+SLOTS_REFUSED = "SPARK-24819"
+# How often a refused stage is submitted again while slot_wait_s lasts.
+RESUBMIT_EVERY_S = 1.0
+
+
+def refused_for_slots(error: BaseException | str) -> bool:
+    """Whether Spark refused a barrier stage for want of task slots: no task of it started."""
+    return SLOTS_REFUSED in str(error)
 
 
 def task_slots(spark) -> int | None:

@@ -48,7 +48,12 @@ from hvdflow.infra.launcher._payload import pickle_payload
 from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, split_evenly
 from hvdflow.infra.launcher._relay import RelaySpec, relay_spec
 from hvdflow.infra.launcher._runlog import RunLog
-from hvdflow.infra.launcher._slots import task_gpu_amount, wait_for_slots
+from hvdflow.infra.launcher._slots import (
+    RESUBMIT_EVERY_S,
+    refused_for_slots,
+    task_gpu_amount,
+    wait_for_slots,
+)
 from hvdflow.infra.launcher._spark_errors import first_line
 from hvdflow.infra.launcher._stage import run_barrier_stage
 from hvdflow.infra.launcher._task import TaskSpec, run_task
@@ -252,7 +257,7 @@ class HorovodRunner:
         return tasks, layout
 
     def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
-        from hvdflow.infra.spark import client_address, get_spark  # noqa: PLC0415 (loads Spark)
+        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (loads Spark)
 
         spark = self.options.spark or get_spark()
         conf = spark.conf
@@ -265,6 +270,42 @@ class HorovodRunner:
             f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
         wait_for_slots(spark, tasks, self.options.slot_wait_s, asked, self._plan.size_argument)
+        # Where the slots cannot be counted (Spark Connect), or vanished since they were, Spark's
+        # barrier check refuses the stage within seconds: an executor killed moments ago is
+        # coming back. Submit it again while slot_wait_s lasts, as a counted wait would have.
+        deadline = time.monotonic() + self.options.slot_wait_s
+        refusals = 0
+        while True:
+            try:
+                return self._barrier_job(spark, payload, sink, tasks, ranks_per_task)
+            except SparkJobFailed as e:
+                if not refused_for_slots(e):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise SparkJobFailed(
+                        f"{e} It was refused {refusals + 1} time(s) over "
+                        f"{self.options.slot_wait_s:g} s (slot_wait_s): lower "
+                        f"{self._plan.size_argument}, or add executors or cores"
+                    ) from None
+                if not refusals:
+                    logger.warning(
+                        "%s: Spark refused the barrier stage for want of %d task slots (its "
+                        "executors may be coming back); submitting it again each %g s for up "
+                        "to %g s (slot_wait_s)",
+                        asked,
+                        tasks,
+                        RESUBMIT_EVERY_S,
+                        self.options.slot_wait_s,
+                    )
+                refusals += 1
+                time.sleep(RESUBMIT_EVERY_S)
+
+    def _barrier_job(
+        self, spark, payload: bytes, sink: RunLog, tasks: int, ranks_per_task
+    ) -> bytes | None:
+        """One barrier stage of ``tasks`` tasks running the ranks, and the driver's channel."""
+        from hvdflow.infra.spark import client_address  # noqa: PLC0415 (loads Spark)
+
         with DriverChannel(
             client_address(spark),
             sink,

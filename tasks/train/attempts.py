@@ -16,7 +16,7 @@ import time
 
 from hvdflow.infra import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
-from hvdflow.infra.launcher._slots import task_gpu_amount, task_slots
+from hvdflow.infra.launcher._slots import refused_for_slots, task_gpu_amount, task_slots
 from hvdflow.infra.launcher._wire import CAUSE_UNAVAILABLE
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
@@ -183,17 +183,14 @@ def ranks_for_next_attempt(
     )
 
 
-# What Spark's barrier check says when a stage asks for more task slots than the cluster has.
-TOO_FEW_SLOTS = "SPARK-24819"
-
-
 def uncounted_ranks(np: int, tried: int, failure: str) -> int:
     """The ranks that fit where the task slots cannot be counted (Spark Connect: no
     SparkContext): one fewer than the attempt that ``failure`` ended tried when Spark's barrier
-    check refused it for want of slots, else ``np``. A host lost for good thus costs one attempt
-    that Spark refuses at once, and the next runs on the ranks left (the soak of 2026-11-30:
-    every retry asked for np again, and was refused, until the retries ran out)."""
-    return tried - 1 if TOO_FEW_SLOTS in failure else np
+    check refused it for want of slots (after the launcher submitted it again for slot_wait_s),
+    else ``np``. A host lost for good thus costs one attempt that Spark refuses, and the next
+    runs on the ranks left (the soak of 2026-11-30: every retry asked for np again, and was
+    refused, until the retries ran out)."""
+    return tried - 1 if refused_for_slots(failure) else np
 
 
 def may_retry(error: BaseException, attempt: int, retries: int) -> bool:

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
+EXECUTOR = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 # A worker's web UI lives in its own namespace, so every worker can use Spark's default port.
 WORKER_WEBUI_PORT = 8081
 
@@ -85,6 +86,19 @@ class NetnsSparkCluster:
             except psutil.Error:
                 continue
         return killed
+
+    def host_processes(self, host: Host | str, marker: str) -> list[psutil.Process]:
+        """The live processes of ``host`` whose command line holds ``marker`` (e.g. ``WORKER``,
+        ``EXECUTOR``)."""
+        inode = self.netns_inodes[self.host(host).netns]
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if marker in " ".join(proc.info["cmdline"] or []) and _net_inode(proc.pid) == inode:
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
 
     def run_on_host(
         self, host: Host | str, command: str | Sequence[str], *, timeout_s: float = 30.0

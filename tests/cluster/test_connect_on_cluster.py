@@ -18,7 +18,9 @@ import os
 import re
 import signal
 import subprocess
+import time
 
+import psutil
 import pytest
 
 from tests.cluster import netns
@@ -164,6 +166,105 @@ def test_the_three_faces_run_from_a_client_the_executors_cannot_reach(
     with temporary_env(aws):
         store = ObjectStore(ObjectStoreConfig.from_env(bucket="hvdflow", prefix="connect-faces"))
         assert store.list_keys("connect-faces/") == []  # every mailbox removed
+    assert wait_for_no_ranks(30) == []
+
+
+ONCE_ASKED = """
+import json, logging, os, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+from pyspark.sql import SparkSession
+from hvdflow import HorovodRunner, LaunchOptions
+
+spark = SparkSession.builder.remote(os.environ["SPARK_REMOTE"]).getOrCreate()
+
+def rank():
+    import os
+    return int(os.environ["HOROVOD_RANK"])
+
+print("READY", flush=True)
+sys.stdin.readline()
+runner = HorovodRunner(np=2, options=LaunchOptions(engine="tf_collective", slot_wait_s=60))
+answer = {"rank_0": runner.run(rank)}
+try:  # more ranks than the cluster has slots: refused until slot_wait_s is over
+    HorovodRunner(np=3, options=LaunchOptions(engine="tf_collective", slot_wait_s=2)).run(rank)
+except Exception as e:
+    answer["too_many"] = str(e)
+print("ANSWER " + json.dumps(answer), flush=True)
+"""
+
+
+def dead_within(proc: psutil.Process, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_stage_refused_while_a_killed_executor_comes_back_is_submitted_again(
+    netns_cluster, cluster_services, connect_on_cluster, outsider, tmp_path
+):
+    """Through Connect the task slots cannot be counted: Spark's barrier check refused a run
+    asked for just after an executor died, and the training lost an attempt (the soak of
+    2026-11-30). The executor is killed while its worker is stopped, so that it cannot come
+    back before the run is refused; the worker goes on once the refusal is logged."""
+    from tests.cluster.spark_cluster import EXECUTOR, WORKER
+
+    _home, services, _good = cluster_services
+    script = tmp_path / "once_asked.py"
+    script.write_text(ONCE_ASKED)
+    env = client_env(
+        tmp_path,
+        SPARK_REMOTE=connect_on_cluster.url,
+        HVDFLOW_HOME=str(tmp_path / "home"),
+        HVDFLOW_BUCKET="hvdflow",
+        HVDFLOW_PREFIX="connect-refused",
+        **{k: v for k, v in services.items() if k.startswith("AWS_")},
+    )
+    client = subprocess.Popen(
+        outsider.command([str(THIN_PYTHON), str(script)]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    seen: list[str] = []
+
+    def read_until(text: str) -> None:
+        for line in client.stdout:
+            seen.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"the client ended before {text!r}: {''.join(seen)[-4000:]}")
+
+    host = netns_cluster.hosts[1]
+    (worker,) = netns_cluster.host_processes(host, WORKER)
+    try:
+        read_until("READY")
+        (executor,) = netns_cluster.host_processes(host, EXECUTOR)
+        worker.suspend()  # it would start the next executor within seconds
+        executor.kill()
+        assert dead_within(executor, 10)  # a zombie: its stopped worker cannot reap it
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        read_until("Spark refused the barrier stage for want of 2 task slots")
+    finally:
+        worker.resume()
+        rest, _ = client.communicate(timeout=300)
+    seen.append(rest)
+    output = "".join(seen)
+    assert client.returncode == 0, output[-5000:]
+    (line,) = [ln for ln in output.splitlines() if ln.startswith(ANSWER)]
+    answer = json.loads(line.removeprefix(ANSWER))
+    assert answer["rank_0"] == 0  # from the one run asked for, refused first
+    first = answer["too_many"].splitlines()[0]
+    assert "[SPARK-24819]" in first and "over 2 s (slot_wait_s): lower np" in first, first
     assert wait_for_no_ranks(30) == []
 
 
