@@ -86,6 +86,18 @@ def client_env(tmp_path, **extra: str) -> dict[str, str]:
     return env
 
 
+def relayed_client_env(tmp_path, server, services: dict, prefix: str) -> dict[str, str]:
+    """A thin client of ``server`` whose ranks reach it through the bucket, under ``prefix``."""
+    return client_env(
+        tmp_path,
+        SPARK_REMOTE=server.url,
+        HVDFLOW_HOME=str(tmp_path / "home"),
+        HVDFLOW_BUCKET="hvdflow",
+        HVDFLOW_PREFIX=prefix,
+        **{k: v for k, v in services.items() if k.startswith("AWS_")},
+    )
+
+
 def test_the_hosts_cannot_reach_the_outsider(netns_cluster, outsider):
     """What makes the relay the only way back: a host's connection to the client fails."""
     anchor = netns_cluster.anchors[netns_cluster.hosts[0].name]
@@ -132,14 +144,7 @@ def test_the_three_faces_run_from_a_client_the_executors_cannot_reach(
     aws = {k: v for k, v in services.items() if k.startswith("AWS_")}
     script = tmp_path / "faces.py"  # a file: Connect's client wants a __main__ with one
     script.write_text(FACES)
-    env = client_env(
-        tmp_path,
-        SPARK_REMOTE=connect_on_cluster.url,
-        HVDFLOW_HOME=str(tmp_path / "home"),
-        HVDFLOW_BUCKET="hvdflow",
-        HVDFLOW_PREFIX="connect-faces",
-        **aws,
-    )
+    env = relayed_client_env(tmp_path, connect_on_cluster, services, "connect-faces")
     done = subprocess.run(
         outsider.command([str(THIN_PYTHON), str(script)]),
         capture_output=True,
@@ -217,14 +222,7 @@ def test_a_stage_refused_while_a_killed_executor_comes_back_is_submitted_again(
     _home, services, _good = cluster_services
     script = tmp_path / "once_asked.py"
     script.write_text(ONCE_ASKED)
-    env = client_env(
-        tmp_path,
-        SPARK_REMOTE=connect_on_cluster.url,
-        HVDFLOW_HOME=str(tmp_path / "home"),
-        HVDFLOW_BUCKET="hvdflow",
-        HVDFLOW_PREFIX="connect-refused",
-        **{k: v for k, v in services.items() if k.startswith("AWS_")},
-    )
+    env = relayed_client_env(tmp_path, connect_on_cluster, services, "connect-refused")
     client = subprocess.Popen(
         outsider.command([str(THIN_PYTHON), str(script)]),
         stdin=subprocess.PIPE,
