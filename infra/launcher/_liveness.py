@@ -51,7 +51,7 @@ def lost_task_report(
         "(HorovodRunner heartbeat_timeout_s). Its host may be unreachable or frozen; if it "
         "was only busy, raise heartbeat_timeout_s"
     )
-    return _lost_report(rank, reason, last_heard_at)
+    return _drivers_report(rank, reason, last_heard_at)
 
 
 def vanished_task_report(
@@ -67,7 +67,7 @@ def vanished_task_report(
         f"{who} was lost: its task ended without a word (its Spark executor, worker or host "
         "died with it)"
     )
-    return _lost_report(rank, reason, at)
+    return _drivers_report(rank, reason, at)
 
 
 def driver_error_report(
@@ -88,13 +88,14 @@ def driver_error_report(
         f"{type(error).__name__}: {error} (the traceback is in the driver's log; the task "
         "itself did not fail)"
     )
-    return _lost_report(rank, reason, at, _wire.CAUSE_DRIVER)
+    return _drivers_report(rank, reason, at, _wire.CAUSE_DRIVER)
 
 
-def _lost_report(
+def _drivers_report(
     rank: int, reason: str, at: float, cause: str = _wire.CAUSE_LOST
 ) -> dict[str, Any]:
-    """A ``failed`` report the driver makes for a task that cannot make its own (transient)."""
+    """A ``failed`` report the driver makes for a task that cannot make its own: lost by default,
+    or ``cause`` (every cause used here is transient)."""
     return {
         "type": _wire.FAILED,
         "rank": rank,
