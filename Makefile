@@ -9,6 +9,8 @@ PROFILE ?= classic
 VENV_classic := .venv
 VENV_current := .venv-current
 VENV := $(VENV_$(PROFILE))
+# pytest-xdist workers for the suite (each with its own session servers and Spark).
+WORKERS ?= 2
 # Every folder of Python code in the checkout (compiled before the suite runs).
 CODE := hvdflow infra training tasks flows bench serving tests
 
@@ -43,13 +45,13 @@ test-classic:
 	bash scripts/setup.sh classic
 	bash scripts/setup.sh airflow
 	.venv/bin/python -m compileall -q $(CODE)
-	.venv/bin/python -m pytest -n 2 --durations=25 $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -n $(WORKERS) --durations=25 $(PYTEST_ARGS)
 
 test-current:
 	bash scripts/setup.sh current
 	bash scripts/setup.sh client
 	.venv-current/bin/python -m compileall -q $(CODE)
-	.venv-current/bin/python -m pytest -n 2 --durations=15 -m current $(PYTEST_ARGS)
+	.venv-current/bin/python -m pytest -n $(WORKERS) --durations=15 -m current $(PYTEST_ARGS)
 
 # The unit tier alone (no JVM, server or subprocess): under a minute, for the edit-test loop.
 test-fast: setup
