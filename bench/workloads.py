@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdflow.training.digits import bundled_digits
+
 SIDE, DIGIT_SIDE, MAX_SHIFT, MAX_DEGREES, NOISE = 28, 20, 3, 12.0, 12.0
 IMAGES_FILE, LABELS_FILE = "train-images-idx3-ubyte", "train-labels-idx1-ubyte"
 
@@ -29,11 +31,10 @@ def total_for_training(train_images: int, val_fraction: float) -> int:
 def augmented_digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``count`` uint8 images (count, 28, 28) and their labels, the same for the same seed."""
     from PIL import Image
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
+    images, labels = bundled_digits()
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(digits.images), count)
+    picks = rng.integers(0, len(images), count)
     shifts = rng.integers(-MAX_SHIFT, MAX_SHIFT + 1, (count, 2))
     angles = rng.uniform(-MAX_DEGREES, MAX_DEGREES, count)
     # Each source digit scaled once: 0..16 to 0..255, 8x8 to 20x20.
@@ -41,7 +42,7 @@ def augmented_digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
         Image.fromarray((image * (255 / 16)).astype(np.uint8)).resize(
             (DIGIT_SIDE, DIGIT_SIDE), Image.BILINEAR
         )
-        for image in digits.images
+        for image in images
     ]
     images = np.zeros((count, SIDE, SIDE), np.uint8)
     margin = (SIDE - DIGIT_SIDE) // 2
@@ -50,7 +51,7 @@ def augmented_digits(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
         canvas.paste(scaled[pick], (margin + int(dx), margin + int(dy)))
         images[i] = np.asarray(canvas.rotate(float(angle), Image.BILINEAR))
     noisy = images.astype(np.float32) + rng.normal(0.0, NOISE, images.shape)
-    return np.clip(noisy, 0, 255).astype(np.uint8), digits.target[picks].astype(np.uint8)
+    return np.clip(noisy, 0, 255).astype(np.uint8), labels[picks].astype(np.uint8)
 
 
 def write_idx(root: str, images: np.ndarray, labels: np.ndarray) -> None:

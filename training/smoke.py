@@ -15,6 +15,7 @@ import socket
 import numpy as np
 
 from hvdflow.training.autograph import run_horovod_unconverted
+from hvdflow.training.digits import bundled_digits
 from hvdflow.training.engines import TF_COLLECTIVE, start_engine
 from hvdflow.training.optimizers import scaled_learning_rate
 from hvdflow.training.threads import share_cores, use_threads
@@ -34,7 +35,6 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
-    from sklearn.datasets import load_digits
 
     from hvdflow.training.callbacks import LogCallback  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
@@ -42,8 +42,8 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
     run_horovod_unconverted()
     use_threads(share_cores(hvd.local_size()))
 
-    images, labels = load_digits(return_X_y=True)
-    images = (images / 16.0).astype("float32")
+    images, labels = bundled_digits()
+    images = (images.reshape(len(images), -1) / 16.0).astype("float32")
     shard = slice(hvd.rank(), None, hvd.size())  # every rank sees different examples
     model = tf.keras.Sequential(
         [
@@ -89,13 +89,12 @@ def train_digits_tf(epochs: int = 2, batch_size: int = 32, learning_rate: float 
     Horovod version does.
     """
     import tensorflow as tf
-    from sklearn.datasets import load_digits
 
     from hvdflow.training.callbacks import LogCallback  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     engine = start_engine(TF_COLLECTIVE)
-    images, labels = load_digits(return_X_y=True)
-    images = (images / 16.0).astype("float32")
+    images, labels = bundled_digits()
+    images = (images.reshape(len(images), -1) / 16.0).astype("float32")
     shard = slice(engine.rank, None, engine.size)
     steps = len(images) // engine.size // batch_size  # the same on every worker
     with engine.scope():

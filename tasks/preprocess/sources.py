@@ -72,10 +72,12 @@ def write_digits_tree(root: str) -> str:
     done = base / ".complete"
     if done.exists():
         return str(base)
-    # Imported only to write the tree: scikit-learn's datasets take over a second to import.
     try:
         from PIL import Image
-        from sklearn.datasets import load_digits
+
+        from hvdflow.training.digits import bundled_digits  # noqa: PLC0415 (lazy: numpy)
+
+        images, labels = bundled_digits()
     except ImportError as e:
         raise MissingDigits(
             f"the bundled digits ({root}) are written from scikit-learn's copy, and this "
@@ -84,8 +86,7 @@ def write_digits_tree(root: str) -> str:
             "sub-folders the cluster can read), or pip install scikit-learn pillow"
         ) from None
 
-    digits = load_digits()
-    for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
         folder = base / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         pixels = (image * (255.0 / 16.0)).round().astype("uint8")
