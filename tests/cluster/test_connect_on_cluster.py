@@ -368,9 +368,12 @@ def test_the_pipeline_and_scoring_from_a_thin_worker_the_executors_cannot_reach(
         -4000:
     ]
     # Said with the lines about attempts and epochs: CI once saw no such line (2026-11-30),
-    # and the cut output could not say which epoch the kill struck.
+    # and the cut output could not say which epoch the kill struck. Any epoch's checkpoint
+    # counts: these epochs take 0.2 s and the line that sets off the kill arrives seconds later,
+    # so on a loaded machine it can strike after the last one (a clean clone, 2026-11-30 17:47:
+    # "resuming after epoch 5"). A retry that started over would have no such line.
     said = "\n".join(line for line in out.splitlines() if re.search(r"attempt|resum|Epoch", line))
-    assert re.search(r"resuming after epoch [1-4]\b", out), said[-6000:]
+    assert re.search(r"resuming after epoch [1-5]\b", out), said[-6000:]
     version = re.search(r"model version\s+models:/hvdflow-classifier/(\d+)", out)
     assert version, out[-4000:]
 
