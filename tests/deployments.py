@@ -82,12 +82,13 @@ def bench_params(tmp: Path) -> dict:
 def images_to_score(folder: Path, count: int = 6) -> Path:
     """A few PNG images of digits, as a consumer's folder holds them."""
     from PIL import Image
-    from sklearn.datasets import load_digits
+
+    from hvdflow.training.digits import bundled_digits
 
     folder.mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
+    images, labels = bundled_digits()
     for i in range(count):
-        pixels = (digits.images[i] * 255 / 16).astype("uint8")
+        pixels = (images[i] * 255 / 16).astype("uint8")
         Image.fromarray(pixels).resize((32, 32)).save(folder / f"digit-{i}.png")
     return folder
 

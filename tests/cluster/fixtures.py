@@ -79,11 +79,12 @@ def _interrupt(signum, _frame):
 def upload_raw_images(store, prefix: str) -> int:
     """A class-folder tree of real digits (PNG) plus the bad objects; returns the good count."""
     from PIL import Image
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
+    from hvdflow.training.digits import bundled_digits
+
+    images, labels = bundled_digits()
     counts: dict[int, int] = {}
-    for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
         if counts.get(label, 0) == IMAGES_PER_CLASS:
             continue
         counts[label] = counts.get(label, 0) + 1

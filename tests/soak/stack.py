@@ -287,12 +287,13 @@ class SoakStack:
         """Real digits (PNG) into the raw tree, ``per_class`` of each class from the
         ``start``-th on; returns how many."""
         from PIL import Image
-        from sklearn.datasets import load_digits
 
-        store, digits = self.store(), load_digits()
+        from hvdflow.training.digits import bundled_digits
+
+        store, (images, labels) = self.store(), bundled_digits()
         counts: dict[int, int] = {}
         put = 0
-        for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
             seen = counts.get(label, 0)
             counts[label] = seen + 1
             if not start <= seen < start + per_class:

@@ -20,14 +20,15 @@ def write_digits(root: Path, indices, bad: bool = True) -> list[str]:
     """Real digits (scikit-learn's, 8x8 PNG) as ``<label>/digit_NNNN.png`` under ``root``, the
     BAD_FILES too; returns the good sources (paths relative to ``root``), sorted."""
     from PIL import Image
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
+    from hvdflow.training.digits import bundled_digits
+
+    images, labels = bundled_digits()
     good = []
     for i in indices:
-        source = f"{digits.target[i]}/digit_{i:04d}.png"
+        source = f"{labels[i]}/digit_{i:04d}.png"
         (root / source).parent.mkdir(parents=True, exist_ok=True)
-        pixels = (digits.images[i] * (255.0 / 16.0)).round().astype("uint8")
+        pixels = (images[i] * (255.0 / 16.0)).round().astype("uint8")
         Image.fromarray(pixels, mode="L").save(root / source)
         good.append(source)
     for source, data in BAD_FILES.items() if bad else ():
