@@ -101,23 +101,15 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
             return False
 
 
-def free_port(
-    avoid: Collection[int] = frozenset(), *, neighbour_offset: int = 0, host: str = LOOPBACK
-) -> int:
+def free_port(avoid: Collection[int] = frozenset(), *, host: str = LOOPBACK) -> int:
     """A free port on ``host`` (and on 127.0.0.1 too) that is not in ``avoid``.
 
     Free on loopback as well, because SeaweedFS's S3 gateway listens there besides its bind
-    address. With ``neighbour_offset``, port + offset is free and not in ``avoid`` too:
-    SeaweedFS serves gRPC on its HTTP port + 10000 without asking.
+    address.
     """
     while True:
         port = unclaimed_port(host)
-        if port in avoid or (host != LOOPBACK and not port_is_free(port)):
-            continue
-        if not neighbour_offset:
-            return port
-        neighbour = port + neighbour_offset
-        if neighbour <= 65535 and neighbour not in avoid and port_is_free(neighbour, host):
+        if port not in avoid and (host == LOOPBACK or port_is_free(port)):
             return port
 
 

@@ -36,8 +36,6 @@ from hvdflow.infra.services._process import LOOPBACK, free_port
 from hvdflow.infra.services._secrets import load_or_create_json, new_secret, write_private
 from hvdflow.infra.services._service import Service
 
-# SeaweedFS serves gRPC on each HTTP port + this, without a flag to choose otherwise.
-GRPC_PORT_OFFSET = 10000
 # What the one identity may do: everything, on every bucket.
 IDENTITY_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
 # The generated gRPC certificates' lifetime; a home older than this gets new ones at its start.
@@ -241,13 +239,19 @@ class SeaweedServer(Service):
         write_private(self.tls_dir / "security.toml", security_toml(self.tls_dir))
 
     def _command(self) -> list[str]:
+        # Every port named, gRPC ones too: left to itself SeaweedFS serves gRPC on its HTTP
+        # port + 10000, which for a port picked below the ephemeral range lands inside it, where
+        # any outgoing connection may take it before the server binds ("failed to listen on
+        # grpc port 33524: address already in use", a CI run's failure).
         used = {self.port}
-        ports = {}
+        ports: dict[str, tuple[int, int]] = {}
         for name in ("master", "volume", "filer"):
-            ports[name] = free_port(used, neighbour_offset=GRPC_PORT_OFFSET)
-            used |= {ports[name], ports[name] + GRPC_PORT_OFFSET}
+            http = free_port(used)
+            grpc = free_port(used | {http})
+            used |= {http, grpc}
+            ports[name] = (http, grpc)
         s3_grpc = free_port(used, host=self.host)
-        _record_sockets(self.home, {**ports, "s3": self.port}, s3_grpc)
+        _record_sockets(self.home, {**ports, "s3": (self.port, s3_grpc)})
         return [
             weed_binary(),
             # Its security.toml (gRPC TLS) from here only, not from the current directory or ~.
@@ -259,9 +263,11 @@ class SeaweedServer(Service):
             # Master, volume and filer check no keys: loopback only, whatever the bind address.
             f"-ip={LOOPBACK}",
             f"-ip.bind={LOOPBACK}",
-            f"-master.port={ports['master']}",
-            f"-volume.port={ports['volume']}",
-            f"-filer.port={ports['filer']}",
+            *(
+                flag
+                for name, (http, grpc) in ports.items()
+                for flag in (f"-{name}.port={http}", f"-{name}.port.grpc={grpc}")
+            ),
             "-master.volumeSizeLimitMB=256",
             "-volume.max=0",
             "-s3",
@@ -297,10 +303,10 @@ class SeaweedServer(Service):
         return True
 
 
-def _record_sockets(home: Path, ports: dict[str, int], s3_grpc: int) -> None:
+def _record_sockets(home: Path, ports: dict[str, tuple[int, int]]) -> None:
+    """Where each component's unix sockets will be: named after its HTTP and gRPC ports."""
     paths = []
-    for component, port in ports.items():
-        grpc = s3_grpc if component == "s3" else port + GRPC_PORT_OFFSET
+    for component, (port, grpc) in ports.items():
         paths += [
             SOCKET_DIR / f"seaweedfs-{component}-{port}.sock",
             SOCKET_DIR / f"seaweedfs-{component}-grpc-{grpc}.sock",

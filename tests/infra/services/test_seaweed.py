@@ -94,7 +94,7 @@ def _field(number: int, payload: bytes) -> bytes:
 def test_its_grpc_port_does_not_take_an_identity_without_a_client_certificate(seaweed, owner):
     # SeaweedFS's S3 gateway takes identity updates on its gRPC port, which listens on the
     # bind address too; without the server's client certificate nobody gets that far.
-    flags = dict(arg.split("=", 1) for arg in seaweed.process.args if "=" in arg)
+    flags = _flags(seaweed)
     identity = (
         _field(1, b"intruder")
         + _field(2, _field(1, b"INTRUDERKEY") + _field(2, b"intruder-secret"))
@@ -111,6 +111,29 @@ def test_its_grpc_port_does_not_take_an_identity_without_a_client_certificate(se
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     intruder = s3_client(seaweed.endpoint_url, "INTRUDERKEY", "intruder-secret")
     assert refusal(intruder.list_buckets) == (403, "InvalidAccessKeyId")
+
+
+def test_every_port_it_listens_on_is_one_it_was_given_below_the_ephemeral_range(seaweed, owner):
+    # A port it chose itself (gRPC's HTTP port + 10000) could lie in the range outgoing
+    # connections draw from, and one of them take it first: a CI run's "failed to listen on
+    # grpc port 33524". Each port is named on its command line, picked below that range.
+    import psutil
+
+    from hvdflow.infra.ports import ephemeral_start
+
+    named = {int(v) for k, v in _flags(seaweed).items() if ".port" in k and v != "0"}
+    listening = {
+        c.laddr.port
+        for c in psutil.Process(seaweed.process.pid).net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert len(named) == 8  # master, volume, filer, S3: HTTP and gRPC each
+    assert seaweed.port in named and listening <= named
+    assert max(named) < ephemeral_start()
+
+
+def _flags(seaweed) -> dict[str, str]:
+    return dict(arg.split("=", 1) for arg in seaweed.process.args if "=" in arg)
 
 
 def test_its_unix_sockets_in_tmp_go_when_it_stops_or_at_the_next_start_after_a_kill(tmp_path):
