@@ -63,6 +63,9 @@ class LocalAirflow:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__CORE__PARALLELISM": "4",
+            # The scheduler's log server, on a port of its own: on the default 8793, a second
+            # Airflow on this machine (another's, or two of these at once) found it taken.
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port(avoid={self.port})),
         }
         # The checkout's Python path must not leak into Airflow's interpreter.
         self.env.pop("PYTHONPATH", None)

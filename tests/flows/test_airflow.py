@@ -8,6 +8,7 @@ dependencies, as the README installs it); the tasks run in this one (HVDFLOW_PYT
 
 from __future__ import annotations
 
+import socket
 import sys
 import uuid
 from contextlib import contextmanager
@@ -28,6 +29,8 @@ FORM = {"np": 2, "epochs": 2, "params": {"training": {"batch_size": 16, "seed": 
 NESTED = {"launcher": {"np": 2}, "training": {"epochs": 2, "batch_size": 16, "seed": 7}}
 CARD_TAGS = ("hvdflow.dataset_fingerprint", "hvdflow.np", "hvdflow.engine")
 HELD_OUT = range(1500, 1530)
+# Airflow's default port for the scheduler's log server, which another Airflow may hold.
+DEFAULT_LOG_SERVER_PORT = 8793
 
 
 @pytest.fixture
@@ -65,12 +68,29 @@ def started_airflow(tmp_path, env: dict[str, str], without: tuple[str, ...] = ()
     for name in without:
         server.env.pop(name, None)
     server.write_example_dags()
-    server.start()
-    try:
-        yield server
-    finally:
-        left = server.stop()
-        assert not left, f"Airflow processes left running: {left}"
+    # Held as another Airflow on the machine would hold it: this one's log server goes elsewhere.
+    with _held_if_free(DEFAULT_LOG_SERVER_PORT):
+        server.start()
+        try:
+            yield server
+        finally:
+            left = server.stop()
+            assert not left, f"Airflow processes left running: {left}"
+    scheduler_log = (server.home / "scheduler.log").read_text(errors="replace")
+    assert "error while attempting to bind" not in scheduler_log
+
+
+@contextmanager
+def _held_if_free(port: int):
+    """``port`` listened on by this process meanwhile, when nothing else holds it already."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+            sock.listen()
+        except OSError:
+            pass  # held by another program: the same for the Airflow that starts now
+        yield
 
 
 @pytest.fixture
