@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import psutil
 import pyspark
 
+from hvdflow.infra.ports import unclaimed_port
 from tests.cluster import cleanup, netns, processes, registry
 from tests.cluster.netns import Host
 from tests.helpers import TEST_SESSION_VAR
@@ -310,9 +310,10 @@ def _spark_class() -> str:
 
 
 def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+    # Below the ephemeral range, as the product picks its servers' ports: a port from bind(0)
+    # may go to an outgoing connection before the JVM binds it, and Spark then moves to the
+    # next port, where the workers do not look for it.
+    return unclaimed_port(address)
 
 
 def _net_inode(pid: int) -> int | None:

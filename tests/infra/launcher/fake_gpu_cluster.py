@@ -9,7 +9,6 @@ tests fake them: a script that prints ``{"name": "gpu", "addresses": [...]}``.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 import urllib.request
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hvdflow.infra.ports import unclaimed_port
 from tests.cluster import processes
 from tests.cluster.spark_cluster import MASTER, WORKER, _spark_class, _spark_env
 
@@ -88,6 +88,4 @@ def _wait_for_a_worker(status_url: str, procs, workdir: Path, timeout_s: float =
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return unclaimed_port("127.0.0.1")  # below the ephemeral range (tests.cluster.spark_cluster)
