@@ -66,6 +66,11 @@ class DriverChannel:
         # How far each rank has got: a rank that stops stalls the run (runner's stall_timeout_s).
         self.progress = _stall.ProgressTracker()
         self.stacks: dict[int, str] = {}
+        # The task hosts of the run's plan, once the first task sent them (every task does).
+        self._plan: list[str] | None = None
+        # The exchange (GATHER): each task's part by partition, and who waits for the whole.
+        self._parts: dict[int, str] = {}
+        self._gatherers: list[_wire.Connection] = []
 
         self._rendezvous = None
         self._allowed_clients = None  # the rendezvous module's, with the server
@@ -212,16 +217,9 @@ class DriverChannel:
             except (Exception, SystemExit):
                 logger.exception("a rank output consumer failed on %s", line.formatted())
         elif kind == _wire.PLAN:
-            hosts = list(message["hosts"])
-            # Only a task that presented the token gets here: the plan it sends decides who
-            # the rendezvous server answers.
-            if self._rendezvous is not None:
-                self._rendezvous.start_run(
-                    host_alloc_plan(hosts), self._allowed_clients(hosts, self.bind_host)
-                )
-                logger.debug("rendezvous initialised for hosts %s", hosts)
-            self.liveness.plan(hosts)
-            conn.send({"type": _wire.PLAN_OK})
+            self._accept_plan(conn, list(message["hosts"]))
+        elif kind == _wire.GATHER:
+            self._gather(conn, int(message["partition"]), int(message["tasks"]), message["part"])
         elif kind == _wire.FAILED:
             self.report(message)
         elif kind == _wire.STACKS:
@@ -229,6 +227,45 @@ class DriverChannel:
             if isinstance(rank, int) and isinstance(text, str):
                 with self._lock:
                     self.stacks[rank] = text[: _wire.MAX_STACKS_CHARS]
+
+    def _accept_plan(self, conn: _wire.Connection, hosts: list[str]) -> None:
+        """Every task sends the plan (the same hosts: its stage's task infos) and starts its
+        ranks once answered. The first starts the run; the answer to each comes after that, so
+        no rank reaches the rendezvous server before it knows the plan. Only a task that
+        presented the token gets here: the plan decides who the rendezvous server answers."""
+        with self._lock:
+            first, planned = self._plan is None, self._plan
+            if first:
+                self._plan = hosts
+                if self._rendezvous is not None:
+                    self._rendezvous.start_run(
+                        host_alloc_plan(hosts), self._allowed_clients(hosts, self.bind_host)
+                    )
+                    logger.debug("rendezvous initialised for hosts %s", hosts)
+                self.liveness.plan(hosts)
+        if not first and planned != hosts:
+            # Tasks of one stage see the same task infos: left unanswered, the task says the
+            # driver did not accept its plan.
+            logger.error("a task sent the rank plan %s after %s: not accepted", hosts, planned)
+            return
+        conn.send({"type": _wire.PLAN_OK})
+
+    def _gather(self, conn: _wire.Connection, partition: int, tasks: int, part: str) -> None:
+        """The engines' one exchange among the tasks (tf_collective's endpoints, torch's
+        master), as Spark's ``BarrierTaskContext.allGather`` would do it but without its
+        once-a-second wake-up: once every task sent its part, each gets them all."""
+        with self._lock:
+            self._parts[partition] = part
+            self._gatherers.append(conn)
+            if len(self._parts) < tasks:
+                return
+            parts = [self._parts[p] for p in sorted(self._parts)]
+            waiting, self._gatherers = self._gatherers, []
+        for waiter in waiting:
+            try:
+                waiter.send({"type": _wire.GATHERED, "parts": parts})
+            except OSError:  # that task is gone: its connection ends next
+                pass
 
     def request_stacks(self) -> None:
         """Ask every task for its rank's Python stacks; they arrive in ``stacks``."""

@@ -44,7 +44,10 @@ CLOSE = "relay_close"
 # aborts) before it removes the run's objects.
 CLOSE_WAIT_S = 5.0
 # Messages sent at once: they begin or end something the other side waits for.
-_URGENT = frozenset({_wire.HELLO, _wire.PLAN, _wire.PLAN_OK, _wire.FAILED, _wire.BYE, CLOSE})
+_URGENT = frozenset(
+    {_wire.HELLO, _wire.PLAN, _wire.PLAN_OK, _wire.GATHER, _wire.GATHERED}
+    | {_wire.FAILED, _wire.BYE, CLOSE}
+)
 _END = object()
 
 

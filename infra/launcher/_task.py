@@ -47,6 +47,9 @@ CONNECT_TIMEOUT_S = 30.0
 RELAY_AFTER_S = 5.0
 # How long a task waits for the driver to accept the plan before giving up.
 PLAN_TIMEOUT_S = 60.0
+# How long a task waits for the other tasks' parts of the exchange (they start together: a
+# barrier stage's tasks are launched at once).
+GATHER_TIMEOUT_S = 300.0
 _POLL_S = 0.1
 # How long a task gives its rank's faulthandler to write the stacks before it reads them.
 STACKS_WAIT_S = 1.0
@@ -157,22 +160,39 @@ class DriverLink:
 
     def request_plan(self, hosts: Sequence[str]) -> None:
         self.conn.send({"type": _wire.PLAN, "hosts": list(hosts)})
-        deadline = time.monotonic() + PLAN_TIMEOUT_S
+        self._reply(_wire.PLAN_OK, "accepted the rank plan", PLAN_TIMEOUT_S, "PLAN_TIMEOUT_S")
+
+    def all_gather(self, part: str, partition: int, tasks: int) -> list[str]:
+        """Every task's ``part``, in partition order, exchanged through the driver."""
+        self.conn.send({"type": _wire.GATHER, "partition": partition, "tasks": tasks, "part": part})
+        reply = self._reply(
+            _wire.GATHERED, "gathered every task's part", GATHER_TIMEOUT_S, "GATHER_TIMEOUT_S"
+        )
+        return list(reply["parts"])
+
+    def _reply(self, kind: str, what: str, timeout_s: float, setting: str) -> dict:
+        """The driver's reply of type ``kind``; RankFailed if the driver closes first or the
+        reply takes longer than ``timeout_s`` (``setting``, in this module)."""
+        deadline = time.monotonic() + timeout_s
         with self._reply_ready:
-            while not any(m.get("type") == _wire.PLAN_OK for m in self._replies):
+            while (
+                reply := next((m for m in self._replies if m.get("type") == kind), None)
+            ) is None:
                 if self.aborted.is_set():
                     raise RankFailed(
-                        "the driver closed the connection before it accepted the rank plan: "
+                        f"the driver closed the connection before it {what}: "
                         "the run was cancelled, or the driver stopped"
                     )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RankFailed(
-                        f"the driver did not accept the rank plan within {PLAN_TIMEOUT_S:g} s "
-                        "(hvdflow.infra.launcher._task.PLAN_TIMEOUT_S); "
+                        f"the driver had not {what} within {timeout_s:g} s "
+                        f"(hvdflow.infra.launcher._task.{setting}); "
                         "is the driver still running?"
                     )
                 self._reply_ready.wait(left)
+            self._replies.remove(reply)
+            return reply
 
     def close(self) -> None:
         """Say bye (this task ends on its own, it did not die), then close."""
@@ -225,7 +245,6 @@ def run_task(
     spec: TaskSpec,
     partition: int,
     task_hosts: Sequence[str],
-    barrier: Callable[[], None],
     gpu_addresses: Sequence[str] = (),
     all_gather: Callable[[str], list[str]] | None = None,
     task_context: TaskContextServer | None = None,
@@ -233,9 +252,9 @@ def run_task(
     """Run this partition's ranks to their end; rank 0's pickled result, else None.
 
     ``gpu_addresses``: the GPUs this task holds (``_placement.gpus_owned``).
-    ``all_gather(message)``: every task's message, in partition order (Spark's
-    ``BarrierTaskContext.allGather``); the tf_collective engine exchanges its workers'
-    endpoints with it.
+    ``all_gather(message)``: every task's message, in partition order; the tf_collective
+    engine exchanges its workers' endpoints with it, the torch engine its master. By default
+    the exchange goes through the driver (``DriverLink.all_gather``).
     ``task_context``: serves ``BarrierTaskContext`` to the rank, where the task runs one.
     """
     hosts = _placement.rank_hosts(task_hosts, spec.ranks_per_task)
@@ -245,9 +264,10 @@ def run_task(
     links = [DriverLink(spec, index) for index in range(first, first + count)]
     held = []
     try:
-        if partition == 0:
-            links[0].request_plan(hosts)
-        barrier()  # no rank starts before the rendezvous server knows the plan
+        # No rank starts before the rendezvous server knows the plan: every task waits for the
+        # driver to accept it. (Spark's BarrierTaskContext.barrier() would order it too, but a
+        # task waiting in it looks once a second: a second of every launch.)
+        links[0].request_plan(hosts)
         plan = _placement.plan_ranks(hosts)
         hostname = socket.gethostname()
         ranks = []
@@ -274,6 +294,11 @@ def run_task(
             ranks.append((slot, who, env, link))
         task_env = engine(spec.engine).task_env
         if task_env is not None:
+            if all_gather is None:
+
+                def all_gather(part: str) -> list[str]:
+                    return links[0].all_gather(part, partition, len(task_hosts))
+
             held = task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
@@ -353,9 +378,7 @@ def barrier_task(spec: TaskSpec, _rows):
         spec,
         ctx.partitionId(),
         hosts,
-        ctx.barrier,
         gpus,
-        all_gather=ctx.allGather,
         task_context=TaskContextServer(ctx),
     )
     if result is not None:

@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 HELLO = "hello"
 PLAN = "plan"
 PLAN_OK = "plan_ok"
+# task -> driver: this task's part of the run's one exchange (``tasks`` parts in all); the driver
+# answers every task with ``gathered``, the parts in partition order, once all have come.
+GATHER = "gather"
+GATHERED = "gathered"
 LINE = "line"
 FAILED = "failed"
 # task -> driver, last: the task ends on its own; a connection that ends without it lost its task.

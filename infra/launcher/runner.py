@@ -369,7 +369,7 @@ class HorovodRunner:
             def task() -> None:
                 try:
                     outcome["result"] = run_task(
-                        spec, 0, ["127.0.0.1"], lambda: None, gpus, all_gather=lambda m: [m]
+                        spec, 0, ["127.0.0.1"], gpus, all_gather=lambda m: [m]
                     )
                 except BaseException as e:
                     outcome["error"] = e

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -265,3 +266,90 @@ def test_a_message_the_driver_cannot_handle_is_named_as_the_drivers_failure_not_
         "not fail)"
     )
     assert "the driver stopped reading rank slot 1" in caplog.text
+
+
+def _task(channel: DriverChannel, partition: int) -> socket.socket:
+    """A task's connection to ``channel`` that has said hello as ``partition``."""
+    sock = socket.create_connection(("127.0.0.1", channel.port))
+    sock.sendall(
+        _wire.encode(
+            {
+                "type": _wire.HELLO,
+                "token": channel.token,
+                "partition": partition,
+                "hostname": f"h{partition}",
+            }
+        )
+    )
+    sock.settimeout(5)
+    return sock
+
+
+def _silent(sock: socket.socket, for_s: float) -> bool:
+    """Whether the driver sends this task nothing for ``for_s`` (it answers no heartbeat here:
+    the tasks send none)."""
+    readable, _, _ = select.select([sock], [], [], for_s)
+    return not readable
+
+
+def _next(sock: socket.socket, reader) -> dict:
+    """The next message other than a heartbeat."""
+    while (message := _wire.read_message(reader)) is not None:
+        if message.get("type") != _wire.HEARTBEAT:
+            return message
+    raise AssertionError(f"{sock.getpeername()} closed")
+
+
+@pytest.mark.integration
+def test_every_task_sends_the_plan_and_only_the_first_starts_the_rendezvous_run(monkeypatch):
+    """Each task waits for its own answer instead of a Spark barrier, so each sends the plan;
+    the rendezvous server's run starts once, before any answer (a second start would clear
+    the keys the first ranks wrote). A plan unlike the first is not answered."""
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        started = []
+        monkeypatch.setattr(
+            channel._rendezvous, "start_run", lambda plan, allowed: started.append(plan)
+        )
+        hosts = ["127.0.0.1", "127.0.0.1"]
+        tasks = [_task(channel, partition) for partition in (0, 1, 2)]
+        readers = [task.makefile("rb") for task in tasks]
+        try:
+            for task, reader in zip(tasks[:2], readers, strict=False):
+                task.sendall(_wire.encode({"type": _wire.PLAN, "hosts": hosts}))
+                assert _next(task, reader) == {"type": _wire.PLAN_OK}
+            assert len(started) == 1
+            tasks[2].sendall(_wire.encode({"type": _wire.PLAN, "hosts": ["10.0.0.9"]}))
+            assert _silent(tasks[2], 1.0)
+        finally:
+            for task in tasks:
+                task.close()
+
+
+@pytest.mark.integration
+def test_the_exchange_answers_every_task_with_every_part_in_partition_order_once_all_came():
+    """The engines' one exchange among the tasks, made by the driver (Spark's allGather looks
+    once a second): nothing is answered before the last part, then each task gets them all."""
+    with DriverChannel("127.0.0.1", on_line=lambda line: None, rendezvous=False) as channel:
+        tasks = [_task(channel, partition) for partition in (0, 1, 2)]
+        readers = [task.makefile("rb") for task in tasks]
+        try:
+            for partition in (2, 0):  # out of order, and the third part still missing
+                tasks[partition].sendall(
+                    _wire.encode(
+                        {
+                            "type": _wire.GATHER,
+                            "partition": partition,
+                            "tasks": 3,
+                            "part": f"p{partition}",
+                        }
+                    )
+                )
+            assert _silent(tasks[0], 0.5) and _silent(tasks[2], 0.0)
+            tasks[1].sendall(
+                _wire.encode({"type": _wire.GATHER, "partition": 1, "tasks": 3, "part": "p1"})
+            )
+            for task, reader in zip(tasks, readers, strict=True):
+                assert _next(task, reader) == {"type": _wire.GATHERED, "parts": ["p0", "p1", "p2"]}
+        finally:
+            for task in tasks:
+                task.close()

@@ -238,7 +238,7 @@ def test_a_task_that_hears_nothing_from_the_driver_kills_its_rank(monkeypatch):
     try:
         started = time.monotonic()
         with pytest.raises(RankFailed) as err:
-            run_task(spec_for(driver, payload, 5.0), 0, ["127.0.0.1"], barrier=lambda: None)
+            run_task(spec_for(driver, payload, 5.0), 0, ["127.0.0.1"])
         took = time.monotonic() - started
         message = str(err.value)
         assert message.startswith(

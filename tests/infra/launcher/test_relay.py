@@ -113,7 +113,7 @@ def test_a_task_refused_by_the_driver_falls_back_to_the_relay(relay_store):
             engine="tf_collective",
             relay=channel.relay.spec,
         )
-        result = run_task(spec, 0, ["127.0.0.1"], lambda: None, all_gather=lambda m: [m])
+        result = run_task(spec, 0, ["127.0.0.1"], all_gather=lambda m: [m])
         assert channel.drain(10.0)
         assert cloudpickle.loads(result) == "again from rank 0"
         assert any(line.text == "rank 0 says again" for line in lines), lines
