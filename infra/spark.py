@@ -91,6 +91,9 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         # Progress goes to the log as lines (SparkProgress); the console bar would be drawn into
         # the middle of log lines on the same terminal.
         c.SPARK_UI_SHOW_CONSOLE_PROGRESS: "false",
+        # Python workers forked from a daemon that imported TensorFlow: a rank forks from its
+        # task instead of importing it again (infra/launcher/_rank_fork.py).
+        c.SPARK_PYTHON_DAEMON_MODULE: c.RANK_PRELOADING_DAEMON,
     }
     if master.startswith("local"):
         # The machine's hostname may resolve to an address other processes cannot reach.

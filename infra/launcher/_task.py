@@ -2,8 +2,9 @@
 several), stream its output, stop it when told.
 
 Runs inside a Spark barrier task (or a driver thread for ``np < 0``). The rank is a separate
-Python process so that Horovod, TensorFlow and the user's imports get a clean interpreter, and
-so that it can be killed as a whole: it runs in its own process group, and it asks to die with
+process, a new interpreter or a fork of a task whose daemon imported TensorFlow already
+(``_rank_fork``), so that Horovod and the user's imports get a process of their own, and so
+that it can be killed as a whole: it runs in its own process group, and it asks to die with
 its parent (PR_SET_PDEATHSIG, set by the rank itself in ``_rank``), so a killed Spark worker
 cannot leave a rank behind.
 
@@ -19,7 +20,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +32,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
 )
-from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
+from hvdflow.infra.launcher import _liveness, _placement, _rank_fork, _rank_output, _wire
 from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
 from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
@@ -429,18 +429,16 @@ def _supervise(
             # ends, killed or not: a killed rank's atexit clean-up never runs.
             "TMPDIR": workdir,
         }
-        # No preexec_fn: it is unsafe in a process with threads. The rank sets PR_SET_PDEATHSIG
+        # A fork of this task where it was started by hvdflow's daemon and the variables
+        # allow (``_rank_fork``), else a new interpreter; its own session either way. No
+        # preexec_fn: it is unsafe in a process with threads. The rank sets PR_SET_PDEATHSIG
         # on itself; the signal fires when this thread exits, and this thread supervises the
         # rank to its end.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hvdflow.infra.launcher._rank", payload_path, result_path],
-            env=env,
-            cwd=os.getcwd(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        proc = _rank_fork.start_rank(
+            [payload_path, result_path],
+            env,
+            os.getcwd(),
             pass_fds=(events_write, *context_fds),
-            start_new_session=True,  # its own process group: _kill_group stops all it started
         )
         os.close(events_write)
         if context is not None:

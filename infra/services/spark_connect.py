@@ -73,6 +73,8 @@ class SparkConnectServer(Service):
             c.SPARK_BARRIER_CHECK_INTERVAL: "1s",
             c.SPARK_BARRIER_CHECK_MAX_FAILURES: "3",
             c.SPARK_UI_ENABLED: "false",
+            # Its Python workers fork from a daemon that imported what a rank imports.
+            c.SPARK_PYTHON_DAEMON_MODULE: c.RANK_PRELOADING_DAEMON,
             "spark.local.dir": str(self.home / "local"),
             **self.conf,
         }

@@ -30,6 +30,8 @@ EVERY_SESSION = {
     "spark.ui.killEnabled": "false",
     # Progress goes to the log as lines; Spark's bar would be drawn into them.
     "spark.ui.showConsoleProgress": "false",
+    # Python workers forked from a daemon that imported what a rank imports.
+    "spark.python.daemon.module": "hvdflow.infra.launcher._daemon",
 }
 
 

@@ -79,6 +79,14 @@ def print_ready_then_wait():
     time.sleep(600)
 
 
+def train_digits_saying_so_on_stderr(epochs):
+    import os
+    import sys
+
+    print(f"rank {os.environ['HOROVOD_RANK']} starts training", file=sys.stderr, flush=True)
+    return train_digits(epochs=epochs)
+
+
 def assert_identical_weights(result, size):
     assert result["size"] == size
     assert len(result["checksums"]) == size
@@ -97,14 +105,14 @@ def test_np2_on_spark_trains_keras_with_identical_weights_on_both_ranks(
         options=LaunchOptions(spark=spark, log_dir=str(tmp_path), on_log_line=lines.append),
     )
     with caplog.at_level("INFO"):
-        result = runner.run(train_digits, epochs=2)
+        result = runner.run(train_digits_saying_so_on_stderr, epochs=2)
 
     assert_identical_weights(result, 2)
     assert 0.0 < result["loss"] < 2.5
     # Output streams live, tagged like mpirun's, from both ranks.
     tagged = [line.formatted() for line in lines]
     assert "[1,0]<stdout>:Epoch 1/2" in tagged
-    assert any(t.startswith("[1,1]<stderr>:") for t in tagged)
+    assert "[1,1]<stderr>:rank 1 starts training" in tagged
     assert "[1,0]<log>:Epoch 2/2" in tagged  # LogCallback through log_to_driver
     assert all(line.time > 0 for line in lines)
     log_text = (tmp_path / "driver.log").read_text()

@@ -1,0 +1,128 @@
+"""A rank forked from its task where hvdflow's daemon imported TensorFlow, else a new one."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+
+from hvdflow import HorovodOptions, HorovodRunner, LaunchOptions
+from hvdflow.infra.launcher import _rank_fork
+from tests.helpers import wait_for_no_ranks
+
+# Shipped by value: rank processes cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+DAEMON_ENV = {"PATH": "/usr/bin", "PYTHONPATH": "/spark/pyspark.zip:/project", "LANG": "C.UTF-8"}
+
+
+@pytest.fixture
+def preloaded(monkeypatch):
+    """This process as if ``_daemon`` had imported a rank's modules with DAEMON_ENV."""
+    monkeypatch.setattr(
+        _rank_fork,
+        "_preloaded",
+        _rank_fork._Preloaded(dict(DAEMON_ENV), {}, frozenset(), [], print),
+    )
+
+
+@pytest.mark.unit
+def test_a_process_the_daemon_did_not_start_never_forks_a_rank(monkeypatch):
+    monkeypatch.setattr(_rank_fork, "_preloaded", None)
+    assert "not started by hvdflow's pyspark daemon" in _rank_fork.fork_refusal(DAEMON_ENV)
+
+
+@pytest.mark.unit
+def test_variables_read_after_import_allow_a_fork(preloaded):
+    rank = {
+        **DAEMON_ENV,
+        "HOROVOD_RANK": "1",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242",
+        "HVDFLOW_EVENT_FD": "7",
+        "TF_CONFIG": "{}",
+        "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:8333",
+        "TMPDIR": "/tmp/hvdflow-rank1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": "/project",  # Spark's zip taken away (rank_python_path)
+    }
+    assert _rank_fork.fork_refusal(rank) is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("changed", "named"),
+    [
+        ({"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS"),  # OpenBLAS read it when numpy loaded
+        ({"CUDA_VISIBLE_DEVICES": "0"}, "CUDA_VISIBLE_DEVICES"),
+        ({"LANG": "de_DE.UTF-8"}, "LANG"),
+        ({"PYTHONPATH": "/project:/elsewhere"}, "PYTHONPATH adds entries"),
+    ],
+)
+def test_a_variable_read_at_import_starts_a_new_interpreter_and_is_named(preloaded, changed, named):
+    refusal = _rank_fork.fork_refusal({**DAEMON_ENV, "HOROVOD_RANK": "0", **changed})
+    assert refusal is not None and named in refusal
+
+
+@pytest.mark.unit
+def test_a_variable_the_rank_drops_is_a_change_too(preloaded):
+    rank = {k: v for k, v in DAEMON_ENV.items() if k != "LANG"}
+    assert "LANG" in _rank_fork.fork_refusal(rank)
+
+
+def train_noting_how_the_rank_started():
+    """What the rank found at its start, then the digits trained from fixed seeds."""
+    import os
+    import sys
+
+    import numpy as np
+
+    found = sorted(m for m in ("tensorflow", "horovod.tensorflow") if m in sys.modules)
+    sockets = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    draw = float(np.random.rand())  # numpy's global generator, as the process left it
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvdflow.training.smoke import train_digits
+
+    tf.keras.utils.set_random_seed(7)
+    result = train_digits(epochs=1)
+    result.update(
+        found=found,
+        sockets=list(hvd.allgather_object(sockets)),
+        draws=list(hvd.allgather_object(draw)),
+    )
+    return result
+
+
+@pytest.mark.slow
+def test_a_rank_on_hvdflows_session_forks_with_tensorflow_loaded_and_trains_as_a_new_one(
+    spark, tmp_path
+):
+    def run(**extra_env):
+        options = LaunchOptions(
+            spark=spark, log_dir=str(tmp_path), horovod=HorovodOptions(extra_env=extra_env)
+        )
+        return HorovodRunner(np=2, options=options).run(train_noting_how_the_rank_started)
+
+    forked = run()
+    # A variable of the user's own may have been read at import: a new interpreter.
+    new = run(MY_PROJECT_SETTING="1")
+
+    assert forked["found"] == ["horovod.tensorflow", "tensorflow"]
+    assert new["found"] == []
+    # The same model, bit for bit, on every rank of both.
+    assert len(set(forked["checksums"] + new["checksums"])) == 1, (forked, new)
+    # The fork holds none of its task's sockets to Spark and the driver: only the one the task
+    # passes for BarrierTaskContext, as a new interpreter.
+    assert forked["sockets"] == new["sockets"] == [1, 1]
+    # numpy's generator, seeded once in the daemon, is seeded again in each fork.
+    assert len(set(forked["draws"])) == 2
+    assert wait_for_no_ranks() == []
