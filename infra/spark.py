@@ -22,6 +22,7 @@ from hvdflow.infra._env import temporary_env
 from hvdflow.infra.connect import CONNECT_PORT, is_connect, is_connect_url
 from hvdflow.infra.executor_jvm import executor_java_options
 from hvdflow.infra.progress import EVERY_S, tasks_line
+from hvdflow.infra.python_workers import python_daemon_conf
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +92,6 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         # Progress goes to the log as lines (SparkProgress); the console bar would be drawn into
         # the middle of log lines on the same terminal.
         c.SPARK_UI_SHOW_CONSOLE_PROGRESS: "false",
-        # Python workers forked from a daemon that imported TensorFlow: a rank forks from its
-        # task instead of importing it again (infra/launcher/_rank_fork.py).
-        c.SPARK_PYTHON_DAEMON_MODULE: c.RANK_PRELOADING_DAEMON,
     }
     if master.startswith("local"):
         # The machine's hostname may resolve to an address other processes cannot reach.
@@ -101,6 +99,7 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         conf[c.SPARK_DRIVER_HOST] = host
         conf[c.SPARK_DRIVER_BIND_ADDRESS] = host
     conf.update(extra or {})
+    conf.update(python_daemon_conf(conf, conf[c.SPARK_PYSPARK_PYTHON]))
     conf.update(executor_java_options(master, extra))
     return conf
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -16,6 +17,9 @@ import psutil
 import pytest
 
 RANK_ENTRY = "hvdflow.infra.launcher._rank"
+# A rank calls its process hvdflow-rankN (ps, top); one forked from its task (infra/launcher/
+# _rank_fork.py) shows its task's environment in /proc, and the name is how it says its rank.
+RANK_NAME = re.compile(r"^hvdflow-rank(\d+)$")
 # Set in this test session's environment before any Spark JVM or rank starts, so every rank it
 # launches inherits it: another session's ranks on the same machine are not this one's leaks.
 TEST_SESSION_VAR = "HVDFLOW_TEST_SESSION"
@@ -32,9 +36,9 @@ def rank_processes() -> list[psutil.Process]:
     """Every live HorovodRunner rank process that this test session started."""
     session = os.environ[TEST_SESSION_VAR]
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "name"]):
         cmdline = proc.info.get("cmdline") or []
-        if RANK_ENTRY not in cmdline:
+        if RANK_ENTRY not in cmdline and not RANK_NAME.match(proc.info.get("name") or ""):
             continue
         try:
             if proc.environ().get(TEST_SESSION_VAR) != session:
@@ -43,6 +47,15 @@ def rank_processes() -> list[psutil.Process]:
             continue
         found.append(proc)
     return found
+
+
+def rank_of(proc: psutil.Process) -> int | None:
+    """The rank of a rank process, from the name it gave itself; None before it did."""
+    try:
+        found = RANK_NAME.match(proc.name())
+    except psutil.Error:
+        return None
+    return int(found.group(1)) if found else None
 
 
 def wait_for_no_ranks(timeout_s: float = 10.0) -> list[psutil.Process]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,20 +131,25 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
         run_horovod_unconverted()
         # The launcher gave a rank without a GPU a 10 ms cycle (HOROVOD_CYCLE_TIME).
         hvd.init()
-        use_threads(threads or share_cores(hvd.local_size()))
-        return Engine(
-            name,
-            hvd.rank(),
-            hvd.size(),
-            hvd.local_size(),
-            fp16_compression=fp16_compression,
-            _hvd=hvd,
+        threads = threads or share_cores(hvd.local_size())
+        use_threads(threads)
+        return _joined(
+            Engine(
+                name,
+                hvd.rank(),
+                hvd.size(),
+                hvd.local_size(),
+                fp16_compression=fp16_compression,
+                _hvd=hvd,
+            ),
+            threads,
         )
     if name == TF_COLLECTIVE:
         import tensorflow as tf
 
         local_size = int(os.environ.get(HOROVOD_LOCAL_SIZE, "1"))
-        use_threads(threads or share_cores(local_size))
+        threads = threads or share_cores(local_size)
+        use_threads(threads)
         if TF_CONFIG not in os.environ:
             raise RuntimeError(
                 "engine 'tf_collective' needs TF_CONFIG: run the training function with "
@@ -153,11 +159,28 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
         device_datasets_without_autotuning()
         strategy = _multi_worker_strategy(tf)
         rank = int(json.loads(os.environ[TF_CONFIG])["task"]["index"])
-        return Engine(name, rank, strategy.num_replicas_in_sync, local_size, strategy=strategy)
+        engine = Engine(name, rank, strategy.num_replicas_in_sync, local_size, strategy=strategy)
+        return _joined(engine, threads)
     if name == NONE:
         use_threads(threads or share_cores(1))
         return Engine(name)
     raise ValueError(f"engine {name!r} is unknown: expected one of {', '.join(ENGINES)}")
+
+
+def _joined(engine: Engine, threads: int) -> Engine:
+    say_joined(engine.rank, engine.size, engine.name, threads)
+    return engine
+
+
+def say_joined(rank: int, size: int, engine: str, threads: int) -> None:
+    """Say on stdout that this rank joined, where, and with how many threads: the first line
+    each rank shows on the driver (with ``driver_log_verbosity="all"``), as mpirun's output
+    has one from every rank."""
+    print(  # noqa: T201 (the rank's stdout is streamed to the driver, tagged)
+        f"rank {rank} of {size} joined on {socket.gethostname()}: {engine} engine, "
+        f"{threads} thread(s)",
+        flush=True,
+    )
 
 
 def _multi_worker_strategy(tf):

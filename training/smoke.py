@@ -16,7 +16,7 @@ import numpy as np
 
 from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.digits import bundled_digits
-from hvdflow.training.engines import TF_COLLECTIVE, start_engine
+from hvdflow.training.engines import HOROVOD, TF_COLLECTIVE, say_joined, start_engine
 from hvdflow.training.optimizers import scaled_learning_rate
 from hvdflow.training.threads import share_cores, use_threads
 
@@ -40,7 +40,9 @@ def train_digits(epochs: int = 2, batch_size: int = 32, learning_rate: float = 0
 
     hvd.init()
     run_horovod_unconverted()
-    use_threads(share_cores(hvd.local_size()))
+    threads = share_cores(hvd.local_size())
+    use_threads(threads)
+    say_joined(hvd.rank(), hvd.size(), HOROVOD, threads)
 
     images, labels = bundled_digits()
     images = (images.reshape(len(images), -1) / 16.0).astype("float32")

@@ -6,46 +6,73 @@ Horovod and pyarrow imported here once, a barrier task's rank can be a fork of i
 (``_rank_fork``): about 2.9 CPU-s less per rank, paid once per executor instead. A Python
 worker that scores with a Keras model finds TensorFlow loaded too.
 
-What fails to import is left out, with a line on stderr: ranks then start as new interpreters.
+Where an import fails, its output and the reason go to stderr, and ranks start as new
+interpreters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import importlib.util
+import io
 import os
 import sys
+import tempfile
+from collections.abc import Iterator
 
 # What a Keras rank imports before its own code: a module missing here is skipped.
 PRELOAD = ("tensorflow", "horovod.tensorflow.keras", "pyarrow", "boto3")
 
 
 def preload() -> None:
-    """Import ``PRELOAD`` with stdout on stderr: Spark reads the daemon's port from stdout."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        for name in PRELOAD:
-            if _installed(name):
-                importlib.import_module(name)
-        tensorflow = sys.modules.get("tensorflow")
-        if tensorflow is not None:
-            tensorflow.keras.Model  # noqa: B018 (loads Keras, which TensorFlow loads lazily)
-        from hvdflow.infra.launcher import _rank, _rank_fork  # noqa: F401, PLC0415
-    except Exception as e:  # noqa: BLE001 (the daemon must start: ranks fall back to exec)
-        problem = f"hvdflow: the pyspark daemon could not preload a rank's imports: {e!r}"
-        sys.stderr.write(problem + "\n")
+    """Import ``PRELOAD``, their output held back: Spark reads the daemon's port from its
+    stdout, and TensorFlow's import notices would reach the driver's console once per
+    executor, untagged (a rank's own output is streamed, tagged with its rank, as before).
+    Shown with the reason where an import fails."""
+    with _output_held() as held:
+        try:
+            for name in PRELOAD:
+                if _installed(name):
+                    importlib.import_module(name)
+            tensorflow = sys.modules.get("tensorflow")
+            if tensorflow is not None:
+                tensorflow.keras.Model  # noqa: B018 (loads Keras, which TensorFlow loads lazily)
+            from hvdflow.infra.launcher import _rank, _rank_fork  # noqa: F401, PLC0415
+        except Exception as e:  # noqa: BLE001 (the daemon must start: ranks fall back to exec)
+            failure = f"hvdflow: the pyspark daemon could not preload a rank's imports: {e!r}"
+        else:
+            failure = None
+    if failure is not None:
+        sys.stderr.write(held.getvalue() + failure + "; ranks start as new interpreters\n")
         return
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
     # Objects made so far stay out of the collector's passes: a fork then shares their pages
     # instead of copying each one a pass touches.
     gc.freeze()
     _rank_fork.mark_preloaded()
+
+
+@contextlib.contextmanager
+def _output_held() -> Iterator[io.StringIO]:
+    """Fds 1 and 2 into a temporary file for the block; its text in the yielded buffer after."""
+    held = io.StringIO()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 1)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield held
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            for fd, target in zip(saved, (1, 2), strict=True):
+                os.dup2(fd, target)
+                os.close(fd)
+            capture.seek(0)
+            held.write(capture.read().decode("utf-8", "replace"))
 
 
 def _installed(name: str) -> bool:

@@ -33,6 +33,10 @@ from hvdflow.infra.launcher._patching import patch_on_import
 
 # linux/prctl.h: the signal this process gets when the thread that started it exits.
 _PR_SET_PDEATHSIG = 1
+# linux/prctl.h: the name ps, top and /proc/PID/comm show (15 bytes at most).
+_PR_SET_NAME = 15
+# What a rank's process is called there: hvdflow-rank0, hvdflow-rank1, ...
+NAME_PREFIX = "hvdflow-rank"
 # Exit status of a rank that found its supervising task already gone (as if SIGKILLed).
 _ORPHANED_EXIT = 128 + signal.SIGKILL
 # The signal on which the rank writes its Python stacks (the task sends it when the run stalls).
@@ -62,6 +66,15 @@ def _die_with_parent() -> None:
         os._exit(_ORPHANED_EXIT)
 
 
+def _name_this_process() -> None:
+    """Call this process hvdflow-rankN, so that top and ps tell the ranks apart (the threads
+    TensorFlow and Horovod start later inherit the name); a forked rank's command line is the
+    daemon's, and its environment as /proc shows it too."""
+    if sys.platform.startswith("linux"):
+        name = f"{NAME_PREFIX}{os.environ.get(HOROVOD_RANK, '0')}".encode()[:15]
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
 def _dump_stacks_on_signal() -> None:
     """Write every thread's Python stack to HVDFLOW_STACKS_FILE on STACKS_SIGNAL.
 
@@ -77,6 +90,7 @@ def _dump_stacks_on_signal() -> None:
 def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
+    _name_this_process()
     bind_this_rank()  # before TensorFlow or Horovod start a thread: they all inherit it
     _dump_stacks_on_signal()
     rank_engine = engine(os.environ.get(HVDFLOW_ENGINE) or _wire.HOROVOD)

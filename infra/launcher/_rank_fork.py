@@ -19,6 +19,7 @@ worker) starts a new interpreter, as before.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import faulthandler
 import io
 import logging
@@ -201,6 +202,7 @@ def _run_rank(argv, env, cwd, out_write, err_write, keep, ready_write) -> None:
         from hvdflow.infra.launcher import _rank  # noqa: PLC0415 (preloaded)
 
         sys.argv = [_rank.__file__, *argv]
+        _show_the_rank_command(argv)
         _rank._exit_fast(_rank.main(sys.argv))
     except BaseException:  # noqa: BLE001 (the rank's exit status says it)
         try:
@@ -211,6 +213,25 @@ def _run_rank(argv, env, cwd, out_write, err_write, keep, ready_write) -> None:
         finally:
             os._exit(_SETUP_FAILED)
     os._exit(_SETUP_FAILED)
+
+
+def _show_the_rank_command(argv: Sequence[str]) -> None:
+    """Write ``python -m hvdflow.infra.launcher._rank ARGS`` over the daemon's command line in
+    this process's memory, the arguments that fit (what ``ps`` and ``pkill -f`` read: the daemon's
+    argument area, not Python's copy in sys.argv). Best effort: the fork runs the same without."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (proc(5): 48, 49)
+    except (OSError, ValueError, IndexError):
+        return
+    size, command = end - start, b""
+    for arg in (sys.executable, "-m", RANK_MODULE, *argv):  # whole arguments only
+        if len(command) + len(os.fsencode(arg)) + 1 > size:
+            break
+        command += os.fsencode(arg) + b"\0"
+    if command:
+        ctypes.memmove(start, command.ljust(size, b"\0"), size)
 
 
 def _become_rank(

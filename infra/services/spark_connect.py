@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hvdflow.infra import constants as c
 from hvdflow.infra.executor_jvm import executor_java_options, spark_defaults
+from hvdflow.infra.python_workers import python_daemon_conf
 from hvdflow.infra.services._process import LOOPBACK, url_host
 from hvdflow.infra.services._service import Service
 
@@ -73,11 +74,11 @@ class SparkConnectServer(Service):
             c.SPARK_BARRIER_CHECK_INTERVAL: "1s",
             c.SPARK_BARRIER_CHECK_MAX_FAILURES: "3",
             c.SPARK_UI_ENABLED: "false",
-            # Its Python workers fork from a daemon that imported what a rank imports.
-            c.SPARK_PYTHON_DAEMON_MODULE: c.RANK_PRELOADING_DAEMON,
             "spark.local.dir": str(self.home / "local"),
             **self.conf,
         }
+        executors_python = conf.get(c.SPARK_PYSPARK_PYTHON) or os.environ.get("PYSPARK_PYTHON")
+        conf.update(python_daemon_conf(conf, executors_python or sys.executable))
         defaults = spark_defaults(self.conf_dir)
         conf.update(executor_java_options(self.master, self.conf, defaults))
         conf.update(self._server_java_options(defaults))

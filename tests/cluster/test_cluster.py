@@ -121,7 +121,7 @@ def test_hvdflow_smoke_np2_runs_one_rank_on_each_host_with_identical_weights(
     host1, host2 = netns_cluster.hosts
     where = sorted((r["host"], r["address"], r["interface"]) for r in result["ranks"])
     assert where == [(host1.name, host1.ip, "eth0"), (host2.name, host2.ip, "eth0")]
-    assert "[1,1]<" in run.stderr  # rank 1's lines reached the driver, tagged
+    assert "[1,1]<stdout>:rank 1 of 2 joined on " in run.stderr  # rank 1, tagged
     assert wait_for_no_ranks() == []
 
 

@@ -27,7 +27,7 @@ from tests.cluster import netns
 from tests.cluster.driver import driver_conf
 from tests.cluster.fixtures import BAD
 from tests.connect_client import ANSWER, needs_connect_client, path_without_java
-from tests.helpers import rank_processes, wait_for_no_ranks
+from tests.helpers import rank_of, rank_processes, wait_for_no_ranks
 from tests.uv import CHECKOUT
 
 pytestmark = [pytest.mark.slow, pytest.mark.current, needs_connect_client]
@@ -294,7 +294,7 @@ print(json.dumps({name: installed(name) for name in names}))
 def kill_rank(rank: int) -> bool:
     """SIGKILL this session's rank ``rank``, wherever on the hosts it runs."""
     for proc in rank_processes():
-        if proc.environ().get("HOROVOD_RANK") == str(rank):
+        if rank_of(proc) == rank:
             proc.send_signal(signal.SIGKILL)
             return True
     return False

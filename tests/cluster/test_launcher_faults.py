@@ -10,6 +10,7 @@ from here, the root namespace.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import textwrap
 import threading
@@ -23,7 +24,7 @@ from tests.cluster.driver import DriverRun, run_driver
 from tests.cluster.spark_cluster import MASTER as MASTER_MAIN
 from tests.cluster.spark_cluster import WORKER as WORKER_MAIN
 from tests.cluster.spark_cluster import NetnsSparkCluster
-from tests.helpers import RANK_ENTRY
+from tests.helpers import rank_of
 
 pytestmark = pytest.mark.slow
 
@@ -115,14 +116,20 @@ class DriverInBackground:
 
 
 def cluster_ranks(cluster: NetnsSparkCluster) -> dict[psutil.Process, tuple[str, str]]:
-    """The live rank processes on the cluster's hosts: process -> (HOROVOD_RANK, its address)."""
+    """The live rank processes on the cluster's hosts: process -> (its rank, its host's
+    address). A rank forked from its task shows the task's environment in /proc: its rank is in
+    the name it gives itself, its host is the network namespace it runs in."""
+    address_of = {cluster.netns_inodes[host.netns]: host.ip for host in cluster.hosts}
     found = {}
     for proc in cluster.processes():
         try:
-            if RANK_ENTRY in proc.cmdline():
-                env = proc.environ()
-                found[proc] = (env.get("HOROVOD_RANK"), env.get("HOROVOD_HOSTNAME"))
-        except psutil.Error:  # gone meanwhile, or a zombie
+            rank = rank_of(proc)
+            if rank is not None:
+                found[proc] = (
+                    str(rank),
+                    address_of.get(os.stat(f"/proc/{proc.pid}/ns/net").st_ino),
+                )
+        except (psutil.Error, OSError):  # gone meanwhile, or a zombie
             continue
     return found
 

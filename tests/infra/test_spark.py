@@ -236,3 +236,25 @@ def test_a_connect_url_without_its_client_says_what_to_install(monkeypatch):
     message = str(raised.value)
     assert message.startswith("sc://spark.example:15002: this Python cannot talk to Spark Connect")
     assert "pip install 'hvdflow[connect]'" in message and "\n" not in message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("extra", "daemon"),
+    [
+        ({}, "hvdflow.infra.launcher._daemon"),
+        # A daemon of the user's own wins, as pyspark's: the ranks start as new interpreters.
+        ({"spark.python.daemon.module": "pyspark.daemon"}, "pyspark.daemon"),
+        # Workers whose address space is capped get pyspark's, without TensorFlow mapped.
+        ({"spark.executor.pyspark.memory": "2g"}, None),
+    ],
+)
+def test_python_workers_fork_from_hvdflows_daemon_unless_the_conf_says_otherwise(extra, daemon):
+    assert spark_conf("local[1]", extra).get("spark.python.daemon.module") == daemon
+
+
+@pytest.mark.unit
+def test_executors_on_another_interpreter_keep_pysparks_daemon(monkeypatch):
+    # A packed environment (spark.archives) may not hold hvdflow: its daemon would be missing.
+    monkeypatch.setenv("PYSPARK_PYTHON", "./environment/bin/python")
+    assert "spark.python.daemon.module" not in spark_conf("spark://master:7077")

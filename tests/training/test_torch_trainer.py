@@ -16,7 +16,7 @@ from hvdflow.tasks.train.spec import training_spec
 from hvdflow.training.epoch_log import epochs_done
 from hvdflow.training.torch_models import build_torch_model
 from hvdflow.training.torch_trainer import train_classifier_torch
-from tests.helpers import rank_processes, wait_for_no_ranks
+from tests.helpers import rank_of, rank_processes, wait_for_no_ranks
 
 pytestmark = pytest.mark.torch
 TOLERANCE = 0.02  # as tests/training/test_scaling.py, for the Keras trainer
@@ -79,7 +79,7 @@ def test_a_rank_killed_mid_training_resumes_from_the_last_checkpoint(digits_data
         lines.append(line.text)
         if line.text.startswith("Epoch 3/4") and " done" not in line.text and not killed.is_set():
             for proc in rank_processes():
-                if proc.environ().get("RANK") == "1":
+                if rank_of(proc) == 1:
                     os.kill(proc.pid, signal.SIGKILL)
                     killed.set()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import struct
+import subprocess
 import sys
 
 import cloudpickle
@@ -86,6 +89,10 @@ def train_noting_how_the_rank_started():
         except OSError:
             pass
     draw = float(np.random.rand())  # numpy's global generator, as the process left it
+    with open("/proc/self/comm") as f:
+        name = f.read().strip()
+    with open("/proc/self/cmdline", "rb") as f:
+        command = f.read().split(b"\0")
 
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -96,6 +103,8 @@ def train_noting_how_the_rank_started():
     result = train_digits(epochs=1)
     result.update(
         found=found,
+        names=list(hvd.allgather_object(name)),
+        commands=list(hvd.allgather_object(b"hvdflow.infra.launcher._rank" in command)),
         sockets=list(hvd.allgather_object(sockets)),
         draws=list(hvd.allgather_object(draw)),
     )
@@ -123,6 +132,37 @@ def test_a_rank_on_hvdflows_session_forks_with_tensorflow_loaded_and_trains_as_a
     # The fork holds none of its task's sockets to Spark and the driver: only the one the task
     # passes for BarrierTaskContext, as a new interpreter.
     assert forked["sockets"] == new["sockets"] == [1, 1]
+    # What ps and top show: each rank by its name, and the rank's command line.
+    assert forked["names"] == new["names"] == ["hvdflow-rank0", "hvdflow-rank1"]
+    assert forked["commands"] == new["commands"] == [True, True]
     # numpy's generator, seeded once in the daemon, is seeded again in each fork.
     assert len(set(forked["draws"])) == 2
     assert wait_for_no_ranks() == []
+
+
+@pytest.mark.integration
+def test_a_daemon_whose_preload_fails_says_why_and_still_serves_spark(tmp_path):
+    broken = tmp_path / "tensorflow"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        "print('noise on stdout')\nraise ImportError('no AVX here')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "hvdflow.infra.launcher._daemon"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        # What Spark reads first from the daemon's stdout: its port, and nothing printed before.
+        (port,) = struct.unpack("!i", daemon.stdout.read(4))
+        assert 0 < port < 65536
+        daemon.stdin.close()  # Spark's way of stopping it (pyspark's daemon then exits 1)
+        daemon.wait(timeout=30)
+    finally:
+        daemon.kill()
+    stderr = daemon.stderr.read().decode()
+    assert "could not preload a rank's imports: ImportError('no AVX here')" in stderr, stderr
+    assert "noise on stdout" in stderr and "ranks start as new interpreters" in stderr

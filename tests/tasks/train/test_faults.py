@@ -15,7 +15,7 @@ from hvdflow.infra.launcher._task import rank_failed
 from hvdflow.tasks.train.attempts import may_retry
 from hvdflow.tasks.train.resume import backfill_epoch_metrics
 from hvdflow.tasks.train.run import TrainConfig, train_and_track
-from tests.helpers import rank_processes, wait_for_no_ranks
+from tests.helpers import rank_of, rank_processes, wait_for_no_ranks
 
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s")
 # The tracking-server outage ends once an epoch was missed; this bounds it if none ever is.
@@ -32,7 +32,7 @@ def kill_rank_when(text: str, rank: int = 1):
         if killed.is_set() or text not in line.text:
             return
         for proc in rank_processes():
-            if proc.environ().get("HOROVOD_RANK") == str(rank):
+            if rank_of(proc) == rank:
                 proc.send_signal(signal.SIGKILL)
                 killed.set()
 
