@@ -22,8 +22,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-# What a Keras rank imports before its own code: a module missing here is skipped.
-PRELOAD = ("tensorflow", "horovod.tensorflow.keras", "pyarrow", "boto3")
+# What a Keras rank imports before its own code, and OpenCV, which the image tasks import in
+# the same Python workers: its import adds its folders to LD_LIBRARY_PATH, which a rank forked
+# from a worker that imported it later would not have had when loaded (``_rank_fork`` would
+# start a new interpreter). A module missing here is skipped.
+PRELOAD = ("tensorflow", "horovod.tensorflow.keras", "pyarrow", "boto3", "cv2")
 
 
 def preload() -> None:

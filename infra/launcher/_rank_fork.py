@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hvdflow.infra.constants import PYTHONPATH
+from hvdflow.infra.constants import HVDFLOW_RANK_START, PYTHONPATH
 
 RANK_MODULE = "hvdflow.infra.launcher._rank"
 # Variables nothing reads at import: set in the forked rank, they act as in a new interpreter.
@@ -67,8 +67,10 @@ class _Preloaded:
     environ: dict[str, str]
     fds: dict[int, tuple[int, int]]  # fd -> (st_dev, st_ino): what the imports hold open
     finalizers: frozenset[int]  # the imports' weakref.finalize objects, by id
+    modules: frozenset[str]  # what the daemon had imported
     exit_handlers_after: list  # what atexit.register was given after the imports
-    register: Callable  # atexit.register itself
+    register: Callable  # atexit.register and atexit.unregister themselves
+    unregister: Callable
 
 
 _preloaded: _Preloaded | None = None
@@ -83,16 +85,31 @@ def mark_preloaded() -> None:
     the rank had just written its result to)."""
     global _preloaded
     later: list = []
-    register = atexit.register
+    register, unregister = atexit.register, atexit.unregister
 
     def noting_register(func, *args, **kwargs):
         later.append(func)
         return register(func, *args, **kwargs)
 
+    def noting_unregister(func) -> None:  # what is gone from atexit is not held here either
+        later[:] = [f for f in later if f != func]
+        unregister(func)
+
     _preloaded = _Preloaded(
-        dict(os.environ), _open_fds(), frozenset(map(id, _finalizers())), later, register
+        dict(os.environ),
+        _open_fds(),
+        frozenset(map(id, _finalizers())),
+        frozenset(sys.modules),
+        later,
+        register,
+        unregister,
     )
-    atexit.register = noting_register
+    atexit.register, atexit.unregister = noting_register, noting_unregister
+
+
+def imported_by_daemon(module: str) -> bool:
+    """Whether ``module`` was loaded in this process by ``_daemon`` before its work began."""
+    return _preloaded is not None and module in _preloaded.modules
 
 
 def fork_refusal(env: Mapping[str, str]) -> str | None:
@@ -120,12 +137,14 @@ def start_rank(
 ) -> subprocess.Popen | ForkedRank:
     """The rank process: a fork of this one where ``fork_refusal`` allows, else
     ``python -m _rank`` as a new interpreter. Either way its own session, stdin from /dev/null,
-    stdout and stderr as pipes (``.stdout``, ``.stderr``), and only ``pass_fds`` inherited."""
-    if fork_refusal(env) is None:
-        return ForkedRank.start(argv, env, cwd, pass_fds)
+    stdout and stderr as pipes (``.stdout``, ``.stderr``), only ``pass_fds`` inherited, and
+    HVDFLOW_RANK_START saying which way it started (and why not forked)."""
+    refusal = fork_refusal(env)
+    if refusal is None:
+        return ForkedRank.start(argv, {**env, HVDFLOW_RANK_START: "forked"}, cwd, pass_fds)
     return subprocess.Popen(
         [sys.executable, "-m", RANK_MODULE, *argv],
-        env=dict(env),
+        env={**env, HVDFLOW_RANK_START: f"new interpreter: {refusal}"},
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -272,8 +291,9 @@ def _forget_the_tasks_exit() -> None:
     worker registered after the daemon's imports run at this rank's exit."""
     if _preloaded is None:
         return
-    atexit.register = _preloaded.register
-    for func in _preloaded.exit_handlers_after:
+    later = list(_preloaded.exit_handlers_after)
+    atexit.register, atexit.unregister = _preloaded.register, _preloaded.unregister
+    for func in later:
         atexit.unregister(func)
     for finalizer in _finalizers():
         if id(finalizer) not in _preloaded.finalizers:

@@ -58,10 +58,10 @@ def test_the_pipeline_end_to_end_and_a_rerun_after_a_failed_training(
 
     # A run whose training fails (no rank reaches hvd.init(), or creates its strategy, in time)
     # after preprocessing and staging finished. The engine is the profile's default.
-    failed = pipeline(params(tmp_path, start_timeout_s=0.5), return_state=True)
+    failed = pipeline(params(tmp_path, start_timeout_s=0.01), return_state=True)
     assert failed.is_failed()
     start = engine(default_engine()).start_point
-    assert f"did not reach {start} within 0.5 s" in str(failed.result(raise_on_failure=False))
+    assert f"did not reach {start} within 0.01 s" in str(failed.result(raise_on_failure=False))
     assert wait_for_no_ranks() == []
 
     # Run again as another worker would: Prefect's local storage elsewhere (empty). The

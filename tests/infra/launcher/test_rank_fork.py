@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -26,7 +27,7 @@ def preloaded(monkeypatch):
     monkeypatch.setattr(
         _rank_fork,
         "_preloaded",
-        _rank_fork._Preloaded(dict(DAEMON_ENV), {}, frozenset(), [], print),
+        _rank_fork._Preloaded(dict(DAEMON_ENV), {}, frozenset(), frozenset(), [], print, print),
     )
 
 
@@ -82,6 +83,7 @@ def train_noting_how_the_rank_started():
     import numpy as np
 
     found = sorted(m for m in ("tensorflow", "horovod.tensorflow") if m in sys.modules)
+    start = os.environ["HVDFLOW_RANK_START"]
     sockets = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -103,6 +105,7 @@ def train_noting_how_the_rank_started():
     result = train_digits(epochs=1)
     result.update(
         found=found,
+        starts=list(hvd.allgather_object(start)),
         names=list(hvd.allgather_object(name)),
         commands=list(hvd.allgather_object(b"hvdflow.infra.launcher._rank" in command)),
         sockets=list(hvd.allgather_object(sockets)),
@@ -125,7 +128,13 @@ def test_a_rank_on_hvdflows_session_forks_with_tensorflow_loaded_and_trains_as_a
     # A variable of the user's own may have been read at import: a new interpreter.
     new = run(MY_PROJECT_SETTING="1")
 
+    assert forked["starts"] == ["forked", "forked"], forked["starts"]
     assert forked["found"] == ["horovod.tensorflow", "tensorflow"]
+    assert (
+        new["starts"]
+        == ["new interpreter: the rank's environment differs in MY_PROJECT_SETTING, read at import"]
+        * 2
+    )
     assert new["found"] == []
     # The same model, bit for bit, on every rank of both.
     assert len(set(forked["checksums"] + new["checksums"])) == 1, (forked, new)
@@ -166,3 +175,56 @@ def test_a_daemon_whose_preload_fails_says_why_and_still_serves_spark(tmp_path):
     stderr = daemon.stderr.read().decode()
     assert "could not preload a rank's imports: ImportError('no AVX here')" in stderr, stderr
     assert "noise on stdout" in stderr and "ranks start as new interpreters" in stderr
+
+
+# A task in miniature: marks itself preloaded, registers an exit handler and holds a temporary
+# folder as a task does, then forks a rank that prints, reads its TMPDIR and returns a value.
+FORKING_TASK = """
+import atexit, json, os, sys, tempfile, cloudpickle
+from hvdflow.infra.launcher import _rank_fork
+_rank_fork.mark_preloaded()
+marks = sys.argv[1]
+atexit.register(lambda: open(marks, "a").write(f"task handler in {os.getpid()}\\n"))
+held = tempfile.TemporaryDirectory()
+
+def main():
+    print("rank says hi", flush=True)
+    return {"tmpdir": tempfile.gettempdir(), "pid": os.getpid()}
+
+payload, result = os.path.join(held.name, "payload.pkl"), os.path.join(held.name, "result.pkl")
+with open(payload, "wb") as f:
+    cloudpickle.dump((main, {}), f)
+env = {**os.environ, "HVDFLOW_PARENT_PID": str(os.getpid()), "HOROVOD_RANK": "0",
+       "TMPDIR": os.path.join(held.name)}
+rank = _rank_fork.start_rank([payload, result], env, os.getcwd(), ())
+out = rank.stdout.read().decode()
+code = rank.wait(timeout=60)
+with open(result, "rb") as f:
+    returned = cloudpickle.load(f)
+print(json.dumps({"forked": type(rank).__name__, "code": code, "out": out,
+                  "returned": returned, "held": held.name, "kept": os.path.isdir(held.name),
+                  "task_pid": os.getpid()}))
+"""
+
+
+@pytest.mark.integration
+def test_a_forked_rank_runs_none_of_its_tasks_exit_handlers_and_honours_its_own_variables(
+    tmp_path,
+):
+    marks = tmp_path / "marks"
+    done = subprocess.run(
+        [sys.executable, "-c", FORKING_TASK, str(marks)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["forked"] == "ForkedRank" and report["code"] == 0
+    assert report["out"] == "rank says hi\n"
+    # The task's folder outlived the rank's exit (its clean-up is the task's, at the task's end).
+    assert report["kept"] is True
+    assert report["returned"]["tmpdir"] == report["held"]  # TMPDIR read anew in the fork
+    # The task's exit handler ran once, in the task: never in the rank.
+    assert marks.read_text().splitlines() == [f"task handler in {report['task_pid']}"]
+    assert report["returned"]["pid"] != report["task_pid"]
