@@ -37,7 +37,8 @@ from hvdflow.infra.constants import HVDFLOW_RANK_START, PYTHONPATH
 
 RANK_MODULE = "hvdflow.infra.launcher._rank"
 # Variables nothing reads at import: set in the forked rank, they act as in a new interpreter.
-READ_LATE_PREFIXES = ("HOROVOD_", "HVDFLOW_", "AWS_", "MLFLOW_", "SPARK_", "PYSPARK_")
+# (_MLFLOW_TELEMETRY_SESSION_ID: set by MLflow's import in a worker that scored with a model.)
+READ_LATE_PREFIXES = ("HOROVOD_", "HVDFLOW_", "AWS_", "MLFLOW_", "_MLFLOW_", "SPARK_", "PYSPARK_")
 READ_LATE = {
     "TF_CONFIG",  # read when a MultiWorkerMirroredStrategy is made (the tf_collective engine)
     "MASTER_ADDR",  # the torch engine's rendezvous, read by init_process_group

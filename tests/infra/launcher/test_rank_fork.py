@@ -46,6 +46,7 @@ def test_variables_read_after_import_allow_a_fork(preloaded):
         "HVDFLOW_EVENT_FD": "7",
         "TF_CONFIG": "{}",
         "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+        "_MLFLOW_TELEMETRY_SESSION_ID": "a5e1",  # set by MLflow's import in a scoring worker
         "AWS_ENDPOINT_URL": "http://127.0.0.1:8333",
         "TMPDIR": "/tmp/hvdflow-rank1",
         "PYTHONUNBUFFERED": "1",
