@@ -165,13 +165,13 @@ class ForkedRank:
     lines of output a failure shows, are those of a new interpreter's rank.
     """
 
-    def __init__(self, pid: int, stdout, stderr, exited: threading.Event, status: list):
+    def __init__(self, pid: int, stdout, stderr, exited: threading.Event, ended: dict):
         self.pid, self.stdout, self.stderr = pid, stdout, stderr
-        self._exited, self._status = exited, status
+        self._exited, self._ended = exited, ended
 
     @property
     def returncode(self) -> int | None:
-        return self._status[0] if self._exited.is_set() else None
+        return self._ended["code"] if self._exited.is_set() else None
 
     @classmethod
     def start(
@@ -181,16 +181,16 @@ class ForkedRank:
         err_read, err_write = os.pipe()
         ready_read, ready_write = os.pipe()
         forked, exited = threading.Event(), threading.Event()
-        pid_and_status: list = []
+        ended: dict = {}  # "pid" once forked, "code" once it has exited
 
         def parent() -> None:
             pid = os.fork()
             if pid == 0:  # the rank: never returns
                 _run_rank(argv, env, cwd, out_write, err_write, {*pass_fds}, ready_write)
-            pid_and_status.append(pid)
+            ended["pid"] = pid
             forked.set()
             _, status = os.waitpid(pid, 0)
-            pid_and_status[0:1] = [os.waitstatus_to_exitcode(status)]
+            ended["code"] = os.waitstatus_to_exitcode(status)
             exited.set()
 
         threading.Thread(target=parent, name="hvdflow-rank-parent", daemon=True).start()
@@ -201,9 +201,8 @@ class ForkedRank:
         # group, which must exist from the moment this returns (as Popen's exec guarantees).
         with os.fdopen(ready_read, "rb") as ready:
             ready.read(1)
-        pid = pid_and_status[0]
         return cls(
-            pid, os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"), exited, pid_and_status
+            ended["pid"], os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"), exited, ended
         )
 
     def poll(self) -> int | None:
