@@ -117,6 +117,8 @@ def fork_refusal(env: Mapping[str, str]) -> str | None:
     """Why a rank with ``env`` cannot be a fork of this process, or None when it can."""
     if _preloaded is None:
         return "this process was not started by hvdflow's pyspark daemon"
+    if (started := _runtime_started()) is not None:
+        return started
     before = _preloaded.environ
     changed = sorted(k for k in set(env) | set(before) if env.get(k) != before.get(k))
     read_early = [k for k in changed if not _read_late(k)]
@@ -126,6 +128,20 @@ def fork_refusal(env: Mapping[str, str]) -> str | None:
         kept = set(_path_entries(env.get(PYTHONPATH)))
         if kept - set(_path_entries(before.get(PYTHONPATH))):
             return "the rank's PYTHONPATH adds entries"
+    return None
+
+
+def _runtime_started() -> str | None:
+    """Why a framework's runtime in this process would not survive a fork: a Python worker is
+    reused, and one that ran TensorFlow or PyTorch before (scoring, a user's UDF) has started
+    what a rank must configure itself (collective ops, thread pools: TensorFlow refuses once its
+    context exists) or what breaks in a child (an OpenMP pool used by torch)."""
+    eager = sys.modules.get("tensorflow.python.eager.context")
+    context = getattr(eager, "_context", None)  # TensorFlow's own global, made at first use
+    if context is not None and getattr(context, "_initialized", False):
+        return "TensorFlow's runtime was started in this Python worker by earlier work"
+    if "torch" in sys.modules and not imported_by_daemon("torch"):
+        return "PyTorch was loaded in this Python worker by earlier work"
     return None
 
 

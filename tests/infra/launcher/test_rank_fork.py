@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import types
 
 import cloudpickle
 import pytest
@@ -23,7 +24,9 @@ DAEMON_ENV = {"PATH": "/usr/bin", "PYTHONPATH": "/spark/pyspark.zip:/project", "
 
 @pytest.fixture
 def preloaded(monkeypatch):
-    """This process as if ``_daemon`` had imported a rank's modules with DAEMON_ENV."""
+    """This process as if ``_daemon`` had imported a rank's modules with DAEMON_ENV, and no
+    framework had started since (whatever other tests of this worker ran)."""
+    monkeypatch.setattr(_rank_fork, "_runtime_started", lambda: None)
     monkeypatch.setattr(
         _rank_fork,
         "_preloaded",
@@ -68,6 +71,36 @@ def test_variables_read_after_import_allow_a_fork(preloaded):
 def test_a_variable_read_at_import_starts_a_new_interpreter_and_is_named(preloaded, changed, named):
     refusal = _rank_fork.fork_refusal({**DAEMON_ENV, "HOROVOD_RANK": "0", **changed})
     assert refusal is not None and named in refusal
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("module", "loaded", "named"),
+    [
+        (
+            "tensorflow.python.eager.context",
+            types.SimpleNamespace(_context=types.SimpleNamespace(_initialized=True)),
+            "TensorFlow's runtime was started",
+        ),
+        ("torch", types.SimpleNamespace(), "PyTorch was loaded"),
+    ],
+)
+def test_a_worker_that_ran_a_framework_before_starts_a_new_interpreter(
+    monkeypatch, module, loaded, named
+):
+    # A reused Python worker that scored with TensorFlow (its context made, collective ops no
+    # longer configurable) or ran torch (its OpenMP pool does not survive a fork).
+    monkeypatch.setattr(_rank_fork, "_preloaded", None)
+    monkeypatch.setitem(sys.modules, module, loaded)
+    assert named in _rank_fork._runtime_started()
+
+
+@pytest.mark.unit
+def test_tensorflow_imported_but_not_started_allows_a_fork(monkeypatch):
+    idle = types.SimpleNamespace(_context=types.SimpleNamespace(_initialized=False))
+    monkeypatch.setitem(sys.modules, "tensorflow.python.eager.context", idle)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert _rank_fork._runtime_started() is None
 
 
 @pytest.mark.unit
