@@ -387,6 +387,11 @@ class HorovodRunner:
                 raise RuntimeError(f"{self._name()}: {error}") from None
             return outcome.get("result")
 
+    def _report_lost(self, channel: DriverChannel, sink: RunLog) -> None:
+        for lost in channel.liveness.lost(self.options.heartbeat_timeout_s):
+            # The driver's own report: the output the rank sent before it went silent.
+            channel.report({**lost, "tail": sink.tail(lost["rank"])})
+
     def _wait(
         self,
         done: threading.Event,
@@ -400,9 +405,7 @@ class HorovodRunner:
         timeout_s = self.options.timeout_s
         try:
             while not done.wait(_POLL_S):
-                for lost in channel.liveness.lost(self.options.heartbeat_timeout_s):
-                    # The driver's own report: the output the rank sent before it went silent.
-                    channel.report({**lost, "tail": sink.tail(lost["rank"])})
+                self._report_lost(channel, sink)
                 if self.options.stall_timeout_s and channel.progress.stalled(
                     self.options.stall_timeout_s
                 ):
@@ -428,6 +431,9 @@ class HorovodRunner:
             # so that the error names the rank that caused it, not the first to notice.
             settle_until = time.monotonic() + _SETTLE_S
             while len(channel.failures) < abs(self.np) and time.monotonic() < settle_until:
+                # A rank whose task went away (its host lost) sends no report: the driver's own
+                # is what keeps a peer's "Horovod has been shut down" from being named instead.
+                self._report_lost(channel, sink)
                 if done.wait(0.05):
                     break
             self._stop(done, channel, cancel)

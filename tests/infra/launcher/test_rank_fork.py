@@ -91,6 +91,9 @@ def test_a_worker_that_ran_a_framework_before_starts_a_new_interpreter(
     # A reused Python worker that scored with TensorFlow (its context made, collective ops no
     # longer configurable) or ran torch (its OpenMP pool does not survive a fork).
     monkeypatch.setattr(_rank_fork, "_preloaded", None)
+    idle = types.SimpleNamespace(_context=types.SimpleNamespace(_initialized=False))
+    monkeypatch.setitem(sys.modules, "tensorflow.python.eager.context", idle)  # this process's
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     monkeypatch.setitem(sys.modules, module, loaded)
     assert named in _rank_fork._runtime_started()
 
