@@ -1,8 +1,8 @@
 """pyspark's worker daemon, started after importing what a rank imports.
 
 Spark starts one daemon per executor (``spark.python.daemon.module``, which hvdflow's sessions
-set to this module) and forks every Python worker of that executor from it. With TensorFlow,
-Horovod and pyarrow imported here once, a barrier task's rank can be a fork of its task
+set to this module) and forks every Python worker of that executor from it. With ``PRELOAD``
+imported here once, a barrier task's rank can be a fork of its task
 (``_rank_fork``): about 2.9 CPU-s less per rank, paid once per executor instead. A Python
 worker that scores with a Keras model finds TensorFlow loaded too.
 
