@@ -16,6 +16,7 @@ import secrets
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
@@ -283,6 +284,26 @@ class DriverChannel:
         with self._lock:
             self.failures.append(failure)
         self.failed.set()
+
+    def gather_failures(
+        self, expected: int, within_s: float, on_poll: Callable[[], None] = lambda: None
+    ) -> None:
+        """After a first failure, wait up to ``within_s`` for the other reports: until
+        ``expected`` came, or no task's connection is still open (none can report any more).
+        ``on_poll`` runs between waits (the runner's check for silent tasks).
+
+        Not only until the Spark job ends: Spark can hear from its master that a host's
+        executor is gone, and end the job, before this channel has read that the host's task
+        connection ended. The report of that lost task is what keeps a peer's "Horovod has
+        been shut down" from being named as the cause (seen in CI: a host lost for good was
+        blamed on a surviving rank, and the run was not resumed on the ranks left).
+        """
+        deadline = time.monotonic() + within_s
+        while len(self.failures) < expected and time.monotonic() < deadline:
+            on_poll()
+            # A connection's last report is recorded before it stops counting as read.
+            if self.drain(0.05):
+                return
 
     def root_failure(self) -> tuple[Mapping | None, list[int]]:
         """``root_failure`` of the reports received so far."""

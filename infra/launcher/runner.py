@@ -429,13 +429,9 @@ class HorovodRunner:
         if channel.failed.is_set():
             # The other ranks usually fail within moments of the first: collect their reports
             # so that the error names the rank that caused it, not the first to notice.
-            settle_until = time.monotonic() + _SETTLE_S
-            while len(channel.failures) < abs(self.np) and time.monotonic() < settle_until:
-                # A rank whose task went away (its host lost) sends no report: the driver's own
-                # is what keeps a peer's "Horovod has been shut down" from being named instead.
-                self._report_lost(channel, sink)
-                if done.wait(0.05):
-                    break
+            channel.gather_failures(
+                abs(self.np), _SETTLE_S, on_poll=lambda: self._report_lost(channel, sink)
+            )
             self._stop(done, channel, cancel)
             failure, others = channel.root_failure()
             # A task that died reported nothing: its rank's last lines are the driver's own.

@@ -104,6 +104,36 @@ def test_the_channel_names_the_root_of_the_reports_it_received():
 
 
 @pytest.mark.integration
+def test_a_lost_task_read_after_its_peers_report_is_still_named_as_the_cause():
+    """What CI saw once Spark ended the job on its own: a host's executor lost, the job ended,
+    a surviving rank's "Horovod has been shut down" reported, and the lost task's connection
+    end read a moment later. The failures are gathered until no connection is open, so the
+    lost task is named, not the rank that only noticed; and no later than that."""
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
+        survivor, lost = _task(channel, 0), _task(channel, 1)
+        for task in (survivor, lost):  # the driver answers a heartbeat once it read the hello
+            task.sendall(_wire.encode({"type": _wire.HEARTBEAT}))
+            assert _wire.read_message(task.makefile("rb")) == {"type": _wire.HEARTBEAT}
+        failed = {
+            "type": _wire.FAILED,
+            "rank": 0,
+            "reason": "rank 0 exited with code 1",
+            "tail": [SHUTDOWN],
+            "exited_at": time.time(),
+        }
+        survivor.sendall(_wire.encode(failed) + _wire.encode({"type": _wire.BYE}))
+        survivor.close()
+        assert channel.failed.wait(5)
+        threading.Timer(0.5, lost.close).start()  # no bye: its process died
+        started = time.monotonic()
+        channel.gather_failures(expected=3, within_s=60)  # the third task never connected
+        waited_s = time.monotonic() - started
+        root, others = channel.root_failure()
+    assert root["rank"] == 1 and "was lost" in root["reason"] and others == [0]
+    assert 0.4 < waited_s < 30, waited_s  # until the last connection ended, not the deadline
+
+
+@pytest.mark.integration
 def test_driver_servers_listen_only_on_the_executor_facing_address():
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         assert channel._server.server_address[0] == "127.0.0.1"
