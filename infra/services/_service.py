@@ -46,6 +46,9 @@ class Service(abc.ABC):
     KILL_EXPECTED: ClassVar[bool] = False
     # How often start() asks _ready().
     POLL_INTERVAL_S: ClassVar[float] = 0.3
+    # Whether it also listens on 127.0.0.1, whatever its bind address: its port must be free
+    # there too.
+    ALSO_ON_LOOPBACK: ClassVar[bool] = False
     # Whether it refuses requests without credentials (a subclass may decide per instance).
     auth: bool = False
 

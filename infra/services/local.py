@@ -67,16 +67,21 @@ def _port(name: str, host: str, previous: dict | None = None) -> int:
     processes of a server killed a moment ago may still hold it while they exit."""
     before = _previous_port(previous, host)
     deadline = time.monotonic() + PREVIOUS_PORT_WAIT_S
-    while before and not _free_here(before, host) and time.monotonic() < deadline:
+    while before and not _free_for(name, before, host) and time.monotonic() < deadline:
         time.sleep(0.2)
     for port in (before, PREFERRED_PORTS[name]):
-        if port and _free_here(port, host):
+        if port and _free_for(name, port, host):
             return port
     return free_port(host=host)
 
 
-def _free_here(port: int, host: str) -> bool:
-    return port_is_free(port, host) and port_is_free(port)
+def _free_for(name: str, port: int, host: str) -> bool:
+    """Whether ``name`` could listen on ``port`` of ``host``: on loopback too only for a service
+    that listens there as well. Another home's server on 127.0.0.1:4200 does not keep a Prefect
+    server bound to a cluster address from coming back on that address's 4200 (the soak saw
+    it come back elsewhere, and its flow runs, holding the old URL, wait for ever)."""
+    loopback_too = SERVICES[name].ALSO_ON_LOOPBACK and host != LOOPBACK
+    return port_is_free(port, host) and (not loopback_too or port_is_free(port))
 
 
 def _previous_port(entry: dict | None, host: str) -> int | None:

@@ -190,6 +190,8 @@ class SeaweedServer(Service):
     log_name = "weed.log"
     SECRET_VARIABLES = {c.AWS_SECRET_ACCESS_KEY: "secret_access_key"}
     START_TIMEOUT_S = 60.0
+    # Its S3 gateway listens on 127.0.0.1 besides the bind address (see the module's doc).
+    ALSO_ON_LOOPBACK = True
     # After SIGTERM, `weed server` hangs in its filer's graceful gRPC stop (its own subscriptions
     # never end) and never exits by itself; its data is already written by then (an object put
     # just before the stop survives: tests/infra/storage). So SIGKILL follows after a short grace

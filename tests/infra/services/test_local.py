@@ -133,6 +133,26 @@ def test_a_service_that_died_comes_back_on_its_address_and_port_when_they_are_fr
 
 
 @pytest.mark.unit
+def test_another_homes_server_on_loopback_does_not_move_one_bound_elsewhere(monkeypatch):
+    """The soak's Prefect server on the cluster address, killed and started again while a test
+    on the other xdist worker had its own on 127.0.0.1:4200, came back on another port, and its
+    flow run, holding the old URL, waited until the test's timeout. Only SeaweedFS, whose S3
+    gateway listens on loopback as well, needs the port free there too."""
+    from hvdflow.infra.services import local
+
+    monkeypatch.setattr(local, "PREVIOUS_PORT_WAIT_S", 0.5)
+    with socket.socket() as other_home:
+        other_home.bind(("127.0.0.1", 0))
+        other_home.listen()
+        port = other_home.getsockname()[1]
+        before = {"host": "127.0.0.2", "port": port}
+        assert local._port("prefect", "127.0.0.2", before) == port
+        assert local._port("mlflow", "127.0.0.2", before) == port
+        assert local._port("s3", "127.0.0.2", before) != port
+        assert local._port("prefect", "127.0.0.1", {"host": "127.0.0.1", "port": port}) != port
+
+
+@pytest.mark.unit
 def test_a_bad_bind_address_is_a_bad_parameter_and_starts_nothing(tmp_path, monkeypatch, capfd):
     from hvdflow.flows.cli import main
 
