@@ -34,6 +34,7 @@ def preload() -> None:
     stdout, and TensorFlow's import notices would reach the driver's console once per
     executor, untagged (a rank's own output is streamed, tagged with its rank, as before).
     Shown with the reason where an import fails."""
+    environ_before = dict(os.environ)
     with _output_held() as held:
         try:
             for name in PRELOAD:
@@ -53,7 +54,7 @@ def preload() -> None:
     # Objects made so far stay out of the collector's passes: a fork then shares their pages
     # instead of copying each one a pass touches.
     gc.freeze()
-    _rank_fork.mark_preloaded()
+    _rank_fork.mark_preloaded(environ_before)
 
 
 @contextlib.contextmanager

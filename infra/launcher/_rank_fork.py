@@ -38,7 +38,16 @@ from hvdflow.infra.constants import HVDFLOW_RANK_START, PYTHONPATH
 RANK_MODULE = "hvdflow.infra.launcher._rank"
 # Variables nothing reads at import: set in the forked rank, they act as in a new interpreter.
 # (_MLFLOW_TELEMETRY_SESSION_ID: set by MLflow's import in a worker that scored with a model.)
-READ_LATE_PREFIXES = ("HOROVOD_", "HVDFLOW_", "AWS_", "MLFLOW_", "_MLFLOW_", "SPARK_", "PYSPARK_")
+READ_LATE_PREFIXES = (
+    "HOROVOD_",
+    "HVDFLOW_",
+    "AWS_",
+    "MLFLOW_",
+    "_MLFLOW_",
+    "SPARK_",
+    "PYSPARK_",
+    "TORCHELASTIC_",  # torchrun's run id and restarts: read by torch.distributed when called
+)
 READ_LATE = {
     "TF_CONFIG",  # read when a MultiWorkerMirroredStrategy is made (the tf_collective engine)
     "MASTER_ADDR",  # the torch engine's rendezvous, read by init_process_group
@@ -47,9 +56,21 @@ READ_LATE = {
     "WORLD_SIZE",
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
+    # The rest of torchrun's environment (torch.distributed.run documents it), which the torch
+    # engine sets for scripts written for torchrun; torch is not preloaded, and reads them only
+    # when called.
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
     "TMPDIR",  # tempfile's folder: forgotten in the fork (``_become_rank``)
     "PYTHONUNBUFFERED",  # the fork's streams are made unbuffered (``_become_rank``)
     PYTHONPATH,  # only entries taken away, which the fork takes off sys.path
+    # pytest's name of the test it runs, set anew for each: a driver in a test runner (ranks
+    # forked from its fork server, ``_fork_server``) differs in it at every test. No library
+    # reads it at import.
+    "PYTEST_CURRENT_TEST",
 }
 # Exit status of a forked rank whose set-up failed before main (as _rank's own failures: 1).
 _SETUP_FAILED = 1
@@ -66,6 +87,9 @@ warnings.filterwarnings(
 @dataclass(frozen=True)
 class _Preloaded:
     environ: dict[str, str]
+    # The environment before the imports: they set some variables themselves (TensorFlow's
+    # TF2_BEHAVIOR, OpenCV's folders on LD_LIBRARY_PATH), as a new interpreter's would.
+    environ_before: dict[str, str]
     fds: dict[int, tuple[int, int]]  # fd -> (st_dev, st_ino): what the imports hold open
     finalizers: frozenset[int]  # the imports' weakref.finalize objects, by id
     modules: frozenset[str]  # what the daemon had imported
@@ -77,8 +101,9 @@ class _Preloaded:
 _preloaded: _Preloaded | None = None
 
 
-def mark_preloaded() -> None:
+def mark_preloaded(environ_before: Mapping[str, str] | None = None) -> None:
     """Called by ``_daemon`` once its imports are done: this process's forks may become ranks.
+    ``environ_before``: the environment before the imports (default: as it is now).
 
     From here on, what the daemon's workers and their tasks give ``atexit.register`` is noted, so
     that a forked rank can leave it out: a rank's exit runs the atexit handlers a new
@@ -98,6 +123,7 @@ def mark_preloaded() -> None:
 
     _preloaded = _Preloaded(
         dict(os.environ),
+        dict(os.environ if environ_before is None else environ_before),
         _open_fds(),
         frozenset(map(id, _finalizers())),
         frozenset(sys.modules),
@@ -119,14 +145,20 @@ def fork_refusal(env: Mapping[str, str]) -> str | None:
         return "this process was not started by hvdflow's pyspark daemon"
     if (started := _runtime_started()) is not None:
         return started
-    before = _preloaded.environ
-    changed = sorted(k for k in set(env) | set(before) if env.get(k) != before.get(k))
+    before, after = _preloaded.environ_before, _preloaded.environ
+    # A variable the imports set is the same whether the rank has the value from before them
+    # (a driver's environment) or after (a task's, inherited from the daemon).
+    changed = sorted(
+        k
+        for k in set(env) | set(before) | set(after)
+        if env.get(k) != after.get(k) and env.get(k) != before.get(k)
+    )
     read_early = [k for k in changed if not _read_late(k)]
     if read_early:
         return f"the rank's environment differs in {', '.join(read_early)}, read at import"
     if PYTHONPATH in changed:
         kept = set(_path_entries(env.get(PYTHONPATH)))
-        if kept - set(_path_entries(before.get(PYTHONPATH))):
+        if kept - set(_path_entries(after.get(PYTHONPATH))):
             return "the rank's PYTHONPATH adds entries"
     return None
 
@@ -150,15 +182,30 @@ def _read_late(name: str) -> bool:
 
 
 def start_rank(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, pass_fds: Sequence[int]
-) -> subprocess.Popen | ForkedRank:
-    """The rank process: a fork of this one where ``fork_refusal`` allows, else
-    ``python -m _rank`` as a new interpreter. Either way its own session, stdin from /dev/null,
-    stdout and stderr as pipes (``.stdout``, ``.stderr``), only ``pass_fds`` inherited, and
-    HVDFLOW_RANK_START saying which way it started (and why not forked)."""
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    pass_fds: Sequence[int],
+    on_driver: bool = False,
+):
+    """The rank process: a fork of this one where ``fork_refusal`` allows; on the driver
+    (``on_driver``, np<0), a fork of the driver's fork server (``_fork_server``) where its
+    ``fork_refusal`` allows; else ``python -m _rank`` as a new interpreter. Either way its own
+    session, stdin from /dev/null, stdout and stderr as pipes (``.stdout``, ``.stderr``), only
+    ``pass_fds`` inherited, and HVDFLOW_RANK_START saying which way it started (and why not
+    forked). A ``subprocess.Popen``, or an object with the part of its API the task uses."""
     refusal = fork_refusal(env)
     if refusal is None:
         return ForkedRank.start(argv, {**env, HVDFLOW_RANK_START: "forked"}, cwd, pass_fds)
+    if on_driver:
+        from hvdflow.infra.launcher import _fork_server  # noqa: PLC0415 (drivers only)
+
+        forked = _fork_server.start_rank(
+            argv, {**env, HVDFLOW_RANK_START: "forked by the driver's fork server"}, cwd, pass_fds
+        )
+        if not isinstance(forked, str):
+            return forked
+        refusal = forked
     return subprocess.Popen(
         [sys.executable, "-m", RANK_MODULE, *argv],
         env={**env, HVDFLOW_RANK_START: f"new interpreter: {refusal}"},
@@ -202,7 +249,7 @@ class ForkedRank:
         def parent() -> None:
             pid = os.fork()
             if pid == 0:  # the rank: never returns
-                _run_rank(argv, env, cwd, out_write, err_write, {*pass_fds}, ready_write)
+                run_forked_rank(argv, env, cwd, out_write, err_write, {*pass_fds}, ready_write)
             ended["pid"] = pid
             forked.set()
             _, status = os.waitpid(pid, 0)
@@ -230,7 +277,7 @@ class ForkedRank:
         return self.returncode
 
 
-def _run_rank(argv, env, cwd, out_write, err_write, keep, ready_write) -> None:
+def run_forked_rank(argv, env, cwd, out_write, err_write, keep, ready_write) -> None:
     """The forked child: become the rank, run it, exit; never returns."""
     try:
         _become_rank(env, cwd, out_write, err_write, keep | {ready_write}, ready_write)
@@ -321,13 +368,29 @@ def _finalizers() -> list[weakref.finalize]:
     return list(getattr(weakref.finalize, "_registry", {}))
 
 
+def _as_after_the_imports(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with what the preloaded imports set in it, where it has the value from before
+    them: what a new interpreter's environment would be once it had imported the same."""
+    merged = dict(env)
+    if _preloaded is None:
+        return merged
+    before, after = _preloaded.environ_before, _preloaded.environ
+    for name in set(before) | set(after):
+        if before.get(name) != after.get(name) and env.get(name) == before.get(name):
+            if name in after:
+                merged[name] = after[name]
+            else:
+                merged.pop(name, None)
+    return merged
+
+
 def _use_environment(env: Mapping[str, str]) -> None:
     before = _preloaded.environ if _preloaded is not None else dict(os.environ)
     gone = set(_path_entries(before.get(PYTHONPATH))) - set(_path_entries(env.get(PYTHONPATH)))
     if gone:
         sys.path[:] = [entry for entry in sys.path if entry not in gone]
     os.environ.clear()  # os.environ's own methods: C's environment follows (putenv, unsetenv)
-    os.environ.update(env)
+    os.environ.update(_as_after_the_imports(env))
     import tempfile  # noqa: PLC0415
 
     tempfile.tempdir = None  # read from TMPDIR again at its next use

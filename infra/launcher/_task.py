@@ -81,6 +81,8 @@ class TaskSpec:
     # The channel through the object store, for a task that cannot reach the driver (None: the
     # run offers none).
     relay: RelaySpec | None = None
+    # The ranks run on the driver (np<0) and may fork from its fork server (``_fork_server``).
+    on_driver: bool = False
 
 
 class DriverLink:
@@ -439,6 +441,7 @@ def _supervise(
             env,
             os.getcwd(),
             pass_fds=(events_write, *context_fds),
+            on_driver=spec.on_driver,
         )
         os.close(events_write)
         if context is not None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 import types
 
 import cloudpickle
+import psutil
 import pytest
 
 from hvdflow import HorovodOptions, HorovodRunner, LaunchOptions
@@ -30,7 +33,9 @@ def preloaded(monkeypatch):
     monkeypatch.setattr(
         _rank_fork,
         "_preloaded",
-        _rank_fork._Preloaded(dict(DAEMON_ENV), {}, frozenset(), frozenset(), [], print, print),
+        _rank_fork._Preloaded(
+            dict(DAEMON_ENV), dict(DAEMON_ENV), {}, frozenset(), frozenset(), [], print, print
+        ),
     )
 
 
@@ -54,6 +59,12 @@ def test_variables_read_after_import_allow_a_fork(preloaded):
         "TMPDIR": "/tmp/hvdflow-rank1",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": "/project",  # Spark's zip taken away (rank_python_path)
+        # torchrun's environment, which the torch engine sets (torch is not preloaded)
+        "MASTER_ADDR": "10.0.0.1",
+        "GROUP_RANK": "1",
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RUN_ID": "hvdflow-1",
+        "TORCHELASTIC_RESTART_COUNT": "0",
     }
     assert _rank_fork.fork_refusal(rank) is None
 
@@ -265,3 +276,66 @@ def test_a_forked_rank_runs_none_of_its_tasks_exit_handlers_and_honours_its_own_
     # The task's exit handler ran once, in the task: never in the rank.
     assert marks.read_text().splitlines() == [f"task handler in {report['task_pid']}"]
     assert report["returned"]["pid"] != report["task_pid"]
+
+
+# A driver of its own (a fresh process: its first np<0 run is its first): four np=-2 runs of
+# train_digits from one seed, each rank saying how it started and who its parent is; then a
+# fifth whose ranks wait, each having written a file, for the test to SIGKILL the driver.
+DRIVER = """
+import json, os, sys, time
+from hvdflow import HorovodRunner
+from hvdflow.training.smoke import train_digits
+
+def noting(epochs):
+    import tensorflow as tf
+    tf.keras.utils.set_random_seed(7)
+    result = train_digits(epochs=epochs)
+    return {**result, "start": os.environ.get("HVDFLOW_RANK_START"), "parent": os.getppid()}
+
+def waiting(folder):
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    open(os.path.join(folder, str(hvd.rank())), "w").close()
+    time.sleep(600)
+
+for _ in range(4):
+    print(json.dumps(HorovodRunner(np=-2).run(noting, epochs=1)), flush=True)
+HorovodRunner(np=-2).run(waiting, folder=sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_ranks_on_the_driver_fork_from_its_fork_server_from_its_second_run_and_die_with_it(
+    tmp_path,
+):
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        runs = [json.loads(driver.stdout.readline() or "null") for _ in range(4)]
+        assert None not in runs, runs
+        # The driver's own ranks first, then its fork server's: one process for every run.
+        assert runs[0]["start"] == (
+            "new interpreter: this process was not started by hvdflow's pyspark daemon"
+        )
+        assert runs[0]["parent"] == driver.pid
+        assert [r["start"] for r in runs[1:]] == ["forked by the driver's fork server"] * 3
+        (server,) = {r["parent"] for r in runs[1:]}
+        assert psutil.Process(server).ppid() == driver.pid
+        # The same model, bit for bit, however the ranks started.
+        assert len({c for r in runs for c in r["checksums"]}) == 1, runs
+        # The driver SIGKILLed mid-run: the server dies with it, and its ranks with the server.
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1"]
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        assert wait_for_no_ranks(10) == []
+        assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
