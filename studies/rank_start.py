@@ -8,7 +8,13 @@ epoch, from a fixed seed. Printed per launch: its wall time, each rank's own CPU
 its end (``os.times``, children not included), and whether the weights of every launch are the
 same, bit for bit. A first launch of each way is not counted (the daemon starts then).
 
-Run: ``.venv/bin/python -m studies.rank_start [--repeats 5]`` (the classic profile: Horovod).
+With ``--on-driver``: np=-2, the ranks on the driver, forked from its fork server
+(``infra/launcher/_fork_server.py``) against new interpreters, the same way; no Spark session.
+Not counted there: the driver's first run (its ranks are new interpreters) and its second (the
+fork server starts).
+
+Run: ``.venv/bin/python -m studies.rank_start [--repeats 5] [--on-driver]`` (the classic
+profile: Horovod).
 """
 
 from __future__ import annotations
@@ -45,21 +51,26 @@ def rank() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--on-driver", action="store_true", help="np=-2: ranks on the driver")
     args = parser.parse_args(argv)
 
-    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+    spark = None
+    if not args.on_driver:
+        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
-    spark = get_spark("local[2]", "rank-start-study")
+        spark = get_spark("local[2]", "rank-start-study")
 
     def launch(extra_env: dict) -> tuple[float, dict]:
         options = LaunchOptions(spark=spark, horovod=HorovodOptions(extra_env=extra_env))
         started = time.perf_counter()
-        result = HorovodRunner(np=2, options=options).run(rank)
+        result = HorovodRunner(np=-2 if args.on_driver else 2, options=options).run(rank)
         return time.perf_counter() - started, result
 
     ways = {"forked": {}, "new interpreter": NEW_INTERPRETER}
-    for extra_env in ways.values():
-        launch(extra_env)  # not counted: the daemon and the first workers start here
+    # Not counted: the daemon and the first workers start here (on the driver: its first run,
+    # then the fork server's start).
+    for extra_env in [{}, *ways.values()]:
+        launch(extra_env)
     walls: dict[str, list[float]] = {way: [] for way in ways}
     cpus: dict[str, list[float]] = {way: [] for way in ways}
     checksums = set()
@@ -82,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio {forked_cpu / new_cpu:.2f}"
     )
     print(f"weights identical across every launch: {len(checksums) == 1}")
-    spark.stop()
+    if spark is not None:
+        spark.stop()
     return 0
 
 

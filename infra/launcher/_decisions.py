@@ -83,6 +83,14 @@ def stop_reason(
     return None
 
 
+def reached_in_time(reached_after_s: float | None, start_timeout_s: float) -> bool:
+    """Whether a rank reached its engine's start within ``start_timeout_s`` of its own start
+    (``reached_after_s``; None: not yet). A task looks every poll, so a rank that got there
+    between two looks, after the timeout, would otherwise pass: with a timeout shorter than a
+    poll, a forked rank always did."""
+    return reached_after_s is not None and reached_after_s <= start_timeout_s
+
+
 def exit_reason(returncode: int) -> str:
     """How a non-zero exit status reads in an error: a negative one is the signal that killed it."""
     if returncode == _wire.EXIT_TEMPFAIL:

@@ -7,7 +7,7 @@ importing TensorFlow and Horovod again. The first np<0 run of a driver process s
 server instead: a child of the driver that imports what the daemon imports, once, and then forks
 each rank of that driver's runs on request, as the daemon's task would (``_rank_fork``'s
 ``fork_refusal`` decides there too; where it refuses, the rank starts as a new interpreter, as
-before). Measured in ``studies/rank_start.py`` ("on the driver").
+before). Measured by ``python -m studies.rank_start --on-driver`` (BENCHMARKS.md).
 
 The driver and the server talk over a Unix socket pair of datagrams (``SOCK_SEQPACKET``): a
 start request carries the rank's pipes and inherited files (SCM_RIGHTS), and the server answers

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
 from hvdflow.infra.launcher import _wire
@@ -59,6 +60,18 @@ def _pump_stderr(pipe, ship: Ship) -> None:
     while (line := _wire.read_line(pipe, _wire.MAX_LINE_BYTES)) is not None:
         ship(_wire.STDERR, _wire.line_text(*line))
     pipe.close()
+
+
+class Reached(threading.Event):
+    """Set when the rank reached its engine's start; ``at``: when (``time.monotonic``), so that
+    the start timeout is judged by when that happened, not by when a poll noticed it."""
+
+    at: float | None = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        super().set()
 
 
 def _pump_events(fd: int, init_reached: threading.Event, note_progress: NoteProgress) -> None:

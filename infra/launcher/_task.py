@@ -33,7 +33,12 @@ from hvdflow.infra.constants import (
     HVDFLOW_STACKS_FILE,
 )
 from hvdflow.infra.launcher import _liveness, _placement, _rank_fork, _rank_output, _wire
-from hvdflow.infra.launcher._decisions import exit_cause, exit_reason, stop_reason
+from hvdflow.infra.launcher._decisions import (
+    exit_cause,
+    exit_reason,
+    reached_in_time,
+    stop_reason,
+)
 from hvdflow.infra.launcher._engines import engine
 from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 from hvdflow.infra.launcher._relay import RelaySpec, TaskRelay
@@ -397,7 +402,7 @@ def _supervise(
 ):
     """Run the rank to its end; ``who`` names it in errors (``describe_rank``)."""
     tail: collections.deque[str] = collections.deque(maxlen=_wire.TAIL_LINES)
-    init_reached = threading.Event()
+    init_reached = _rank_output.Reached()
 
     def note_progress(begun: int, finished: int, watch: bool) -> None:
         link.progress = {"rank": rank, "begun": begun, "finished": finished, "watch": watch}
@@ -464,7 +469,10 @@ def _supervise(
                 stopped = stop_reason(
                     aborted=link.aborted.is_set(),
                     driver_silent=link.lost(),
-                    init_reached=init_reached.is_set(),
+                    init_reached=reached_in_time(
+                        init_reached.at - started if init_reached.is_set() else None,
+                        spec.start_timeout_s,
+                    ),
                     waited_s=time.monotonic() - started,
                     start_timeout_s=spec.start_timeout_s,
                     heartbeat_timeout_s=spec.heartbeat_timeout_s,

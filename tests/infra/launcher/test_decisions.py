@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hvdflow.infra.launcher import _wire
-from hvdflow.infra.launcher._decisions import error_line, exit_cause, stop_reason
+from hvdflow.infra.launcher._decisions import error_line, exit_cause, reached_in_time, stop_reason
 
 pytestmark = pytest.mark.unit
 
@@ -134,3 +134,13 @@ def test_a_signal_or_tempfail_is_a_transient_cause_and_another_exit_status_is_no
 )
 def test_the_error_line_is_the_exception_a_ranks_output_ends_with(tail, expected):
     assert error_line(tail) == expected
+
+
+@pytest.mark.unit
+def test_a_rank_that_reached_its_start_after_the_timeout_did_not_reach_it_in_time():
+    """Judged by when the rank got there, not by the task's next look (a forked rank got to
+    hvd.init() between two looks, after a 0.01 s timeout, and the run went on)."""
+    assert reached_in_time(None, 30.0) is False
+    assert reached_in_time(30.0, 30.0) is True
+    assert reached_in_time(30.001, 30.0) is False
+    assert reached_in_time(0.05, 0.01) is False
