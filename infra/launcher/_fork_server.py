@@ -74,15 +74,16 @@ class RankForkServer:
         self._lock = threading.Lock()  # one start request at a time
         self._answered = threading.Condition()
         self._answers: dict[int, dict] = {}
-        self._exits: dict[int, int] = {}
+        # Each forked rank's exit, as ``_rank_fork.ForkedRank`` reads it: an event and {"code"}.
         self._exited: dict[int, threading.Event] = {}
+        self._ended: dict[int, dict] = {}
         self._next_id = 0
         self.alive = True
         threading.Thread(target=self._read, name="hvdflow-fork-server", daemon=True).start()
 
     def start_rank(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str, pass_fds: Sequence[int]
-    ) -> ServerForkedRank | str:
+    ) -> _rank_fork.ForkedRank | str:
         """The forked rank, or why the server did not fork it (the caller starts it anew)."""
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
@@ -108,12 +109,13 @@ class RankForkServer:
             os.close(err_read)
             return answer.get("refused", "the driver's fork server did not answer")
         pid = answer["pid"]
-        return ServerForkedRank(
-            pid, os.fdopen(out_read, "rb"), os.fdopen(err_read, "rb"), self, self._exited[pid]
+        return _rank_fork.ForkedRank(
+            pid,
+            os.fdopen(out_read, "rb"),
+            os.fdopen(err_read, "rb"),
+            self._exited[pid],
+            self._ended[pid],
         )
-
-    def exit_code(self, pid: int) -> int | None:
-        return self._exits.get(pid)
 
     def _answer(self, request_id: int) -> dict:
         with self._answered:
@@ -132,11 +134,12 @@ class RankForkServer:
                 break
             message = json.loads(data)
             if "exited" in message:
-                self._exits[message["exited"]] = message["code"]
+                self._ended[message["exited"]]["code"] = message["code"]
                 self._exited[message["exited"]].set()
                 continue
             if "pid" in message:
                 self._exited[message["pid"]] = threading.Event()
+                self._ended[message["pid"]] = {"pid": message["pid"]}
             with self._answered:
                 self._answers[message["id"]] = message
                 self._answered.notify_all()
@@ -144,7 +147,7 @@ class RankForkServer:
         self.alive = False
         for pid, exited in list(self._exited.items()):
             if not exited.is_set():
-                self._exits[pid] = -signal.SIGKILL
+                self._ended[pid]["code"] = -signal.SIGKILL
                 exited.set()
         with self._answered:
             self._answered.notify_all()
@@ -158,34 +161,13 @@ class RankForkServer:
             self.process.kill()
 
 
-class ServerForkedRank:
-    """A rank the driver's fork server forked, with the part of ``subprocess.Popen`` the task
-    uses (as ``_rank_fork.ForkedRank``)."""
-
-    def __init__(self, pid: int, stdout, stderr, server: RankForkServer, exited: threading.Event):
-        self.pid, self.stdout, self.stderr = pid, stdout, stderr
-        self._server, self._exited = server, exited
-
-    @property
-    def returncode(self) -> int | None:
-        return self._server.exit_code(self.pid) if self._exited.is_set() else None
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(_rank_fork.RANK_MODULE, timeout)
-        return self.returncode
-
-
 _server: RankForkServer | None = None
 _server_lock = threading.Lock()
 
 
 def start_rank(
     argv: Sequence[str], env: Mapping[str, str], cwd: str, pass_fds: Sequence[int]
-) -> ServerForkedRank | str:
+) -> _rank_fork.ForkedRank | str:
     """A rank of this driver forked from its fork server (started by the first call), or why
     not: the caller starts it as a new interpreter."""
     global _server
