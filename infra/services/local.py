@@ -60,16 +60,17 @@ SERVICES: dict[str, type[Service]] = {
 }
 
 
-def _port(name: str, host: str, previous: dict | None = None) -> int:
+def _port(name: str, host: str, previous: dict | None = None, preferred: int | None = None) -> int:
     """The port to start ``name`` on: the one it had before on ``host`` (a service that died
-    comes back where its clients, holding its URL, still call), else the conventional one, else
-    any; each only when free. The previous port gets PREVIOUS_PORT_WAIT_S to become free: the
-    processes of a server killed a moment ago may still hold it while they exit."""
+    comes back where its clients, holding its URL, still call), else ``preferred`` (the
+    conventional one by default), else any; each only when free. The previous port gets
+    PREVIOUS_PORT_WAIT_S to become free: the processes of a server killed a moment ago may
+    still hold it while they exit."""
     before = _previous_port(previous, host)
     deadline = time.monotonic() + PREVIOUS_PORT_WAIT_S
     while before and not _free_for(name, before, host) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for port in (before, PREFERRED_PORTS[name]):
+    for port in (before, preferred or PREFERRED_PORTS[name]):
         if port and _free_for(name, port, host):
             return port
     return free_port(host=host)
@@ -104,9 +105,15 @@ def _entry(server: Service, url: str) -> dict:
 class LocalServices:
     """Start, find and stop the embedded services of one HVDFLOW_HOME."""
 
-    def __init__(self, home: str | Path | None = None):
+    def __init__(self, home: str | Path | None = None, ports: dict[str, int] | None = None):
+        """``ports``: the port to prefer for a service by name (``s3``, ``mlflow``,
+        ``prefect``) over its conventional one (``PREFERRED_PORTS``). A home that keeps its own
+        ports leaves the conventional ones to the others on the machine: a SeaweedFS of a home
+        bound beyond loopback listens on loopback too, and when it restarts, another home that
+        took its conventional port there meanwhile would push it onto another port."""
         self.home = Path(home) if home else hvdflow_home()
         self.state_path = self.home / STATE_FILE
+        self.ports = dict(ports or {})
 
     def state(self) -> dict:
         """The running services (dead ones dropped)."""
@@ -147,23 +154,26 @@ class LocalServices:
         state = self.state()
         host = self._bind_address(state, bind, recorded=before)
         if "s3" not in state and not os.environ.get(c.AWS_ENDPOINT_URL):
-            server = self._seaweed(host, _port("s3", host, before.get("s3")))
+            server = self._seaweed(host, self._port("s3", host, before))
             self._start(server)
             state["s3"] = _entry(server, server.endpoint_url)
             self._save(state)
         if "mlflow" not in state and not os.environ.get(c.MLFLOW_TRACKING_URI):
             store_env = self._store_env(state)
             self._create_artifact_bucket(store_env)
-            server = self._mlflow(host, _port("mlflow", host, before.get("mlflow")), store_env)
+            server = self._mlflow(host, self._port("mlflow", host, before), store_env)
             self._start(server)
             state["mlflow"] = _entry(server, server.tracking_uri)
             self._save(state)
         if prefect and "prefect" not in state and not os.environ.get(c.PREFECT_API_URL):
-            server = self._prefect(host, _port("prefect", host, before.get("prefect")))
+            server = self._prefect(host, self._port("prefect", host, before))
             self._start(server)
             state["prefect"] = _entry(server, server.api_url)
             self._save(state)
         return self.env(state)
+
+    def _port(self, name: str, host: str, recorded: dict) -> int:
+        return _port(name, host, recorded.get(name), self.ports.get(name))
 
     def _bind_address(self, state: dict, bind: str | None, recorded: dict | None = None) -> str:
         """The address to start services on: ``bind``, checked, and the same as that of the

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from hvdflow.infra.services._process import (
+    free_port,
     group_members,
     is_running,
     start_process,
@@ -85,7 +86,11 @@ class SoakStack:
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
         self._airflow_starting: Future | None = None
-        self.services = LocalServices(self.home)
+        # Ports of its own, not the conventional ones: a test beside the soak (`make test` runs
+        # two sessions) that starts a home on loopback takes those, and SeaweedFS, listening
+        # on loopback too, came back from its restart on another port (a clean clone, 2026-12-01).
+        own = {name: free_port(host=self.cluster.driver_ip) for name in ("s3", "mlflow", "prefect")}
+        self.services = LocalServices(self.home, ports=own)
 
     # --- services ---------------------------------------------------------------------------
     def start_services(self) -> dict:

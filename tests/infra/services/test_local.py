@@ -153,6 +153,25 @@ def test_another_homes_server_on_loopback_does_not_move_one_bound_elsewhere(monk
 
 
 @pytest.mark.unit
+def test_a_home_with_ports_of_its_own_prefers_them_to_the_conventional_ones(tmp_path):
+    """A home given ports of its own takes them when free (and any free one when not), so it
+    leaves 8333, 5000 and 4200 to the other homes on the machine."""
+    from hvdflow.infra.services import local
+
+    own, before = local.free_port(), local.free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        services = local.LocalServices(tmp_path, ports={"s3": own, "prefect": busy})
+        assert services._port("s3", "127.0.0.1", {}) == own
+        assert services._port("prefect", "127.0.0.1", {}) not in (busy, 4200)
+        # A port it had before still comes first: a restarted service keeps its URL.
+        recorded = {"s3": {"host": "127.0.0.1", "port": before}}
+        assert services._port("s3", "127.0.0.1", recorded) == before
+
+
+@pytest.mark.unit
 def test_a_bad_bind_address_is_a_bad_parameter_and_starts_nothing(tmp_path, monkeypatch, capfd):
     from hvdflow.flows.cli import main
 
