@@ -29,11 +29,10 @@ setup-all:
 run: setup
 	$(VENV)/bin/hvdflow run
 
-# The test suite: lint, every test once under classic (slow ones included) and, beside it in one
-# process of its own, under current the tests whose code depends on the stack (marked `current`)
-# and an import of every module (scripts/test.sh). Fails when no test ran.
-test: setup-all lint
-	bash scripts/test.sh
+# The test suite: lint, every test once under classic (slow ones included), then under current
+# the tests whose code depends on the stack (marked `current`) and an import of every module.
+# Fails when no test ran.
+test: setup-all lint test-classic test-current
 
 lint: setup
 	.venv/bin/ruff check .

@@ -63,13 +63,6 @@ SERIAL_GROUPS = {
         "tests/test_current_install.py",
     ),
 }
-# Groups whose tests also wait for each other across test sessions on this machine: `make test`
-# runs the current profile's session beside the classic one (scripts/test.sh), and
-# tests/test_current_install.py's `hvdflow run` takes the conventional ports too. A lock file
-# per group, held for the length of each test (one test holds one lock: no two sessions wait on
-# each other in turn). The multi-host harness needs none: its runs register their own subnet.
-MACHINE_WIDE_GROUPS = ("local-services",)
-MACHINE_WIDE_WAIT_S = 900.0
 # Modules whose tests share a module-scoped fixture (a champion trained by the pipeline, a model
 # registered, a server started): one unit each, so that the fixture is made once, not once on
 # every worker that gets one of the module's tests (the score flow's champion was trained twice,
@@ -189,20 +182,6 @@ def _check_module_fixtures(items):
             "modules with a module-scoped fixture must be in MODULE_UNITS or a serial group "
             "(tests/conftest.py):\n  " + "\n  ".join(sorted(loose))
         )
-
-
-@pytest.fixture(autouse=True)
-def _machine_wide_group_held(request):
-    """The machine-wide lock of this test's group (``MACHINE_WIDE_GROUPS``), for its length."""
-    group = serial_group(request.node.nodeid)
-    if group not in MACHINE_WIDE_GROUPS:
-        yield
-        return
-    from hvdflow.infra.storage.locks import cache_root, machine_lock
-
-    lock = cache_root() / "tests" / f"{group}.lock"
-    with machine_lock(lock, MACHINE_WIDE_WAIT_S, f"the {group} tests of another session"):
-        yield
 
 
 @pytest.fixture(autouse=True)
