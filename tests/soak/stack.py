@@ -86,9 +86,10 @@ class SoakStack:
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
         self._airflow_starting: Future | None = None
-        # Ports of its own, not the conventional ones: a test beside the soak (`make test` runs
-        # two sessions) that starts a home on loopback takes those, and SeaweedFS, listening
-        # on loopback too, came back from its restart on another port (a clean clone, 2026-12-01).
+        # Ports of its own, not the conventional ones: a test beside the soak (on the other
+        # worker, or in another session) that starts a home on loopback takes those, and
+        # SeaweedFS, listening on loopback too, came back from its restart on another port
+        # (a clean clone that ran the two profiles' sessions together, 2026-12-01).
         own = {name: free_port(host=self.cluster.driver_ip) for name in ("s3", "mlflow", "prefect")}
         self.services = LocalServices(self.home, ports=own)
 
