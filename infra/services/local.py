@@ -154,25 +154,25 @@ class LocalServices:
         state = self.state()
         host = self._bind_address(state, bind, recorded=before)
         if "s3" not in state and not os.environ.get(c.AWS_ENDPOINT_URL):
-            server = self._seaweed(host, self._port("s3", host, before))
+            server = self._seaweed(host, self._port_for("s3", host, before))
             self._start(server)
             state["s3"] = _entry(server, server.endpoint_url)
             self._save(state)
         if "mlflow" not in state and not os.environ.get(c.MLFLOW_TRACKING_URI):
             store_env = self._store_env(state)
             self._create_artifact_bucket(store_env)
-            server = self._mlflow(host, self._port("mlflow", host, before), store_env)
+            server = self._mlflow(host, self._port_for("mlflow", host, before), store_env)
             self._start(server)
             state["mlflow"] = _entry(server, server.tracking_uri)
             self._save(state)
         if prefect and "prefect" not in state and not os.environ.get(c.PREFECT_API_URL):
-            server = self._prefect(host, self._port("prefect", host, before))
+            server = self._prefect(host, self._port_for("prefect", host, before))
             self._start(server)
             state["prefect"] = _entry(server, server.api_url)
             self._save(state)
         return self.env(state)
 
-    def _port(self, name: str, host: str, recorded: dict) -> int:
+    def _port_for(self, name: str, host: str, recorded: dict) -> int:
         return _port(name, host, recorded.get(name), self.ports.get(name))
 
     def _bind_address(self, state: dict, bind: str | None, recorded: dict | None = None) -> str:

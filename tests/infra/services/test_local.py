@@ -164,11 +164,11 @@ def test_a_home_with_ports_of_its_own_prefers_them_to_the_conventional_ones(tmp_
         taken.listen()
         busy = taken.getsockname()[1]
         services = local.LocalServices(tmp_path, ports={"s3": own, "prefect": busy})
-        assert services._port("s3", "127.0.0.1", {}) == own
-        assert services._port("prefect", "127.0.0.1", {}) not in (busy, 4200)
+        assert services._port_for("s3", "127.0.0.1", {}) == own
+        assert services._port_for("prefect", "127.0.0.1", {}) not in (busy, 4200)
         # A port it had before still comes first: a restarted service keeps its URL.
         recorded = {"s3": {"host": "127.0.0.1", "port": before}}
-        assert services._port("s3", "127.0.0.1", recorded) == before
+        assert services._port_for("s3", "127.0.0.1", recorded) == before
 
 
 @pytest.mark.unit
