@@ -66,6 +66,30 @@ def wait_for_no_ranks(timeout_s: float = 10.0) -> list[psutil.Process]:
     return alive
 
 
+# A worker variable of the tests' own, new for each block that asks for fresh Python workers.
+FRESH_WORKERS_VAR = "HVDFLOW_TEST_FRESH_WORKERS"
+
+
+@contextmanager
+def fresh_python_workers(spark):
+    """Python workers of their own for the block's stages on ``spark``: Spark keeps one pool of
+    Python workers, forked from one daemon, per set of worker variables (``sc.environment``),
+    so a variable no earlier stage had gets a daemon that has run nothing yet. For a test whose
+    result depends on what ran in a worker before: a rank forks only from a worker that never
+    started TensorFlow, and this session's workers may have scored with a Keras model moments
+    ago (an idle worker is reused for a minute)."""
+    environment = spark.sparkContext.environment
+    before = environment.get(FRESH_WORKERS_VAR)
+    environment[FRESH_WORKERS_VAR] = uuid.uuid4().hex
+    try:
+        yield
+    finally:
+        if before is None:
+            environment.pop(FRESH_WORKERS_VAR, None)
+        else:
+            environment[FRESH_WORKERS_VAR] = before
+
+
 @contextmanager
 def http_server(respond: Callable[[BaseHTTPRequestHandler], bytes | None]):
     """A GET-only HTTP server on 127.0.0.1; yields its port. ``respond(request)`` returns the

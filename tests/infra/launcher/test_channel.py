@@ -60,6 +60,25 @@ def test_a_rank_whose_gloo_peer_vanished_loses_to_the_rank_that_was_killed_even_
 
 
 @pytest.mark.unit
+def test_a_tf_worker_whose_collective_a_closed_peer_socket_aborted_loses_to_the_killed_rank():
+    # Rank 0's last line when rank 1 was SIGKILLed in the tf_collective engine (seen in CI,
+    # the function node shortened); rank 0 ended first, as the task of the killed rank noticed
+    # its exit on a later poll.
+    aborted = (
+        "[1,0]<stderr>:tensorflow.python.framework.errors_impl.UnavailableError: "
+        "{{function_node __wrapped__CollectiveReduceV2}} Collective ops is aborted by: "
+        "Socket closed"
+    )
+    consequence = report(0, 10.0, "Epoch 1/50", aborted)
+    cause = report(1, 10.2, "worker 1 about to get SIGKILL")
+    assert root_failure([consequence, cause]) == (cause, [0])
+    # Aborted for a reason of its own (here, the coordination service's verdict on rank 1):
+    # still a cause, the earliest exit first.
+    unhealthy = aborted.replace("Socket closed", "The following tasks are unhealthy")
+    assert root_failure([report(0, 10.0, unhealthy), cause])[0]["rank"] == 0
+
+
+@pytest.mark.unit
 def test_a_connection_reset_outside_gloo_is_a_cause_of_its_own():
     own = report(0, 10.0, "ConnectionResetError: [Errno 104] Connection reset by peer")
     assert root_failure([own, report(1, 10.2, "boom")]) == (own, [1])

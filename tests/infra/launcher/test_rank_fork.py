@@ -17,7 +17,7 @@ import pytest
 
 from hvdflow import HorovodOptions, HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import _rank_fork
-from tests.helpers import wait_for_no_ranks
+from tests.helpers import fresh_python_workers, wait_for_no_ranks
 
 # Shipped by value: rank processes cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -172,9 +172,11 @@ def test_a_rank_on_hvdflows_session_forks_with_tensorflow_loaded_and_trains_as_a
         )
         return HorovodRunner(np=2, options=options).run(train_noting_how_the_rank_started)
 
-    forked = run()
-    # A variable of the user's own may have been read at import: a new interpreter.
-    new = run(MY_PROJECT_SETTING="1")
+    # Workers no earlier test ran TensorFlow in (a worker that did cannot fork: tested above).
+    with fresh_python_workers(spark):
+        forked = run()
+        # A variable of the user's own may have been read at import: a new interpreter.
+        new = run(MY_PROJECT_SETTING="1")
 
     assert forked["starts"] == ["forked", "forked"], forked["starts"]
     assert forked["found"] == ["horovod.tensorflow", "tensorflow"]
