@@ -97,13 +97,6 @@ STACK_DEPENDENT = (
 # long test on one worker while the other waits (the groups go first anyway: xdist hands out the
 # units with the most tests first).
 TIER_ORDER = {"slow": 0, "integration": 1, "unit": 2}
-# Tests that are units of their own go out with the slow ones spread among the integration ones,
-# all slow ones handed out by this fraction of the integration ones: many integration tests wait
-# (a timeout, a server's start) and two of them side by side left both cores idle for minutes
-# (41-68% idle in the last 2 minutes of the classic suite, measured with vmstat), while a slow
-# test trains on both. The integration tests after the last slow one, and the unit tier, fill
-# the other worker while that one ends.
-SLOW_SPREAD = 0.7
 
 
 def pytest_configure(config):
@@ -148,27 +141,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.current)
     _check_cost_tiers(items)
     _check_module_fixtures(items)
-    items[:] = handout_order(items, _tier, lambda item: work_unit(item.nodeid) == item.nodeid)
-
-
-def handout_order(items, tier, alone):
-    """``items`` in the order xdist hands them out: by tier (stable: file order within one),
-    except that the slow tests that are units of their own (``alone``) are spread among the
-    integration tests that are, the last slow one at ``SLOW_SPREAD`` of them; the unit tier's
-    after both. Tests in a group or a module unit keep the tier order among themselves (the
-    scheduler hands out those units first, being larger)."""
-    by_tier = sorted(items, key=lambda item: TIER_ORDER[tier(item)])
-    slow = [item for item in by_tier if alone(item) and tier(item) == "slow"]
-    integration = [item for item in by_tier if alone(item) and tier(item) == "integration"]
-    spread = {id(item): (n + 1) / len(slow) * SLOW_SPREAD for n, item in enumerate(slow)}
-    spread |= {id(item): (n + 1) / len(integration) for n, item in enumerate(integration)}
-
-    def key(item):
-        if id(item) in spread:
-            return (1, spread[id(item)])
-        return (2, 0.0) if alone(item) else (0, 0.0)
-
-    return sorted(by_tier, key=key)
+    items.sort(key=lambda item: TIER_ORDER[_tier(item)])  # stable: file order within a tier
 
 
 def _tier(item) -> str:
