@@ -21,9 +21,10 @@ from hvdflow.infra.launcher._engines import engine as engine_row
 HOROVOD_SHUTDOWN = "Horovod has been shut down"
 GLOO_TRANSPORT = "gloo/transport/"
 PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-# The tf_collective engine's equivalent: a collective aborted because a peer's gRPC socket
-# closed (seen with TensorFlow 2.15 when rank 1 was SIGKILLed in epoch 2: "UnavailableError:
-# {{function_node ...}} Collective ops is aborted by: Socket closed").
+# The tf_collective engine's equivalent: a collective aborted because a peer's socket closed,
+# seen when rank 1 was SIGKILLed mid-training: "UnavailableError: {{function_node ...}}
+# Collective ops is aborted by: Socket closed" (TensorFlow 2.15), "... aborted by:
+# recvmsg:Connection reset by peer" (2.21).
 TF_COLLECTIVE_ABORTED = "Collective ops is aborted by: "
 TF_PEER_GONE = ("Socket closed", "Connection reset by peer")
 
@@ -33,7 +34,7 @@ def _peer_died_first(line: str) -> bool:
         return True
     if TF_COLLECTIVE_ABORTED in line:
         why = line.split(TF_COLLECTIVE_ABORTED, 1)[1]
-        return any(why.startswith(gone) for gone in TF_PEER_GONE)
+        return any(gone in why for gone in TF_PEER_GONE)
     return GLOO_TRANSPORT in line and any(gone in line for gone in PEER_GONE)
 
 

@@ -60,21 +60,25 @@ def test_a_rank_whose_gloo_peer_vanished_loses_to_the_rank_that_was_killed_even_
 
 
 @pytest.mark.unit
-def test_a_tf_worker_whose_collective_a_closed_peer_socket_aborted_loses_to_the_killed_rank():
-    # Rank 0's last line when rank 1 was SIGKILLed in the tf_collective engine (seen in CI,
-    # the function node shortened); rank 0 ended first, as the task of the killed rank noticed
-    # its exit on a later poll.
+@pytest.mark.parametrize(
+    "peer_gone", ["Socket closed", "recvmsg:Connection reset by peer"], ids=["tf2.15", "tf2.21"]
+)
+def test_a_tf_worker_whose_collective_a_closed_peer_socket_aborted_loses_to_the_killed_rank(
+    peer_gone,
+):
+    # Rank 0's last line when rank 1 was SIGKILLed in the tf_collective engine (seen in clean
+    # clones, the function node shortened); rank 0 ended first, as the task of the killed rank
+    # noticed its exit on a later poll.
     aborted = (
         "[1,0]<stderr>:tensorflow.python.framework.errors_impl.UnavailableError: "
-        "{{function_node __wrapped__CollectiveReduceV2}} Collective ops is aborted by: "
-        "Socket closed"
+        "{{function_node __wrapped__CollectiveReduceV2}} Collective ops is aborted by: " + peer_gone
     )
     consequence = report(0, 10.0, "Epoch 1/50", aborted)
     cause = report(1, 10.2, "worker 1 about to get SIGKILL")
     assert root_failure([consequence, cause]) == (cause, [0])
     # Aborted for a reason of its own (here, the coordination service's verdict on rank 1):
     # still a cause, the earliest exit first.
-    unhealthy = aborted.replace("Socket closed", "The following tasks are unhealthy")
+    unhealthy = aborted.replace(peer_gone, "The following tasks are unhealthy")
     assert root_failure([report(0, 10.0, unhealthy), cause])[0]["rank"] == 0
 
 
