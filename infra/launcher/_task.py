@@ -44,7 +44,7 @@ from hvdflow.infra.launcher._rank import STACKS_SIGNAL
 from hvdflow.infra.launcher._relay import RelaySpec, TaskRelay
 from hvdflow.infra.launcher._task_context import TaskContextServer
 from hvdflow.infra.launcher._workdir import rank_workdir
-from hvdflow.infra.launcher.errors import RankFailed, rank_failed
+from hvdflow.infra.launcher.errors import OUTPUT_HEADING, RankFailed, rank_failed
 
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
@@ -568,4 +568,4 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _format_tail(tail: Sequence[str]) -> str:
     if not tail:
         return " (it wrote no output)"
-    return ". Last lines of its output:\n" + "\n".join(tail)
+    return f". {OUTPUT_HEADING}\n" + "\n".join(tail)

@@ -43,6 +43,23 @@ class GpuSchedulingNotEnabled(RuntimeError):
     original raises a plain ``Exception`` here: this is one, and says more)."""
 
 
+# The headings of what follows the first line of a rank's failure: its last lines of output,
+# or every rank's Python stacks after a stall.
+OUTPUT_HEADING = "Last lines of its output:"
+STACKS_HEADING = "Python stacks of every rank:"
+
+
+def headline(error: BaseException) -> str:
+    """The first line of ``error``'s message without the heading of the lines after it: what a
+    one-line record of the failure shows ("training attempt 1 of 3 failed (...)")."""
+    lines = str(error).splitlines()
+    first = lines[0] if lines else type(error).__name__
+    for heading in (OUTPUT_HEADING, STACKS_HEADING):
+        if first.endswith(heading):
+            return first[: -len(heading)].rstrip()
+    return first
+
+
 def rank_failed(message: str, cause: str | None) -> RankFailed:
     """A ``RankFailed`` with its ``cause``, set as an attribute so that the exception still
     pickles (Spark carries a task's exception back to the driver)."""

@@ -57,7 +57,13 @@ from hvdflow.infra.launcher._slots import (
 from hvdflow.infra.launcher._spark_errors import first_line
 from hvdflow.infra.launcher._stage import run_barrier_stage
 from hvdflow.infra.launcher._task import TaskSpec, run_task
-from hvdflow.infra.launcher.errors import RankFailed, SparkJobFailed, rank_failed
+from hvdflow.infra.launcher.errors import (
+    OUTPUT_HEADING,
+    STACKS_HEADING,
+    RankFailed,
+    SparkJobFailed,
+    rank_failed,
+)
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
 from hvdflow.infra.storage.access import s3_endpoint
 
@@ -448,14 +454,12 @@ class HorovodRunner:
             tail = "\n".join(lines) or "(it wrote no output)"
             also = f" (then rank(s) {', '.join(map(str, others))} failed too)" if others else ""
             heading = (
-                "Python stacks of every rank"
-                if failure.get("cause") == _wire.CAUSE_STALLED
-                else "Last lines of its output"
+                STACKS_HEADING if failure.get("cause") == _wire.CAUSE_STALLED else OUTPUT_HEADING
             )
             what = error_line(lines)
             raise rank_failed(
                 f"{self._name()}: {failure['reason']}{also}{f': {what}' if what else ''}. "
-                f"{heading}:\n{tail}",
+                f"{heading}\n{tail}",
                 failure.get("cause"),
             )
         if not ended_badly() and not channel.drain(_DRAIN_S):

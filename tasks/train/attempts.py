@@ -18,6 +18,7 @@ from hvdflow.infra import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
 from hvdflow.infra.launcher._slots import refused_for_slots, task_gpu_amount, task_slots
 from hvdflow.infra.launcher._wire import CAUSE_UNAVAILABLE
+from hvdflow.infra.launcher.errors import headline
 from hvdflow.tasks.config import LauncherParams
 from hvdflow.tasks.train.tags import ATTEMPTS_TAG
 from hvdflow.training.epoch_log import epoch_times_by_number
@@ -99,11 +100,11 @@ class Attempts:
                     "checkpoint (launcher.retries=%d)",
                     self.count,
                     launcher.retries + 1,
-                    str(e).splitlines()[0],
+                    headline(e),
                     launcher.retries,
                 )
                 if launcher.min_np is not None:
-                    np = self._ranks_for_next_attempt(str(e).splitlines()[0], np)
+                    np = self._ranks_for_next_attempt(headline(e), np)
                 if getattr(e, "cause", None) == CAUSE_UNAVAILABLE:
                     pause = UNAVAILABLE_BACKOFF_S * self.count
                     logger.warning(

@@ -15,6 +15,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from hvdflow.infra.launcher.errors import OUTPUT_HEADING, STACKS_HEADING
 from tests.soak import stack as s
 
 EPOCH_LINE = re.compile(r"<log>:Epoch (\d+)/(\d+)\s*$")  # its start, not its "done" line
@@ -25,7 +26,7 @@ AIRFLOW_STATES = {"success": "COMPLETED", "failed": "FAILED"}
 
 
 # An error's heading before the failed rank's last lines, which repeat lines already logged.
-TAIL_HEADINGS = ("Last lines of its output:", "Python stacks of every rank:")
+TAIL_HEADINGS = (OUTPUT_HEADING, STACKS_HEADING)
 
 
 def without_error_tails(lines) -> list[str]:

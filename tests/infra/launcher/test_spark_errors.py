@@ -1,11 +1,19 @@
 """What a failed barrier job's error says: the task's own Python error, found in the text Spark
-wraps it in (Spark 3's py4j form and Spark 4's, classic or Connect)."""
+wraps it in (Spark 3's py4j form and Spark 4's, classic or Connect); and the one line a rank's
+failure reads as in a log record."""
 
 from __future__ import annotations
 
 import pytest
 
 from hvdflow.infra.launcher._spark_errors import first_line
+from hvdflow.infra.launcher.errors import (
+    OUTPUT_HEADING,
+    STACKS_HEADING,
+    RankFailed,
+    headline,
+    rank_failed,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -50,3 +58,18 @@ def test_without_a_python_traceback_the_first_useful_line_is_kept():
     assert first_line(RuntimeError("Job 3 cancelled part of cancelled job tag x")) == (
         "it was cancelled"
     )
+
+
+def test_a_rank_failures_headline_ends_with_what_happened_not_the_heading_of_its_tail():
+    killed = rank_failed(
+        "HorovodRunner np=2: rank 1 on vm (127.0.0.1) was killed by SIGKILL (exit -9). "
+        f"{OUTPUT_HEADING}\n[1,1]<stdout>:Epoch 2/5",
+        "signal",
+    )
+    assert headline(killed) == (
+        "HorovodRunner np=2: rank 1 on vm (127.0.0.1) was killed by SIGKILL (exit -9)."
+    )
+    stalled = RankFailed(f"HorovodRunner np=2 stalled. {STACKS_HEADING}\n[1,0]: File ...")
+    assert headline(stalled) == "HorovodRunner np=2 stalled."
+    assert headline(ValueError("no tail here\nsecond line")) == "no tail here"
+    assert headline(ValueError()) == "ValueError"
