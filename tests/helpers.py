@@ -71,23 +71,30 @@ FRESH_WORKERS_VAR = "HVDFLOW_TEST_FRESH_WORKERS"
 
 
 @contextmanager
-def fresh_python_workers(spark):
-    """Python workers of their own for the block's stages on ``spark``: Spark keeps one pool of
-    Python workers, forked from one daemon, per set of worker variables (``sc.environment``),
-    so a variable no earlier stage had gets a daemon that has run nothing yet. For a test whose
-    result depends on what ran in a worker before: a rank forks only from a worker that never
-    started TensorFlow, and this session's workers may have scored with a Keras model moments
-    ago (an idle worker is reused for a minute)."""
+def worker_variable(spark, name: str, value: str):
+    """``name`` set to ``value`` in the environment of the Python workers that the block's stages
+    on ``spark`` start (``sc.environment``, which every Python function takes along); the value
+    before, back after."""
     environment = spark.sparkContext.environment
-    before = environment.get(FRESH_WORKERS_VAR)
-    environment[FRESH_WORKERS_VAR] = uuid.uuid4().hex
+    before = environment.get(name)
+    environment[name] = value
     try:
         yield
     finally:
         if before is None:
-            environment.pop(FRESH_WORKERS_VAR, None)
+            environment.pop(name, None)
         else:
-            environment[FRESH_WORKERS_VAR] = before
+            environment[name] = before
+
+
+def fresh_python_workers(spark):
+    """Python workers of their own for the block's stages on ``spark``: Spark keeps one pool of
+    Python workers, forked from one daemon, per set of worker variables, so a variable no
+    earlier stage had gets a daemon that has run nothing yet. For a test whose result depends
+    on what ran in a worker before: a rank forks only from a worker that never started
+    TensorFlow, and this session's workers may have scored with a Keras model moments ago (an
+    idle worker is reused for a minute)."""
+    return worker_variable(spark, FRESH_WORKERS_VAR, uuid.uuid4().hex)
 
 
 @contextmanager

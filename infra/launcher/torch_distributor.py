@@ -47,7 +47,7 @@ from hvdflow.infra.constants import (
 from hvdflow.infra.launcher import _wire
 from hvdflow.infra.launcher._placement import GpuPlan, gpus_owned, split_evenly
 from hvdflow.infra.launcher._slots import task_gpu_amount
-from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled, RankFailed
+from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled, RankFailed, headline
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
 from hvdflow.infra.launcher.runner import HorovodRunner, LaunchPlan, face_options
 
@@ -228,7 +228,7 @@ class TorchDistributor:
                     "TorchDistributor: restart %d of %d (max_restarts) after: %s",
                     restart + 1,
                     self.max_restarts,
-                    str(e).splitlines()[0],
+                    headline(e),
                 )
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -32,6 +32,7 @@ from hvdflow.tasks.preprocess.split import (
 )
 from hvdflow.tasks.preprocess.write import CRASH_AFTER_FIRST_FILE_ENV, plan_row_groups
 from hvdflow.training.reader import open_dataset
+from tests.helpers import worker_variable
 
 
 def make_class_tree(root, per_class=10, classes=("cat", "dog", "emu"), size=(20, 16)):
@@ -614,15 +615,11 @@ def test_a_retry_after_a_crash_mid_write_has_every_row_once(spark, tmp_path):
     config = PreprocessConfig(
         input=str(root), input_format="folders", output=str(out), image_size=(8, 8)
     )
-    environment = spark.sparkContext.environment
     # The write task of partition 1 dies (os._exit) right after its first file is complete.
-    environment[CRASH_AFTER_FIRST_FILE_ENV] = "1"
-    try:
+    with worker_variable(spark, CRASH_AFTER_FIRST_FILE_ENV, "1"):
         # Spark reports the dead worker as a crash or as the broken pipe its writer saw.
         with pytest.raises(Exception):  # noqa: B017 - the files below show what happened
             preprocess_images(spark, config)
-    finally:
-        del environment[CRASH_AFTER_FIRST_FILE_ENV]
     (version,) = out.iterdir()
     (crashed,) = version.iterdir()  # the attempt, and no manifest
     assert crashed.name.startswith("attempt-")
