@@ -115,12 +115,6 @@ SPARK_UI_KILL_ENABLED = "spark.ui.killEnabled"
 # of log lines. Off in hvdflow's sessions, whose stage progress goes to the log as lines
 # (hvdflow.infra.spark.SparkProgress); get_spark(conf={...: "true"}) turns it back on.
 SPARK_UI_SHOW_CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
-SPARK_PYTHON_DAEMON_MODULE = "spark.python.daemon.module"
-# hvdflow's sessions and Connect server fork their Python workers from this daemon, which has
-# imported what a rank imports (infra/launcher/_daemon.py).
-RANK_PRELOADING_DAEMON = "hvdflow.infra.launcher._daemon"
-# How the rank started, as the rank sees it: "forked", or "new interpreter: " and the reason.
-HVDFLOW_RANK_START = "HVDFLOW_RANK_START"
 
 # --- Object storage: the standard AWS variables, read by boto3 and by hvdflow ---
 AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"

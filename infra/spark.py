@@ -22,7 +22,6 @@ from hvdflow.infra._env import temporary_env
 from hvdflow.infra.connect import CONNECT_PORT, is_connect, is_connect_url
 from hvdflow.infra.executor_jvm import executor_java_options
 from hvdflow.infra.progress import EVERY_S, tasks_line
-from hvdflow.infra.python_workers import python_daemon_conf
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +98,6 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
         conf[c.SPARK_DRIVER_HOST] = host
         conf[c.SPARK_DRIVER_BIND_ADDRESS] = host
     conf.update(extra or {})
-    conf.update(python_daemon_conf(conf, conf[c.SPARK_PYSPARK_PYTHON]))
     conf.update(executor_java_options(master, extra))
     return conf
 

@@ -17,8 +17,7 @@ import psutil
 import pytest
 
 RANK_ENTRY = "hvdflow.infra.launcher._rank"
-# A rank calls its process hvdflow-rankN (ps, top); one forked from its task (infra/launcher/
-# _rank_fork.py) shows its task's environment in /proc, and the name is how it says its rank.
+# A rank calls its process hvdflow-rankN (ps, top).
 RANK_NAME = re.compile(r"^hvdflow-rank(\d+)$")
 # Set in this test session's environment before any Spark JVM or rank starts, so every rank it
 # launches inherits it: another session's ranks on the same machine are not this one's leaks.
@@ -66,10 +65,6 @@ def wait_for_no_ranks(timeout_s: float = 10.0) -> list[psutil.Process]:
     return alive
 
 
-# A worker variable of the tests' own, new for each block that asks for fresh Python workers.
-FRESH_WORKERS_VAR = "HVDFLOW_TEST_FRESH_WORKERS"
-
-
 @contextmanager
 def worker_variable(spark, name: str, value: str):
     """``name`` set to ``value`` in the environment of the Python workers that the block's stages
@@ -85,16 +80,6 @@ def worker_variable(spark, name: str, value: str):
             environment.pop(name, None)
         else:
             environment[name] = before
-
-
-def fresh_python_workers(spark):
-    """Python workers of their own for the block's stages on ``spark``: Spark keeps one pool of
-    Python workers, forked from one daemon, per set of worker variables, so a variable no
-    earlier stage had gets a daemon that has run nothing yet. For a test whose result depends
-    on what ran in a worker before: a rank forks only from a worker that never started
-    TensorFlow, and this session's workers may have scored with a Keras model moments ago (an
-    idle worker is reused for a minute)."""
-    return worker_variable(spark, FRESH_WORKERS_VAR, uuid.uuid4().hex)
 
 
 @contextmanager

@@ -95,8 +95,7 @@ def stop_reason(
 def reached_in_time(reached_after_s: float | None, start_timeout_s: float) -> bool:
     """Whether a rank reached its engine's start within ``start_timeout_s`` of its own start
     (``reached_after_s``; None: not yet). A task looks every poll, so a rank that got there
-    between two looks, after the timeout, would otherwise pass: with a timeout shorter than a
-    poll, a forked rank always did."""
+    between two looks, after the timeout, would otherwise pass."""
     return reached_after_s is not None and reached_after_s <= start_timeout_s
 
 

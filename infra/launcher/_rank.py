@@ -68,8 +68,7 @@ def _die_with_parent() -> None:
 
 def _name_this_process() -> None:
     """Call this process hvdflow-rankN, so that top and ps tell the ranks apart (the threads
-    TensorFlow and Horovod start later inherit the name). It is also how a rank says its rank
-    from outside: a forked rank's environment, as /proc shows it, is its daemon's."""
+    TensorFlow and Horovod start later inherit the name)."""
     if sys.platform.startswith("linux"):
         name = f"{NAME_PREFIX}{os.environ.get(HOROVOD_RANK, '0')}".encode()[:15]
         ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)

@@ -2,9 +2,8 @@
 several), stream its output, stop it when told.
 
 Runs inside a Spark barrier task (or a driver thread for ``np < 0``). The rank is a separate
-process, a new interpreter or a fork of a task whose daemon imported TensorFlow already
-(``_rank_fork``), so that Horovod and the user's imports get a process of their own, and so
-that it can be killed as a whole: it runs in its own process group, and it asks to die with
+process, a new interpreter, so that Horovod and the user's imports get a process of their own,
+and so that it can be killed as a whole: it runs in its own process group, and it asks to die with
 its parent (PR_SET_PDEATHSIG, set by the rank itself in ``_rank``), so a killed Spark worker
 cannot leave a rank behind.
 
@@ -20,6 +19,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +32,7 @@ from hvdflow.infra.constants import (
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
 )
-from hvdflow.infra.launcher import _liveness, _placement, _rank_fork, _rank_output, _wire
+from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
 from hvdflow.infra.launcher._decisions import (
     exit_cause,
     exit_reason,
@@ -46,6 +46,8 @@ from hvdflow.infra.launcher._task_context import TaskContextServer
 from hvdflow.infra.launcher._workdir import rank_workdir
 from hvdflow.infra.launcher.errors import OUTPUT_HEADING, RankFailed, rank_failed
 
+# The rank process's entry point, run as ``python -m``.
+RANK_MODULE = "hvdflow.infra.launcher._rank"
 # How long a task waits to connect to the driver's channel.
 CONNECT_TIMEOUT_S = 30.0
 # How long it waits when the run offers the object store relay to fall back on.
@@ -86,8 +88,6 @@ class TaskSpec:
     # The channel through the object store, for a task that cannot reach the driver (None: the
     # run offers none).
     relay: RelaySpec | None = None
-    # The ranks run on the driver (np<0) and may fork from its fork server (``_fork_server``).
-    on_driver: bool = False
 
 
 class DriverLink:
@@ -436,17 +436,18 @@ def _supervise(
             # ends, killed or not: a killed rank's atexit clean-up never runs.
             "TMPDIR": workdir,
         }
-        # A fork of this task where it was started by hvdflow's daemon and the variables
-        # allow (``_rank_fork``), else a new interpreter; its own session either way. No
-        # preexec_fn: it is unsafe in a process with threads. The rank sets PR_SET_PDEATHSIG
-        # on itself; the signal fires when this thread exits, and this thread supervises the
-        # rank to its end.
-        proc = _rank_fork.start_rank(
-            [payload_path, result_path],
-            env,
-            os.getcwd(),
+        # A new interpreter in its own session (its own process group: _kill_group stops all
+        # of it). No preexec_fn: it is unsafe in a process with threads. The rank sets
+        # PR_SET_PDEATHSIG on itself; the signal fires when this thread exits, and this thread
+        # supervises the rank to its end.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", RANK_MODULE, payload_path, result_path],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             pass_fds=(events_write, *context_fds),
-            on_driver=spec.on_driver,
+            start_new_session=True,
         )
         os.close(events_write)
         if context is not None:

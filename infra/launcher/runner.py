@@ -75,8 +75,6 @@ _VERBOSITIES = ("log_callback_only", "all")
 _STOP_GRACE_S = 30.0
 # How long to gather the ranks' failure reports before naming the one that caused the others.
 _SETTLE_S = 2.0
-# How many np<0 runs this process has made (``_run_on_driver``).
-_driver_runs = 0
 _POLL_S = 0.2
 # How long a successful run waits for the tasks' connections to end (their last lines read).
 _DRAIN_S = 5.0
@@ -370,14 +368,7 @@ class HorovodRunner:
         with DriverChannel("127.0.0.1", sink, rendezvous=self._uses_horovod) as channel:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
             layout = self._plan.layout or (None if plan.per_task is not None else (n,))
-            # The first np<0 run of a process starts its ranks as new interpreters; from the
-            # second on, they fork from the driver's fork server (``_fork_server``), whose
-            # imports a one-off run would only wait for.
-            global _driver_runs
-            spec = dataclasses.replace(
-                self._spec(payload, channel, layout), on_driver=_driver_runs > 0
-            )
-            _driver_runs += 1
+            spec = self._spec(payload, channel, layout)
             outcome: dict[str, Any] = {}
             done = threading.Event()
 

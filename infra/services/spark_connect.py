@@ -20,7 +20,6 @@ from pathlib import Path
 
 from hvdflow.infra import constants as c
 from hvdflow.infra.executor_jvm import executor_java_options, spark_defaults
-from hvdflow.infra.python_workers import python_daemon_conf
 from hvdflow.infra.services._process import LOOPBACK, url_host
 from hvdflow.infra.services._service import Service
 
@@ -77,8 +76,6 @@ class SparkConnectServer(Service):
             "spark.local.dir": str(self.home / "local"),
             **self.conf,
         }
-        executors_python = conf.get(c.SPARK_PYSPARK_PYTHON) or os.environ.get("PYSPARK_PYTHON")
-        conf.update(python_daemon_conf(conf, executors_python or sys.executable))
         defaults = spark_defaults(self.conf_dir)
         conf.update(executor_java_options(self.master, self.conf, defaults))
         conf.update(self._server_java_options(defaults))

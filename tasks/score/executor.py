@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvdflow.infra.launcher._rank_fork import imported_by_daemon
 from hvdflow.infra.storage.access import S3Access
 from hvdflow.infra.storage.uris import is_s3, join
 from hvdflow.serving.images import model_input
@@ -168,8 +167,8 @@ def _report(plan, partition, out, counts, bad, timing, client, generated) -> lis
         "host": host(),
         "pid": os.getpid(),
         "loads": model_cache.loads(),
-        # Whether scoring loaded Horovod: not what the worker's daemon imported for ranks.
-        "horovod": "horovod" in sys.modules and not imported_by_daemon("horovod"),
+        # Whether scoring loaded Horovod.
+        "horovod": "horovod" in sys.modules,
         # AutoGraph's modules in this process, and how many of their files are still in /tmp.
         "autograph_modules": generated[0],
         "autograph_files_left": generated[1],

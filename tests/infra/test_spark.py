@@ -30,8 +30,6 @@ EVERY_SESSION = {
     "spark.ui.killEnabled": "false",
     # Progress goes to the log as lines; Spark's bar would be drawn into them.
     "spark.ui.showConsoleProgress": "false",
-    # Python workers forked from a daemon that imported what a rank imports.
-    "spark.python.daemon.module": "hvdflow.infra.launcher._daemon",
 }
 
 
@@ -239,22 +237,7 @@ def test_a_connect_url_without_its_client_says_what_to_install(monkeypatch):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    ("extra", "daemon"),
-    [
-        ({}, "hvdflow.infra.launcher._daemon"),
-        # A daemon of the user's own wins, as pyspark's: the ranks start as new interpreters.
-        ({"spark.python.daemon.module": "pyspark.daemon"}, "pyspark.daemon"),
-        # Workers whose address space is capped get pyspark's, without TensorFlow mapped.
-        ({"spark.executor.pyspark.memory": "2g"}, None),
-    ],
-)
-def test_python_workers_fork_from_hvdflows_daemon_unless_the_conf_says_otherwise(extra, daemon):
-    assert spark_conf("local[1]", extra).get("spark.python.daemon.module") == daemon
-
-
-@pytest.mark.unit
-def test_executors_on_another_interpreter_keep_pysparks_daemon(monkeypatch):
-    # A packed environment (spark.archives) may not hold hvdflow: its daemon would be missing.
-    monkeypatch.setenv("PYSPARK_PYTHON", "./environment/bin/python")
+def test_no_session_replaces_pysparks_worker_daemon():
+    # Python workers start as pyspark starts them: hvdflow's sessions leave the daemon alone.
+    assert "spark.python.daemon.module" not in spark_conf("local[1]")
     assert "spark.python.daemon.module" not in spark_conf("spark://master:7077")
