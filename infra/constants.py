@@ -5,16 +5,19 @@ its C++ core and Python layer look up. hvdflow's own variables carry the ``HVDFL
 """
 
 # --- Engines: what the ranks synchronise with, named once for the launcher, the ranks and the
-# parameters. Horovod over Gloo (the rendezvous server on the driver), or TensorFlow's own
+# parameters. Horovod over Gloo (the rendezvous server on the driver); TensorFlow's own
 # collectives (MultiWorkerMirroredStrategy, CollectiveAllReduce), whose workers meet at the
-# endpoints the tasks gather and pass in TF_CONFIG.
+# endpoints the tasks gather and pass in TF_CONFIG; torch.distributed, whose ranks meet at rank
+# 0's MASTER_ADDR and MASTER_PORT (the environment torchrun gives its processes).
 HOROVOD = "horovod"
 TF_COLLECTIVE = "tf_collective"
-ENGINES = (HOROVOD, TF_COLLECTIVE)
-# The launcher has a third: torch.distributed, whose ranks meet at rank 0's MASTER_ADDR and
-# MASTER_PORT (the environment torchrun gives its processes), for hvdflow.TorchDistributor.
 TORCH = "torch"
-LAUNCH_ENGINES = (*ENGINES, TORCH)
+# Every engine the launcher runs (LaunchOptions.engine).
+ENGINES = (HOROVOD, TF_COLLECTIVE, TORCH)
+# Those the Keras trainer runs on, which a pipeline's launcher.engine names: a PyTorch training
+# always runs on torch's (training.framework='torch').
+PIPELINE_ENGINES = (HOROVOD, TF_COLLECTIVE)
+LAUNCH_ENGINES = ENGINES  # read by infra/launcher/_wire.py until it takes ENGINES
 
 # --- torch.distributed: what torchrun sets in each process it starts (torch/distributed/run.py
 # and elastic/agent/server/local_elastic_agent.py); init_process_group() reads the first four.
@@ -68,7 +71,7 @@ TF_CONFIG = "TF_CONFIG"
 # --- GPUs: each rank sees only the GPU of its local rank ---
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
-# --- Python: a rank's module path, its task's less Spark's zips (_placement.rank_python_path) ---
+# --- Python: a rank's module path, its task's less Spark's zips (_engines.rank_python_path) ---
 PYTHONPATH = "PYTHONPATH"
 
 # --- hvdflow: set by the launcher in every rank process ---
@@ -195,6 +198,6 @@ HVDFLOW_ENGINE = "HVDFLOW_ENGINE"
 # stage, task infos, resources). Set only where a task runs one rank.
 HVDFLOW_TASK_CONTEXT_FD = "HVDFLOW_TASK_CONTEXT_FD"
 HVDFLOW_TASK_CONTEXT = "HVDFLOW_TASK_CONTEXT"
-# "1": the rank binds itself to its share of the host's cores (infra/launcher/_cores.py); set by
+# "1": the rank binds itself to its share of the host's cores (infra/launcher/_engines.py); set by
 # the launcher on ranks without a GPU unless the options or the executor's environment say "0".
 HVDFLOW_BIND_TO_CORES = "HVDFLOW_BIND_TO_CORES"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hvdflow.infra import constants as c
 from hvdflow.infra import extras
-from hvdflow.infra.launcher.options import HorovodOptions, relay_engine_error
+from hvdflow.infra.launcher.options import HorovodOptions, launch_settings, relay_engine_error
 from hvdflow.infra.secrets import (
     BY_REFERENCE,
     ENV_PREFIX,
@@ -294,35 +294,37 @@ def _check_weights_source(source: str, shown: str) -> None:
         )
 
 
-class LauncherParams(BaseModel):
-    """How many ranks, on which Spark, with which Horovod knobs."""
+# LaunchOptions' settings that the pipeline's parameters take, flat under ``launcher`` as
+# HorovodRunner's ``options=LaunchOptions(...)`` takes them: their types, defaults and checks are
+# LaunchOptions' (docs/horovodrunner.md); the run gives the rest (its Spark session, log folder
+# and log lines). The pipeline's own defaults differ in two. Its trainers report every batch, so
+# a rank that finishes none for ten minutes has stalled; HorovodRunner, which runs a user's own
+# function that may report none, watches no stall unless told. And it trains on whichever engine
+# is installed, where HorovodRunner, like Databricks', runs Horovod.
+PipelineLaunchSettings = launch_settings(
+    "engine",
+    "start_timeout_s",
+    "heartbeat_timeout_s",
+    "stall_timeout_s",
+    "relay",
+    "horovod",
+    engine=default_engine,
+    stall_timeout_s=600.0,
+)
+
+
+class LauncherParams(PipelineLaunchSettings):
+    """How many ranks, on which Spark, how often to try again; and the launcher's own settings
+    (``PipelineLaunchSettings``): ``launch_options()`` makes them the runner's options."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     np: int = Field(default=2, description="ranks: > 0 on Spark, < 0 that many on the driver")
-    engine: Literal[c.HOROVOD, c.TF_COLLECTIVE] = Field(
-        default_factory=default_engine,
-        description="what synchronises the ranks: Horovod (Gloo allreduce) or TensorFlow's "
-        "MultiWorkerMirroredStrategy (CollectiveAllReduce), on the same barrier launcher; "
-        "default: horovod where it is installed (hvdflow[horovod]), else tf_collective",
-    )
     spark_master: str | None = Field(
         default=None,
         description="a Spark master (local[N], spark://host:7077, yarn, ...) or a Spark "
         "Connect URL (sc://host:15002); default: $HVDFLOW_SPARK_MASTER, else $SPARK_REMOTE, "
         "else local[N]",
-    )
-    start_timeout_s: float = Field(default=300.0, gt=0)
-    heartbeat_timeout_s: float = Field(
-        default=60.0,
-        ge=6.0,
-        description="a task not heard from for this long (host cut off or frozen) fails the run",
-    )
-    stall_timeout_s: float | None = Field(
-        default=600.0,
-        ge=6.0,
-        description="a rank that finishes no batch for this long fails the run, with every "
-        "rank's Python stacks; None turns the watch off",
     )
     retries: int = Field(
         default=2,
@@ -344,13 +346,6 @@ class LauncherParams(BaseModel):
         description="elastic: how long a failed attempt waits for np task slots (an executor "
         "Spark relaunches, a host that comes back) before it goes on with the slots left",
     )
-    relay: Literal["auto", "always", "never"] = Field(
-        default="auto",
-        description="how the Spark tasks reach this process: directly, falling back to the "
-        "object store for a task that cannot connect (auto; engine tf_collective), through "
-        "the object store only (always), or directly only (never)",
-    )
-    horovod: HorovodOptions = HorovodOptions()
 
     @model_validator(mode="after")
     def _relay_fits(self) -> LauncherParams:
@@ -380,9 +375,14 @@ class LauncherParams(BaseModel):
                 raise ValueError(f"horovod.extra_env[{name!r}] {what}: {BY_REFERENCE}")
         return horovod
 
-    @field_validator("engine")
+    @field_validator("engine", mode="before")
     @classmethod
-    def _engine_installed(cls, engine: str) -> str:
+    def _engine_for_the_pipeline(cls, engine):
+        if engine not in c.PIPELINE_ENGINES:
+            raise ValueError(
+                f"launcher.engine={engine!r}: expected one of {', '.join(c.PIPELINE_ENGINES)} "
+                "(a PyTorch training runs on torch's: training.framework='torch')"
+            )
         if engine == c.HOROVOD:
             extras.require(extras.HOROVOD, "launcher.engine='horovod'", "engine='tf_collective'")
         return engine

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdflow.infra.constants import (
-    ENGINES,
     HOROVOD,
     HOROVOD_LOCAL_SIZE,
+    PIPELINE_ENGINES,
     TF_COLLECTIVE,
     TF_CONFIG,
 )
 from hvdflow.infra.errors import TransientError
-from hvdflow.infra.launcher.tf_datasets import device_datasets_without_autotuning
+from hvdflow.infra.launcher._engines import device_datasets_without_autotuning
 from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.threads import share_cores, use_threads
 
@@ -92,7 +92,7 @@ class Engine:
         Called eagerly (``strategy.run`` outside a function), the same all-reduce took 1.0 s
         instead of 0.01-0.03 on one rank or the other in about 40% of the interval evaluations
         on TensorFlow 2.21 (2 ranks, 33 evaluations); traced once, none of 21 did after the
-        first (BENCHMARKS.md, "The 1.0 s stalls")."""
+        first (measured 2026-11-29; the study is in BENCHMARKS.md's git history)."""
         if self._sum is None:
             import tensorflow as tf
 
@@ -164,7 +164,8 @@ def start_engine(name: str, fp16_compression: bool = False, threads: int | None 
     if name == NONE:
         use_threads(threads or share_cores(1))
         return Engine(name)
-    raise ValueError(f"engine {name!r} is unknown: expected one of {', '.join(ENGINES)}")
+    known = ", ".join((*PIPELINE_ENGINES, NONE))
+    raise ValueError(f"engine {name!r} is unknown to the Keras trainer: expected one of {known}")
 
 
 def _joined(engine: Engine, threads: int) -> Engine:

@@ -1,19 +1,96 @@
-"""How every image trainer ends, whatever the framework: judge the model against chance, log
-and register it from rank 0 (the framework's own ``log_model``), and say what the rank saw as
-one ``RankResult``. The Keras and the PyTorch trainers differ before this, not here."""
+"""What every image trainer does around its own loop, whatever the framework. Before it: the
+batch, steps and learning-rate plan for the ranks it has (``plan_training``), and the tracking
+server rank 0 reports to (``track_to``). After it: judge the model against chance, log and
+register it from rank 0 (the framework's own ``log_model``, around ``register_model``), and say
+what the rank saw as one ``RankResult``. The Keras and the PyTorch trainers differ in their
+loops only."""
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hvdflow.infra.errors import disk_full_as
-from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher import log_to_driver
 from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
+from hvdflow.training.optimizers import LearningRatePlan, learning_rate_plan, rank_batch_size
 from hvdflow.training.quality import rejection
+from hvdflow.training.reader import steps_per_epoch
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
+
+
+class TrainingPlan(NamedTuple):
+    """How this rank trains: ``batch`` images a step, ``steps`` steps an epoch, and the plan
+    its learning rate follows (``training.optimizers``)."""
+
+    batch: int
+    steps: int
+    rate: LearningRatePlan
+
+
+def plan_training(spec: TrainSpec, rank: int, size: int, versions: str = "") -> TrainingPlan:
+    """The plan of ``spec`` on ``size`` ranks; rank 0 says it on the driver (with ``versions``,
+    what trains it, where that is worth saying)."""
+    batch = rank_batch_size(spec.batch_size, size, spec.global_batch)
+    steps = steps_per_epoch(spec.data.train_rows, size, batch)
+    opt = spec.optimizer
+    rate = learning_rate_plan(
+        opt.name,
+        opt.learning_rate,
+        size,
+        opt.lr_scaling,
+        opt.warmup_epochs,
+        steps,
+        spec.global_batch,
+    )
+    if rank == 0:
+        log_to_driver(
+            f"batch: {batch * size} = {size} rank(s) x {batch}"
+            + (" (global_batch: the one-rank batch, split)" if spec.global_batch else "")
+            + f"; learning rate: {rate.describe()}"
+            + (f"; {versions}" if versions else "")
+        )
+    return TrainingPlan(batch, steps, rate)
+
+
+def track_to(spec: TrainSpec) -> str:
+    """The MLflow run rank 0 logs to (``spec.tracking``), at the tracking server the driver
+    uses: set explicitly, as the driver's ``mlflow.set_tracking_uri()`` does not reach a rank."""
+    import mlflow  # noqa: PLC0415 (lazy: only rank 0 of a tracked run logs)
+
+    if spec.tracking.tracking_uri:
+        mlflow.set_tracking_uri(spec.tracking.tracking_uri)
+    return spec.tracking.run_id
+
+
+def class_labels(spec: TrainSpec) -> tuple[str, ...]:
+    """The class names by label index that travel inside the registered model."""
+    return spec.data.labels or tuple(str(i) for i in range(spec.data.num_classes))
+
+
+def register_model(
+    spec: TrainSpec, log: Callable[[str | None], Any], classifier, reader: str
+) -> tuple[str | None, dict | None]:
+    """In the tracking run: ``log(name)`` logs the model and registers it as ``name`` (its
+    ``ModelInfo``); then ``classifier``, the pyfunc model that was logged, with its network
+    loaded, is evaluated on the validation split, read by ``reader``. Returns (the registered
+    version, the evaluation's metrics and artifacts); an evaluation that fails is said and the
+    model stays registered."""
+    import mlflow  # noqa: PLC0415 (lazy: only rank 0 of a tracked run registers)
+
+    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: MLflow)
+
+    with mlflow.start_run(run_id=spec.tracking.run_id):
+        info = log(spec.tracking.registered_model_name)
+        try:
+            evaluation = evaluate_logged(info, classifier, spec.data.val_url, reader)
+        except Exception as e:  # a report about a registered model: never undoes it
+            log_to_driver(f"mlflow.models.evaluate failed, the model stays registered: {e!r}")
+            evaluation = None
+    version = getattr(info, "registered_model_version", None)
+    return (str(version) if version is not None else None), evaluation
 
 
 def finish_training(

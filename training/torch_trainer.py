@@ -26,14 +26,19 @@ import time
 
 import numpy as np
 
-from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
+from hvdflow.infra.launcher import log_to_driver, report_progress
 from hvdflow.training.checkpoints import CheckpointState, CheckpointStore, epoch_folder
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
-from hvdflow.training.finish import finish_training
+from hvdflow.training.finish import (
+    class_labels,
+    finish_training,
+    plan_training,
+    register_model,
+    track_to,
+)
 from hvdflow.training.models import model_input_shape
-from hvdflow.training.optimizers import learning_rate_plan, rank_batch_size
 from hvdflow.training.quality import divergence
-from hvdflow.training.reader import load_shard, steps_per_epoch
+from hvdflow.training.reader import load_shard
 from hvdflow.training.result import RankResult
 from hvdflow.training.spec import TrainSpec
 from hvdflow.training.torch_models import build_torch_model, make_torch_optimizer, torch_images
@@ -58,26 +63,10 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
     threads = spec.threads or int(os.environ.get("OMP_NUM_THREADS") or 0)
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     data = spec.data
-    batch = rank_batch_size(spec.batch_size, size, spec.global_batch)
-    steps = steps_per_epoch(data.train_rows, size, batch)
-    opt = spec.optimizer
-    plan = learning_rate_plan(
-        opt.name,
-        opt.learning_rate,
-        size,
-        opt.lr_scaling,
-        opt.warmup_epochs,
-        steps,
-        spec.global_batch,
-    )
-    if rank == 0:
-        log_to_driver(
-            f"batch: {batch * size} = {size} rank(s) x {batch}; learning rate: "
-            f"{plan.describe()}; PyTorch {torch.__version__}"
-        )
+    batch, steps, plan = plan_training(spec, rank, size, f"PyTorch {torch.__version__}")
     model = build_torch_model(spec.model_name, data.input_shape, data.num_classes, seed=spec.seed)
     model.to(device)  # before the optimizer: its state lives where the parameters do
-    optimizer = make_torch_optimizer(opt.name, model.parameters(), plan.base)
+    optimizer = make_torch_optimizer(spec.optimizer.name, model.parameters(), plan.base)
     checkpoints, resumed = _resume(spec, model, optimizer, rank)
     network = model
     if distributed:
@@ -162,33 +151,26 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
 def _log_model(model, example: np.ndarray, spec: TrainSpec) -> tuple[str | None, dict | None]:
     """Log and register the TorchImageClassifier of ``model`` (as TorchScript, so consumers
     need no hvdflow code); evaluate it on the validation split. As ``trainer._log_model``."""
-    import mlflow
     import torch
 
     from hvdflow.serving.package import log_torch_classifier  # noqa: PLC0415 (lazy: MLflow)
     from hvdflow.serving.torch_classifier import TorchImageClassifier  # noqa: PLC0415
-    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: MLflow)
 
     model.eval()
-    labels = spec.data.labels or tuple(str(i) for i in range(spec.data.num_classes))
+    labels = class_labels(spec)
     shape = model_input_shape(spec.data.input_shape)
     with tempfile.TemporaryDirectory(prefix="hvdflow-model-") as scratch:
         path = f"{scratch}/network.pt"
         scripted = torch.jit.script(model)
         scripted.save(path)
-        with mlflow.start_run(run_id=spec.tracking.run_id):
-            info = log_torch_classifier(
-                path, shape, labels, example, spec.tracking.registered_model_name
-            )
-            classifier = TorchImageClassifier(labels, shape)
-            classifier.network = scripted
-            try:
-                evaluation = evaluate_logged(info, classifier, spec.data.val_url, "pyarrow")
-            except Exception as e:  # a report about a registered model: never undoes it
-                log_to_driver(f"mlflow.models.evaluate failed, the model stays registered: {e!r}")
-                evaluation = None
-    version = getattr(info, "registered_model_version", None)
-    return (str(version) if version is not None else None), evaluation
+        classifier = TorchImageClassifier(labels, shape)
+        classifier.network = scripted
+        return register_model(
+            spec,
+            lambda name: log_torch_classifier(path, shape, labels, example, name),
+            classifier,
+            "pyarrow",
+        )
 
 
 def rank_device():
@@ -286,14 +268,9 @@ def _metrics_sender(spec: TrainSpec):
     """Rank 0's epoch metrics to the tracking run, as the Keras trainer's callback sends them."""
     if not spec.tracking:
         return None
-    import mlflow  # noqa: PLC0415 (lazy: only a tracked run needs it)
-
     from hvdflow.training.metrics_sender import EpochMetricsSender  # noqa: PLC0415
 
-    # Explicit: the driver's mlflow.set_tracking_uri() does not reach this process.
-    if spec.tracking.tracking_uri:
-        mlflow.set_tracking_uri(spec.tracking.tracking_uri)
-    return EpochMetricsSender(spec.tracking.run_id)
+    return EpochMetricsSender(track_to(spec))
 
 
 class _TorchCheckpoint:

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import time
 
-from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher import log_to_driver
 from hvdflow.training.checkpoints import CheckpointStore
 from hvdflow.training.engines import NONE, start_engine
-from hvdflow.training.finish import finish_training
-from hvdflow.training.models import build_model, model_input_shape
-from hvdflow.training.optimizers import (
-    learning_rate_plan,
-    make_planned_optimizer,
-    rank_batch_size,
+from hvdflow.training.finish import (
+    class_labels,
+    finish_training,
+    plan_training,
+    register_model,
+    track_to,
 )
+from hvdflow.training.models import build_model, model_input_shape
+from hvdflow.training.optimizers import make_planned_optimizer
 from hvdflow.training.parquet_reader import load_rows
 from hvdflow.training.profiling import log_profile, profile_folder
 from hvdflow.training.reader import open_dataset, shard_megabytes, steps_per_epoch
@@ -70,24 +72,7 @@ def train_classifier(spec: TrainSpec) -> RankResult:
         fp16_compression=spec.fp16_compression,
         threads=spec.threads,
     )
-    batch = rank_batch_size(spec.batch_size, engine.size, spec.global_batch)
-    steps = steps_per_epoch(data.train_rows, engine.size, batch)
-    opt = spec.optimizer
-    plan = learning_rate_plan(
-        opt.name,
-        opt.learning_rate,
-        engine.size,
-        opt.lr_scaling,
-        opt.warmup_epochs,
-        steps,
-        spec.global_batch,
-    )
-    if engine.rank == 0:
-        log_to_driver(
-            f"batch: {batch * engine.size} = {engine.size} rank(s) x {batch}"
-            + (" (global_batch: the one-rank batch, split)" if spec.global_batch else "")
-            + f"; learning rate: {plan.describe()}"
-        )
+    batch, steps, plan = plan_training(spec, engine.rank, engine.size)
     model = _compiled_model(spec, engine, plan)
     checkpoints, checkpoint, resumed = _resume(spec, model, engine.rank)
     timer = EpochTimer()
@@ -187,12 +172,7 @@ def _callbacks(
     if rank == 0 and checkpoints is not None:
         callbacks.append(CheckpointCallback(checkpoints, checkpoint, resumed))
     if rank == 0 and spec.tracking:
-        import mlflow
-
-        # Explicit: the driver's mlflow.set_tracking_uri() does not reach this process.
-        if spec.tracking.tracking_uri:
-            mlflow.set_tracking_uri(spec.tracking.tracking_uri)
-        callbacks.append(MlflowEpochMetrics(spec.tracking.run_id))
+        callbacks.append(MlflowEpochMetrics(track_to(spec)))
     if profile:
         callbacks.append(ProfileCallback(profile, *spec.profile_batches))
     if spec.chance_margin is not None:
@@ -291,12 +271,10 @@ def _whole_history(resumed, new: dict) -> dict[str, list[float]]:
 def _log_model(model, example, spec: TrainSpec) -> tuple[str | None, dict | None]:
     """Log and register the ImageClassifier of ``model``; evaluate it on the validation split.
     Returns (the registered version, the evaluation's metrics and artifacts)."""
-    import mlflow
     import tensorflow as tf
 
     from hvdflow.serving.classifier import ImageClassifier  # noqa: PLC0415 (lazy: it loads MLflow)
     from hvdflow.serving.package import log_classifier  # noqa: PLC0415 (lazy: it loads MLflow)
-    from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: it loads NumPy)
 
     # Registry consumers get the architecture and weights only: the compiled model carries
     # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
@@ -304,15 +282,9 @@ def _log_model(model, example, spec: TrainSpec) -> tuple[str | None, dict | None
     tf.keras.utils.disable_interactive_logging()
     clean = tf.keras.models.clone_model(model)
     clean.set_weights(model.get_weights())
-    labels = spec.data.labels or tuple(str(i) for i in range(spec.data.num_classes))
-    with mlflow.start_run(run_id=spec.tracking.run_id):
-        info = log_classifier(clean, labels, example, spec.tracking.registered_model_name)
-        classifier = ImageClassifier(labels, clean.input_shape[1:])
-        classifier.network = clean
-        try:
-            evaluation = evaluate_logged(info, classifier, spec.data.val_url, spec.reader)
-        except Exception as e:  # a report about a registered model: never undoes it
-            log_to_driver(f"mlflow.models.evaluate failed, the model stays registered: {e!r}")
-            evaluation = None
-    version = getattr(info, "registered_model_version", None)
-    return (str(version) if version is not None else None), evaluation
+    labels = class_labels(spec)
+    classifier = ImageClassifier(labels, clean.input_shape[1:])
+    classifier.network = clean
+    return register_model(
+        spec, lambda name: log_classifier(clean, labels, example, name), classifier, spec.reader
+    )

@@ -2,7 +2,9 @@
 
 ``LaunchOptions``: how hvdflow launches and watches the ranks (engine, timeouts, logs, the
 variables they get). ``HorovodOptions``: Horovod's knobs, turned into each rank's environment.
-Both runners take them as ``options=``, so that their own arguments read as Databricks and
+``launch_settings``: LaunchOptions' fields as a pydantic model with the same types, defaults and
+checks, for parameters that take them as data (the pipeline's ``launcher``). Both runners take
+the options as ``options=``, so that their own arguments read as Databricks and
 spark-tensorflow-distributor document them::
 
     HorovodRunner(np=2, options=LaunchOptions(stall_timeout_s=120, horovod=HorovodOptions(
@@ -11,12 +13,14 @@ spark-tensorflow-distributor document them::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from hvdflow.infra import constants as c
 from hvdflow.infra.launcher import _wire
@@ -157,7 +161,7 @@ class LaunchOptions:
             The horovod engine's rendezvous is on the driver: it needs the direct channel.
     """
 
-    engine: str = _wire.HOROVOD
+    engine: str = c.HOROVOD
     horovod: HorovodOptions = field(default_factory=HorovodOptions)
     spark: Any = None
     start_timeout_s: float = 300.0
@@ -171,27 +175,11 @@ class LaunchOptions:
     relay: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.engine not in _wire.ENGINES:
-            raise ValueError(f"engine={self.engine!r}: expected one of {', '.join(_wire.ENGINES)}")
-        if self.relay not in RELAY_MODES:
-            raise ValueError(f"relay={self.relay!r}: expected one of {', '.join(RELAY_MODES)}")
-        if problem := relay_engine_error(self.relay, self.engine):
-            raise ValueError(problem)
-        if not isinstance(self.horovod, HorovodOptions):
-            raise ValueError(
-                f"horovod={self.horovod!r}: expected a HorovodOptions (from hvdflow import "
-                "HorovodOptions)"
-            )
-        for name in ("start_timeout_s", "slot_wait_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name}={value!r}: expected a positive number of seconds")
-        if (error := heartbeat_timeout_error(self.heartbeat_timeout_s)) is not None:
-            raise ValueError(error)
-        if (error := stall_timeout_error(self.stall_timeout_s)) is not None:
-            raise ValueError(error)
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s={self.timeout_s!r}: expected a positive number or None")
+        for name, check in FIELD_CHECKS.items():
+            if (error := check(getattr(self, name))) is not None:
+                raise ValueError(error)
+            if name == "relay" and (problem := relay_engine_error(self.relay, self.engine)):
+                raise ValueError(problem)
         if isinstance(self.forward_env, str):
             raise ValueError(
                 f"forward_env={self.forward_env!r}: expected a sequence of variable names"
@@ -206,21 +194,8 @@ class LaunchOptions:
         return {k: os.environ[k] for k in self.forward_env if k in os.environ}
 
 
-def checked_options(
-    options: LaunchOptions | None, runner: str, size: str, moved: Mapping[str, Any]
-) -> LaunchOptions:
-    """A runner's ``options`` (the defaults for None), after refusing what is not one.
-
-    ``moved``: keywords the runner did not take, which earlier hvdflow versions took directly
-    (``HorovodRunner(np=2, stall_timeout_s=60)``): the TypeError shows where they went.
-    ``size``: the runner's size argument as the user wrote it (``np=2``).
-    """
-    if moved:
-        names = ", ".join(f"{name}=..." for name in sorted(moved))
-        raise TypeError(
-            f"{runner}() got {names}: hvdflow's own settings are LaunchOptions fields now: "
-            f"{runner}({size}, options=LaunchOptions({names}))"
-        )
+def checked_options(options: LaunchOptions | None) -> LaunchOptions:
+    """A runner's ``options`` (the defaults for None), after refusing what is not one."""
     if options is not None and not isinstance(options, LaunchOptions):
         raise ValueError(
             f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
@@ -231,7 +206,7 @@ def checked_options(
 def relay_engine_error(relay: str, engine: str, where: str = "") -> str | None:
     """Why the tasks cannot reach the driver only through the object store with ``engine``;
     None where they can. ``where`` names the setting's parent (``"launcher."``)."""
-    if relay == "always" and engine == _wire.HOROVOD:
+    if relay == "always" and engine == c.HOROVOD:
         return (
             f"{where}relay='always' with {where}engine='horovod': Horovod's rendezvous server "
             "runs on the driver, which the ranks then never reach; use engine 'tf_collective' "
@@ -263,3 +238,96 @@ def stall_timeout_error(value: Any) -> str | None:
             f"seconds ({_wire.MIN_HEARTBEATS_PER_TIMEOUT} heartbeats, which carry the progress)"
         )
     return None
+
+
+def engine_error(value: Any) -> str | None:
+    """Why ``value`` is no valid ``engine``; None if it is."""
+    if value not in c.ENGINES:
+        return f"engine={value!r}: expected one of {', '.join(c.ENGINES)}"
+    return None
+
+
+def relay_error(value: Any) -> str | None:
+    """Why ``value`` is no valid ``relay``; None if it is."""
+    if value not in RELAY_MODES:
+        return f"relay={value!r}: expected one of {', '.join(RELAY_MODES)}"
+    return None
+
+
+def horovod_error(value: Any) -> str | None:
+    """Why ``value`` is no valid ``horovod``; None if it is."""
+    if not isinstance(value, HorovodOptions):
+        return f"horovod={value!r}: expected a HorovodOptions (from hvdflow import HorovodOptions)"
+    return None
+
+
+def _seconds_error(name: str, none_ok: bool) -> Callable[[Any], str | None]:
+    def error(value: Any) -> str | None:
+        if value is None and none_ok:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            return f"{name}={value!r}: expected a positive number" + (
+                " or None" if none_ok else " of seconds"
+            )
+        return None
+
+    return error
+
+
+# Each field's own check, in the order LaunchOptions makes them (relay's fit to the engine comes
+# right after relay's): the one place a launcher option is checked, by the runners and by the
+# parameters that take the options as data (``launch_settings``).
+FIELD_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "engine": engine_error,
+    "relay": relay_error,
+    "horovod": horovod_error,
+    "start_timeout_s": _seconds_error("start_timeout_s", none_ok=False),
+    "slot_wait_s": _seconds_error("slot_wait_s", none_ok=False),
+    "heartbeat_timeout_s": heartbeat_timeout_error,
+    "stall_timeout_s": stall_timeout_error,
+    "timeout_s": _seconds_error("timeout_s", none_ok=True),
+}
+
+
+class _LaunchSettings(BaseModel):
+    def launch_options(self, **run: Any) -> LaunchOptions:
+        """These settings as ``LaunchOptions``, with what ``run`` gives (its Spark session, log
+        folder, ...) added or put in their place."""
+        names = {f.name for f in dataclasses.fields(LaunchOptions)}
+        given = {name: getattr(self, name) for name in type(self).model_fields if name in names}
+        return LaunchOptions(**{**given, **run})
+
+
+def launch_settings(*names: str, **defaults: Any) -> type[_LaunchSettings]:
+    """A pydantic model of the ``LaunchOptions`` fields ``names``, for parameters that take them as
+    data (a flow's YAML, JSON or form): the fields' types, defaults and checks
+    (``FIELD_CHECKS``) are LaunchOptions', but for ``defaults`` (a value, or a function that
+    gives it). ``launch_options()`` makes the ``LaunchOptions`` of a model's values. The check
+    of two fields together (``relay_engine_error``) is the parameters' own, where they can name
+    their settings."""
+    hints = typing.get_type_hints(LaunchOptions)
+    found = {f.name: f for f in dataclasses.fields(LaunchOptions)}
+    fields: dict[str, Any] = {}
+    for name in names:
+        option = found[name]
+        kind = hints[name]
+        if check := FIELD_CHECKS.get(name):
+            kind = Annotated[kind, AfterValidator(_raising(check))]
+        if name in defaults:
+            default = defaults[name]
+            info = Field(default_factory=default) if callable(default) else Field(default=default)
+        elif option.default_factory is not dataclasses.MISSING:
+            info = Field(default_factory=option.default_factory)
+        else:
+            info = Field(default=option.default)
+        fields[name] = (kind, info)
+    return create_model("LaunchSettings", __base__=_LaunchSettings, __module__=__name__, **fields)
+
+
+def _raising(check: Callable[[Any], str | None]) -> Callable[[Any], Any]:
+    def checked(value: Any) -> Any:
+        if (error := check(value)) is not None:
+            raise ValueError(error)
+        return value
+
+    return checked

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 
+import mlflow
+from mlflow import MlflowClient
+
 from hvdflow.tasks.score.config import ScoreConfig
 from hvdflow.tasks.score.job import ScoreResult
 from hvdflow.tasks.score.model import ScoringModel
@@ -33,9 +36,6 @@ def record_scoring(
     result: ScoreResult,
 ) -> tuple[str, str]:
     """Log the scoring run and tag the model version; returns (run id, experiment id)."""
-    import mlflow
-    from mlflow import MlflowClient
-
     mlflow.set_tracking_uri(tracking_uri)
     found = mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=f"score {model.name} v{model.version}") as run:

@@ -14,9 +14,9 @@ import logging
 import os
 import time
 
-from hvdflow.infra import HorovodRunner, LaunchOptions
+from hvdflow.infra import HorovodRunner
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed
-from hvdflow.infra.launcher._slots import refused_for_slots, task_gpu_amount, task_slots
+from hvdflow.infra.launcher._driver import refused_for_slots, task_gpu_amount, task_slots
 from hvdflow.infra.launcher._wire import CAUSE_UNAVAILABLE
 from hvdflow.infra.launcher.errors import headline
 from hvdflow.tasks.config import LauncherParams
@@ -71,24 +71,16 @@ class Attempts:
                 mlflow.log_param(f"attempt_{self.number}_np", np)
             lines: list = []
             self._lines.append(lines)
-            runner = HorovodRunner(
-                np=np,
-                options=LaunchOptions(
-                    spark=self.spark,
-                    horovod=launcher.horovod,
-                    start_timeout_s=launcher.start_timeout_s,
-                    heartbeat_timeout_s=launcher.heartbeat_timeout_s,
-                    stall_timeout_s=launcher.stall_timeout_s,
-                    engine=spec.engine,
-                    relay=launcher.relay,
-                    # Each attempt's log of its own: a retry must not append to the one that
-                    # failed.
-                    log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
-                    if self.log_dir
-                    else None,
-                    on_log_line=_tee(lines.append, self.on_log_line),
-                ),
+            options = launcher.launch_options(
+                spark=self.spark,
+                engine=spec.engine,
+                # Each attempt's log of its own: a retry must not append to the one that failed.
+                log_dir=os.path.join(self.log_dir, f"attempt-{self.number}")
+                if self.log_dir
+                else None,
+                on_log_line=_tee(lines.append, self.on_log_line),
             )
+            runner = HorovodRunner(np=np, options=options)
             started = time.perf_counter()
             try:
                 return runner.run(training_function(spec), spec=spec)

@@ -8,6 +8,8 @@ import logging
 import os
 import tempfile
 
+import mlflow
+
 from hvdflow.infra.storage.object_store import ObjectStore
 from hvdflow.infra.tracking import TRACKER_WAIT_S, wait_until_reachable
 from hvdflow.tasks.config import LauncherParams
@@ -67,8 +69,6 @@ def log_or_check_params(
     params: dict, tracking_uri: str, resume_id: str | None, run_id: str
 ) -> None:
     """A new run logs its parameters; a resumed one must have been logged with the same."""
-    import mlflow
-
     if resume_id:
         check_same_params(tracking_uri, resume_id, params)
         logger.info("resuming MLflow run %s from its last checkpoint", run_id)
@@ -87,8 +87,6 @@ def log_metrics(
     """Log what the last attempt measured, and the epoch metrics rank 0 could not send; the
     run's images/s (the paper's measure: images x epochs / wall clock, over this attempt's
     epochs, launch overhead included)."""
-    import mlflow
-
     # The tracking server may have gone away during training: it is waited for, not skipped.
     wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
     images_per_s = result.images_per_epoch * result.epochs_run / wall
@@ -110,8 +108,6 @@ def log_metrics(
 
 
 def log_artifacts(runner, launcher: LauncherParams, dataset, attempt: int = 1) -> None:
-    import mlflow
-
     if runner.log_path and os.path.exists(runner.log_path):
         mlflow.log_artifact(runner.log_path, "logs" if attempt == 1 else f"logs/attempt-{attempt}")
     for path in (launcher.horovod.timeline_path, launcher.horovod.autotune_log):

@@ -37,6 +37,9 @@ from __future__ import annotations
 import logging
 import math
 
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
 from hvdflow.infra.tracking import CANDIDATE, CHAMPION
 
 logger = logging.getLogger(__name__)
@@ -63,8 +66,6 @@ def assign_aliases(name: str, version: str | None, client=None) -> list[str]:
     if version is None:
         return []
     if client is None:
-        from mlflow import MlflowClient
-
         client = MlflowClient()
     _enter_contest(client, name, version)
     for _ in range(ALIAS_ROUNDS):
@@ -123,8 +124,6 @@ def _wanted_holders(client, name: str) -> dict[str, tuple[str | None, str | None
 def _move(client, name: str, alias: str, version: str) -> None:
     """Point ``alias`` at ``version``; losing a simultaneous write of the same alias to another
     call is no failure: the next round reads what that call wrote."""
-    from mlflow.exceptions import MlflowException
-
     logger.info("moving alias %s of %s to version %s", alias, name, version)
     try:
         client.set_registered_model_alias(name, alias, version)
@@ -158,8 +157,6 @@ def _contenders(client, name: str) -> dict[str, float]:
 
 def _holder(client, name: str, alias: str):
     """The model version holding ``alias``, or None when no version does."""
-    from mlflow.exceptions import MlflowException
-
     try:
         return client.get_model_version_by_alias(name, alias)
     except MlflowException as e:

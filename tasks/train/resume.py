@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 import time
 
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
 from hvdflow.tasks.train.tags import FLOW_RUN_TAG
 
 logger = logging.getLogger(__name__)
@@ -33,8 +36,6 @@ def run_to_resume(
 ) -> str | None:
     """The MLflow run to continue: ``resume`` ('last' or a run id), else this flow run's failed
     one (the orchestrator's run retried), else None (a new run)."""
-    from mlflow import MlflowClient
-
     client = MlflowClient(tracking_uri)
     if resume and resume != "last":
         run = client.get_run(resume)  # a wrong id fails here, naming it
@@ -89,8 +90,6 @@ def newest_run(client, experiment_id: str, where: str):
 
 def check_same_params(tracking_uri: str, run_id: str, params: dict) -> None:
     """A resumed run trains what it trained before: differing parameters are an error."""
-    from mlflow import MlflowClient
-
     logged = MlflowClient(tracking_uri).get_run(run_id).data.params
     differ = {
         k: (logged[k], str(v)) for k, v in params.items() if k in logged and logged[k] != str(v)
@@ -106,9 +105,6 @@ def check_same_params(tracking_uri: str, run_id: str, params: dict) -> None:
 def backfill_epoch_metrics(tracking_uri: str, run_id: str, history: dict[str, list[float]]) -> int:
     """Log the epochs of ``history`` that the run lacks (rank 0 could not send them during a
     tracking-server outage); the number of metric points logged. Idempotent."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-
     client = MlflowClient(tracking_uri)
     now = int(time.time() * 1000)
     missing = []

@@ -4,6 +4,8 @@ studies, which build specs of their own, load neither boto3 nor MLflow for it.""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hvdflow.tasks.config import TrainingParams
 from hvdflow.tasks.train.config import TrainConfig
 from hvdflow.training.frameworks import framework
@@ -12,7 +14,13 @@ from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSp
 
 def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
     """What every rank trains on this dataset (a DatasetManifest), with these weights (a
-    StagedWeights, or None): the training parameters' share of ``TrainSpec``."""
+    StagedWeights, or None): the training parameters' share of ``TrainSpec``.
+
+    Each field of the spec (and of its ``optimizer``) that the parameters have by the same name
+    takes the parameter's value: a parameter the ranks need is a field of the same name in
+    ``hvdflow.training.spec``, and nothing here lists them. The model's and the optimizer's
+    names are the two the spec spells otherwise."""
+    values = training.model_dump()
     return TrainSpec(
         data=DataSpec(
             train_url=dataset.train_url,
@@ -24,27 +32,21 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
             labels=dataset.class_names,
         ),
         model_name=training.model,
-        framework=training.framework,
-        epochs=training.epochs,
-        batch_size=training.batch_size,
-        global_batch=bool(training.global_batch),
-        seed=training.seed,
-        optimizer=OptimizerSpec(
-            name=training.optimizer,
-            learning_rate=training.learning_rate,
-            lr_scaling=training.lr_scaling,
-            warmup_epochs=training.warmup_epochs,
-        ),
+        optimizer=OptimizerSpec(name=training.optimizer, **_same_names(OptimizerSpec, values)),
         weights_uri=weights.uri if weights else None,
         weights_sha256=weights.sha256 if weights else None,
-        mixed_precision=training.mixed_precision,
-        in_memory_max_mb=training.in_memory_max_mb,
-        reader=training.reader,
-        chance_margin=training.chance_margin,
-        profile_batches=training.profile_batches,
-        eval_every=training.eval_every,
-        eval_images=training.eval_images,
+        **_same_names(TrainSpec, values, but=("optimizer",)),
     )
+
+
+def _same_names(spec_class, values: dict, but: tuple[str, ...] = ()) -> dict:
+    """The values of ``spec_class``'s fields (a dataclass of ``hvdflow.training.spec``) among
+    ``values``, by name, but ``but`` (a field the spec composes itself)."""
+    return {
+        f.name: values[f.name]
+        for f in dataclasses.fields(spec_class)
+        if f.name in values and f.name not in but
+    }
 
 
 def run_spec(
@@ -61,7 +63,6 @@ def run_spec(
     return training_spec(training, dataset, weights).replace(
         tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),
         checkpoint_url=checkpoint_url,
-        checkpoint_keep=training.checkpoint_keep,
         engine=training_engine(config),
         fp16_compression=launcher.horovod.fp16_compression,
     )

@@ -231,3 +231,55 @@ def test_framework_torch_refuses_what_only_tensorflow_does():
     for name, value in (("mixed_precision", True), ("eval_every", 0.1)):
         with pytest.raises(ValidationError, match=f"training.{name} is not for PyTorch"):
             TrainingParams(framework="torch", **{name: value})
+
+
+def test_the_launcher_settings_are_launch_options_with_the_pipelines_own_two_defaults():
+    from hvdflow.infra.launcher.options import LaunchOptions
+    from hvdflow.tasks.config import default_engine
+
+    launcher, runner = LauncherParams(), LaunchOptions()
+    for name in ("start_timeout_s", "heartbeat_timeout_s", "relay", "horovod"):
+        assert getattr(launcher, name) == getattr(runner, name), name
+    # The pipeline's trainers report every batch: its stall watch is on. Its engine is the
+    # one installed.
+    assert (launcher.stall_timeout_s, runner.stall_timeout_s) == (600.0, None)
+    assert launcher.engine == default_engine()
+    assert launcher.launch_options() == LaunchOptions(engine=default_engine(), stall_timeout_s=600)
+    given = LauncherParams(
+        engine="tf_collective", heartbeat_timeout_s=30, stall_timeout_s=None, relay="always"
+    )
+    assert given.launch_options(engine="torch", log_dir="/tmp/x") == LaunchOptions(
+        engine="torch",
+        heartbeat_timeout_s=30,
+        stall_timeout_s=None,
+        relay="always",
+        log_dir="/tmp/x",
+    )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"stall_timeout_s": 3.0},
+        {"heartbeat_timeout_s": 1.0},
+        {"start_timeout_s": 0.0},
+        {"relay": "sometimes"},
+    ],
+)
+def test_a_launcher_setting_is_checked_as_launch_options_checks_it(values):
+    from hvdflow.infra.launcher.options import LaunchOptions
+
+    with pytest.raises(ValueError) as direct:
+        LaunchOptions(**values)
+    message = error_of(LauncherParams, **values)
+    ((name, _),) = values.items()
+    assert message.splitlines()[1] == name  # named by its field
+    assert str(direct.value) in message
+
+
+def test_the_pipeline_picks_an_engine_of_the_keras_trainer():
+    for engine in ("torch", "mpi"):
+        assert (
+            f"launcher.engine={engine!r}: expected one of horovod, tf_collective (a PyTorch "
+            "training runs on torch's: training.framework='torch')"
+        ) in error_of(LauncherParams, engine=engine)
