@@ -34,17 +34,17 @@ from hvdflow.infra._lazy import lazy_exports
 if TYPE_CHECKING:  # what the lazy exports are, for type checkers and editors (never run)
     from hvdflow.infra.errors import TransientError as TransientError
     from hvdflow.infra.launcher._wire import LogLine as LogLine
+    from hvdflow.infra.launcher._wire import log_to_driver as log_to_driver
+    from hvdflow.infra.launcher._wire import report_progress as report_progress
     from hvdflow.infra.launcher.errors import EncryptionRequired as EncryptionRequired
     from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled as GpuSchedulingNotEnabled
     from hvdflow.infra.launcher.errors import RankFailed as RankFailed
     from hvdflow.infra.launcher.errors import SparkJobFailed as SparkJobFailed
-    from hvdflow.infra.launcher.mirrored import MirroredStrategyRunner as MirroredStrategyRunner
     from hvdflow.infra.launcher.options import HorovodOptions as HorovodOptions
     from hvdflow.infra.launcher.options import LaunchOptions as LaunchOptions
-    from hvdflow.infra.launcher.rank_events import log_to_driver as log_to_driver
-    from hvdflow.infra.launcher.rank_events import report_progress as report_progress
     from hvdflow.infra.launcher.runner import HorovodRunner as HorovodRunner
-    from hvdflow.infra.launcher.torch_distributor import TorchDistributor as TorchDistributor
+    from hvdflow.infra.launcher.runner import MirroredStrategyRunner as MirroredStrategyRunner
+    from hvdflow.infra.launcher.runner import TorchDistributor as TorchDistributor
     from hvdflow.infra.spark import get_spark as get_spark
     from hvdflow.tasks.score.udf import score_udf as score_udf
 

@@ -17,7 +17,7 @@ from typing import Any
 import cloudpickle
 
 from hvdflow.infra.connect import is_connect
-from hvdflow.infra.launcher._slots import task_slots
+from hvdflow.infra.launcher._driver import task_slots
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import time
 
 import tensorflow as tf
 
-from hvdflow.infra.launcher.rank_events import log_to_driver, report_progress
+from hvdflow.infra.launcher import log_to_driver, report_progress
 from hvdflow.training.checkpoints import CheckpointState, epoch_folder
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
 from hvdflow.training.metrics_sender import EpochMetricsSender

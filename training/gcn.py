@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher import log_to_driver
 from hvdflow.training.autograph import run_horovod_unconverted
 from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
 from hvdflow.training.result import RankResult

@@ -1,8 +1,8 @@
 """Evaluation every few steps on a fixed validation subset: time to accuracy finer than an epoch.
 
 Keras evaluates at epoch ends only, so a time to a target accuracy read from its logs jumps by a
-whole epoch on which side of the target one evaluation falls (BENCHMARKS.md, "Time to accuracy
-in every repetition"). MLPerf Training evaluates at fixed intervals of samples instead, and
+whole epoch on which side of the target one evaluation falls (docs/benchmarks/training.md,
+"Time to accuracy"). MLPerf Training evaluates at fixed intervals of samples instead, and
 counts the evaluations' time in the time to train; so does this.
 
 The subset is the same images whatever the number of ranks: ``subset_rows`` picks them from the
@@ -21,7 +21,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher import log_to_driver
 from hvdflow.training.epoch_log import evaluation_line
 from hvdflow.training.reader import normalized_batch
 

@@ -10,7 +10,7 @@ import collections
 import threading
 import time
 
-from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher import log_to_driver
 from hvdflow.infra.tracking import check_reachable
 
 

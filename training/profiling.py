@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 
-from hvdflow.infra.launcher.rank_events import log_to_driver
+from hvdflow.infra.launcher import log_to_driver
 from hvdflow.training.spec import TrainSpec
 from hvdflow.training.tf_profile import host_events, newest_profile, step_breakdown
 

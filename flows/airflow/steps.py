@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from hvdflow.flows.airflow.form import nested_values
 from hvdflow.flows.cli_support import InvalidParameters, describe_validation_error, one_line
 from hvdflow.flows.params import PipelineParams, ScoreParams
-from hvdflow.infra.launcher._runlog import rank_logger
+from hvdflow.infra.launcher._driver import rank_logger
 from hvdflow.infra.secrets import redact_url, tracking_login
 from hvdflow.infra.spark import SparkProgress, get_spark
 from hvdflow.infra.stdio import outlive_reader

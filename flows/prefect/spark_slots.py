@@ -25,7 +25,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 # The launcher's own count of what a barrier stage may use: the same number it checks np against.
-from hvdflow.infra.launcher._slots import task_slots
+from hvdflow.infra.launcher._driver import task_slots
 
 SPARK_SLOTS = "spark-slots"
 # Waits shorter than this are not worth a line.

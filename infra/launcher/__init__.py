@@ -1,28 +1,26 @@
-"""The barrier launcher: ``HorovodRunner(np=...).run(main, **kwargs)``.
+"""The barrier launcher: ``HorovodRunner(np=...).run(main, **kwargs)``, and the two other faces.
 
-Split where the processes split:
+Split where the processes and the contracts split:
 
-- ``runner``: the public ``HorovodRunner``, on the driver (engine ``horovod``, ``tf_collective``
-  or ``torch``)
-- ``mirrored``: ``MirroredStrategyRunner``, spark-tensorflow-distributor's API on the same launcher
-- ``torch_distributor``: ``TorchDistributor``, pyspark's PyTorch launcher's API on it (engine
-  ``torch``: each rank gets torchrun's environment)
-- ``options``: ``LaunchOptions``, hvdflow's extras to both runners (timeouts, logs, engine,
-  ``HorovodOptions``: Horovod's knobs as each rank's environment)
+- ``runner``: the public faces (``HorovodRunner``, ``MirroredStrategyRunner``,
+  ``TorchDistributor``), each building one frozen ``LaunchPlan``
+- ``options``: ``LaunchOptions`` and ``HorovodOptions``, hvdflow's extras to every face
 - ``errors``: what the runners raise, as classes to catch
-- ``rank_events``: ``log_to_driver`` and ``report_progress``, called inside a rank
-- ``_channel``: the driver's end of the tasks' channel (reports, liveness, progress, stacks)
-- ``_rendezvous``: who may use the Gloo rendezvous store on the driver (the guard and its server)
-- ``_decisions``: why a rank is stopped, how its exit reads, which failure came first (pure)
-- ``_liveness``, ``_stall``: which side went silent, which rank stopped progressing (pure)
-- ``_slots``, ``_payload``, ``_spark_errors``, ``_runlog``, ``_encryption``: the driver's checks
-  before and records during a run (task slots, the pickled function, Spark's error text, the
-  run's log, a cluster that requires encryption)
-- ``_task``: one Spark barrier task, supervising its rank processes (one per GPU it holds)
-- ``_rank_output``: a rank's stdout, stderr and events as its task reads them
+- ``_driver``: the driver's process (``Launch``): checks, the tasks' channel, the barrier stage,
+  the watch over a run, the error that names the rank
+- ``_task``: one Spark barrier task, supervising its rank processes
 - ``_rank``: the rank process's entry point
-- ``_wire``: the messages between tasks and the driver, and between a rank and its task
-- ``_placement``: which rank runs where and what it is told (pure functions)
+- ``_wire``: the two contracts, driver <-> task and rank -> task (``log_to_driver``,
+  ``report_progress``), imported by both ends of each
+- ``_engines``: the engines (horovod, tf_collective, torch), one row each, and placement: which
+  rank runs where and what it is told (pure functions)
+- ``_decisions``: why a rank stops, which failure came first, who went silent, which rank
+  stalled (pure functions, and the driver's trackers around them)
+- ``_relay``: the channel through the object store, for tasks that cannot reach the driver
+- ``_rendezvous``: who may use Horovod's Gloo rendezvous on the driver
+
+A failure travels ``_rank`` (its exit and last lines) -> ``_task`` (the ``failed`` report) ->
+``_driver`` (the first failure, named with its rank and host).
 
 Exports are lazy, like ``infra``'s: a rank process imports only what it uses.
 """
@@ -34,8 +32,8 @@ STREAMS = ("STDOUT", "STDERR", "CALLBACK")
 EXPORTS = {
     "HorovodRunner": "hvdflow.infra.launcher.runner",
     "HorovodOptions": "hvdflow.infra.launcher.options",
-    "MirroredStrategyRunner": "hvdflow.infra.launcher.mirrored",
-    "TorchDistributor": "hvdflow.infra.launcher.torch_distributor",
+    "MirroredStrategyRunner": "hvdflow.infra.launcher.runner",
+    "TorchDistributor": "hvdflow.infra.launcher.runner",
     "LaunchOptions": "hvdflow.infra.launcher.options",
     # What the runners raise, as classes a user can catch (the originals raise plain ones).
     "RankFailed": "hvdflow.infra.launcher.errors",
@@ -44,8 +42,8 @@ EXPORTS = {
     "GpuSchedulingNotEnabled": "hvdflow.infra.launcher.errors",
     "TransientError": "hvdflow.infra.errors",
     "LogLine": "hvdflow.infra.launcher._wire",
-    "log_to_driver": "hvdflow.infra.launcher.rank_events",
-    "report_progress": "hvdflow.infra.launcher.rank_events",
+    "log_to_driver": "hvdflow.infra.launcher._wire",
+    "report_progress": "hvdflow.infra.launcher._wire",
     **{stream: "hvdflow.infra.launcher._wire" for stream in STREAMS},
 }
 

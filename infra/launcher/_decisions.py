@@ -1,18 +1,31 @@
-"""The launcher's decisions, as pure functions of what was observed: why a task stops its rank,
-how a rank's exit reads, and which failure caused the others. Tested with exact values
-(tests/infra/launcher/test_decisions.py); the threads that observe live in ``_task`` and
-``_channel``.
+"""The launcher's decisions, as pure functions of what was observed, tested with exact values;
+the threads that observe live in ``_task`` and ``_driver``.
+
+- A rank's end: why a task stops its rank, how its exit reads, which failure caused the others.
+- Liveness: a cut cable or a frozen host closes no connection, so each side notes when it last
+  heard from the other (any message counts) and gives it up after ``heartbeat_timeout_s``.
+- The stall watch: a deadlocked rank closes nothing and keeps its heartbeats going while its
+  peers wait for it in a collective. Each task forwards its rank's progress (batches begun and
+  finished) in its heartbeats; the driver notes when each rank's finished count last changed,
+  on its own clock, and a watched rank unchanged for ``stall_timeout_s`` stalls the run. The
+  ranks that began the fewest batches are blamed: the others began one more, then waited.
+
+``Tracker`` and ``ProgressTracker`` are the driver's thread-safe bookkeeping around them.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from hvdflow.infra.launcher import _wire
-from hvdflow.infra.launcher._engines import engine as engine_row
+from hvdflow.infra.launcher import _engines, _wire
+
+# --- A rank's end: why it stops, how its exit reads, which failure came first ---
 
 # What a rank prints when it fails only because another rank died first: Horovod's shutdown
 # message, or Gloo's transport finding its peer's socket gone in the middle of a collective
@@ -82,7 +95,7 @@ def stop_reason(
             _wire.CAUSE_LOST,
         )
     if not init_reached and waited_s > start_timeout_s:
-        start = engine_row(engine).start_point
+        start = _engines.engine(engine).start_point
         return (
             f"did not reach {start} within {start_timeout_s:g} s "
             f"(HorovodRunner start_timeout_s): raise it if main does slow work before "
@@ -155,7 +168,7 @@ def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
 # TensorFlow's coordination service, when workers stop sending heartbeats. TensorFlow 2.21: "The
 # following tasks are unhealthy (stopped sending heartbeats):", then one
 # "/job:worker/replica:0/task:N" line each; 2.15: "Task /job:worker/replica:0/task:N heartbeat
-# timeout". A worker's task index is its rank (``_placement.tf_config``).
+# timeout". A worker's task index is its rank (``_engines.tf_config``).
 _TF_UNHEALTHY = "tasks are unhealthy (stopped sending heartbeats)"
 # The call a worker's DEADLINE_EXCEEDED names when the coordination service did not answer it.
 _TF_HEARTBEAT_RPC = "RPC: /tensorflow.CoordinationService/Heartbeat"
@@ -173,3 +186,294 @@ def _tf_unhealthy_ranks(texts: Sequence[str]) -> list[int]:
                     break
                 ranks.add(int(task.group(1)))
     return sorted(ranks)
+
+
+# --- The stall watch ---
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    begun: int
+    finished: int
+    watch: bool
+    changed: float  # driver's monotonic clock: when ``finished`` (or ``watch``) last changed
+
+
+def stalled(progress: Mapping[int, RankProgress], now: float, timeout_s: float) -> list[int]:
+    """The watched ranks whose finished-batch count has not changed for longer than timeout_s."""
+    return sorted(r for r, p in progress.items() if p.watch and now - p.changed > timeout_s)
+
+
+def culprits(progress: Mapping[int, RankProgress]) -> list[int]:
+    """The ranks the others wait for: those watched ranks that have begun the fewest batches."""
+    watched = {rank: p for rank, p in progress.items() if p.watch}
+    if not watched:
+        return []
+    fewest = min(p.begun for p in watched.values())
+    return sorted(rank for rank, p in watched.items() if p.begun == fewest)
+
+
+def stall_report(
+    progress: Mapping[int, RankProgress],
+    timeout_s: float,
+    stacks: Mapping[int, str],
+    hosts: Mapping[int, str],
+    now_wall: float,
+) -> dict[str, Any]:
+    """The failure report of a stalled run, shaped like a task's ``failed`` report.
+
+    Its tail holds every rank's Python stacks (``stacks``; a rank missing there is said to be).
+    """
+    blamed = culprits(progress)
+
+    def who(rank: int) -> str:
+        host = hosts.get(rank)
+        return f"rank {rank}" + (f" on {host}" if host else "")
+
+    names = ", ".join(who(r) for r in blamed)
+    if len(blamed) == 1:
+        p = progress[blamed[0]]
+        what = (
+            f"{names} made no progress for over {timeout_s:g} s (HorovodRunner stall_timeout_s) "
+            f"after {p.finished} finished batch(es); the other ranks wait for it"
+            if len(progress) > 1
+            else f"{names} made no progress for over {timeout_s:g} s (HorovodRunner "
+            f"stall_timeout_s) after {p.finished} finished batch(es)"
+        )
+    else:
+        what = (
+            f"{names} made no progress for over {timeout_s:g} s (HorovodRunner stall_timeout_s), "
+            "all at the same batch"
+        )
+    reason = (
+        f"{what}. Look for a deadlock or stuck I/O in the stacks below; if the work is only "
+        "slow between batches, raise stall_timeout_s"
+    )
+    tail: list[str] = []
+    for rank in sorted(set(progress) | set(stacks)):
+        tail.append(f"--- Python stacks of {who(rank)} ---")
+        tail.extend((stacks.get(rank) or "(no stacks arrived from it)").rstrip().splitlines())
+    return {
+        "type": _wire.FAILED,
+        "rank": blamed[0] if blamed else -1,
+        "reason": reason,
+        "tail": tail,
+        "exited_at": now_wall,
+        "cause": _wire.CAUSE_STALLED,
+    }
+
+
+class ProgressTracker:
+    """The driver's view of every rank's progress, from the tasks' heartbeats."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic):
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._progress: dict[int, RankProgress] = {}
+        self._hosts: dict[int, str] = {}
+
+    def update(self, message: Any, hostname: str = "") -> None:
+        """A heartbeat's ``progress`` (values from the network: keep only what fits)."""
+        if not isinstance(message, dict):
+            return
+        try:
+            rank, begun, finished = (int(message[k]) for k in ("rank", "begun", "finished"))
+        except (KeyError, TypeError, ValueError):
+            return
+        watch = bool(message.get("watch", True))
+        with self._lock:
+            old = self._progress.get(rank)
+            unchanged = old is not None and (old.finished, old.watch) == (finished, watch)
+            changed = old.changed if unchanged else self._monotonic()
+            self._progress[rank] = RankProgress(begun, finished, watch, changed)
+            if hostname:
+                self._hosts[rank] = hostname
+
+    def stalled(self, timeout_s: float) -> list[int]:
+        with self._lock:
+            return stalled(self._progress, self._monotonic(), timeout_s)
+
+    def snapshot(self) -> tuple[dict[int, RankProgress], dict[int, str]]:
+        with self._lock:
+            return dict(self._progress), dict(self._hosts)
+
+
+# --- Liveness: who has gone silent ---
+
+
+def is_overdue(last_heard: float, now: float, timeout_s: float) -> bool:
+    """Whether nothing was heard for longer than ``timeout_s`` (exactly ``timeout_s`` is not)."""
+    return now - last_heard > timeout_s
+
+
+def overdue(last_heard: Mapping[Any, float], now: float, timeout_s: float) -> list:
+    """The keys not heard from for longer than ``timeout_s``, the longest silent first."""
+    late = [key for key, at in last_heard.items() if is_overdue(at, now, timeout_s)]
+    return sorted(late, key=lambda key: last_heard[key])
+
+
+def lost_task_report(
+    *,
+    partition: int | None,
+    hostname: str,
+    plan_hosts: Sequence[str] | None,
+    timeout_s: float,
+    last_heard_at: float,
+) -> dict[str, Any]:
+    """The failure report for a task the driver has not heard from for ``timeout_s``.
+
+    Shaped like a task's own ``failed`` report (``rank``, ``reason``, ``tail``, ``exited_at``),
+    so that ``root_failure`` weighs it with the others; the silence began at ``last_heard_at``
+    (wall-clock seconds). Before the plan is known the task has no rank yet: it is named by its
+    partition.
+    """
+    rank, who = _who(partition, hostname, plan_hosts)
+    reason = (
+        f"{who} stopped answering: the driver heard nothing from it for {timeout_s:g} s "
+        "(HorovodRunner heartbeat_timeout_s). Its host may be unreachable or frozen; if it "
+        "was only busy, raise heartbeat_timeout_s"
+    )
+    return _drivers_report(rank, reason, last_heard_at)
+
+
+def vanished_task_report(
+    *, partition: int | None, hostname: str, plan_hosts: Sequence[str] | None, at: float
+) -> dict[str, Any]:
+    """The failure report for a task whose connection ended without its ``bye``: the task
+    process died (its executor, Spark worker or host with it), so nobody reports its rank.
+
+    Without it, the error would name a peer that broke off in its next collective instead.
+    """
+    rank, who = _who(partition, hostname, plan_hosts)
+    reason = (
+        f"{who} was lost: its task ended without a word (its Spark executor, worker or host "
+        "died with it)"
+    )
+    return _drivers_report(rank, reason, at)
+
+
+def driver_error_report(
+    *,
+    partition: int | None,
+    hostname: str,
+    plan_hosts: Sequence[str] | None,
+    error: BaseException,
+    at: float,
+) -> dict[str, Any]:
+    """The failure report for a task whose messages the driver stopped reading because it raised
+    ``error`` on one of them: a fault of the driver process, or a message it could not handle.
+    Either way the task's connection is no longer read, so the run stops; but the task did not
+    vanish, and a "was lost" report would send its user to the executors' logs."""
+    rank, who = _who(partition, hostname, plan_hosts)
+    reason = (
+        f"the driver stopped reading the messages of {who} when handling one raised "
+        f"{type(error).__name__}: {error} (the traceback is in the driver's log; the task "
+        "itself did not fail)"
+    )
+    return _drivers_report(rank, reason, at, _wire.CAUSE_DRIVER)
+
+
+def _drivers_report(
+    rank: int, reason: str, at: float, cause: str = _wire.CAUSE_LOST
+) -> dict[str, Any]:
+    """A ``failed`` report the driver makes for a task that cannot make its own: lost by default,
+    or ``cause`` (every cause used here is transient)."""
+    return {
+        "type": _wire.FAILED,
+        "rank": rank,
+        "reason": reason,
+        "tail": [],
+        "exited_at": at,
+        "cause": cause,
+    }
+
+
+def _who(partition: int | None, hostname: str, plan_hosts: Sequence[str] | None):
+    """A task's rank and how errors name it; before the plan, by its partition."""
+    if plan_hosts and partition is not None and 0 <= partition < len(plan_hosts):
+        slot = _engines.plan_ranks(plan_hosts)[partition]
+        return slot.rank, _engines.describe_rank(slot.rank, hostname, slot.hostname)
+    host = hostname or "an unknown host"
+    rank = partition if partition is not None else -1
+    return rank, (
+        f"the task of partition {partition} on {host}" if rank >= 0 else f"a task on {host}"
+    )
+
+
+@dataclass
+class _Peer:
+    partition: int | None
+    hostname: str
+    last_heard: float  # monotonic clock
+    last_heard_at: float  # wall clock, for the report
+
+
+class Tracker:
+    """The driver's view of its tasks: when each was last heard from, and who it is.
+
+    Keys are the channel's connections. A task is tracked from its hello until its connection
+    ends, and reported lost at most once.
+    """
+
+    def __init__(
+        self,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self._monotonic = monotonic
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._peers: dict[Hashable, _Peer] = {}
+        self._plan_hosts: list[str] | None = None
+
+    def join(self, key: Hashable, partition: Any, hostname: Any) -> None:
+        """A task said hello (its values come from the network: keep only what fits)."""
+        part = partition if isinstance(partition, int) and not isinstance(partition, bool) else None
+        name = hostname[: _wire.MAX_HOSTNAME_CHARS] if isinstance(hostname, str) else ""
+        with self._lock:
+            self._peers[key] = _Peer(part, name, self._monotonic(), self._wall())
+
+    def seen(self, key: Hashable) -> None:
+        with self._lock:
+            peer = self._peers.get(key)
+            if peer is not None:
+                peer.last_heard, peer.last_heard_at = self._monotonic(), self._wall()
+
+    def leave(
+        self, key: Hashable, vanished: bool = False, driver_error: BaseException | None = None
+    ) -> dict[str, Any] | None:
+        """A task's connection ended; ``vanished``: without its bye; ``driver_error``: because
+        the driver raised it while reading. Then the failure report, if it failed."""
+        with self._lock:
+            peer = self._peers.pop(key, None)
+            if not (vanished or driver_error) or peer is None:
+                return None
+            plan_hosts = self._plan_hosts
+        where = {"partition": peer.partition, "hostname": peer.hostname, "plan_hosts": plan_hosts}
+        if driver_error is not None:
+            return driver_error_report(**where, error=driver_error, at=self._wall())
+        return vanished_task_report(**where, at=self._wall())
+
+    def plan(self, hosts: Sequence[str]) -> None:
+        """The task hosts the run was planned with: they turn partitions into ranks."""
+        with self._lock:
+            self._plan_hosts = list(hosts)
+
+    def lost(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Failure reports for the tasks silent for longer than ``timeout_s``; each only once."""
+        with self._lock:
+            keys = overdue(
+                {k: p.last_heard for k, p in self._peers.items()}, self._monotonic(), timeout_s
+            )
+            peers = [self._peers.pop(k) for k in keys]
+            plan_hosts = self._plan_hosts
+        return [
+            lost_task_report(
+                partition=p.partition,
+                hostname=p.hostname,
+                plan_hosts=plan_hosts,
+                timeout_s=timeout_s,
+                last_heard_at=p.last_heard_at,
+            )
+            for p in peers
+        ]

@@ -1,8 +1,11 @@
-"""Entry point of one rank process: ``python -m hvdflow.infra.launcher._rank PAYLOAD RESULT``.
+"""The rank process: ``python -m hvdflow.infra.launcher._rank PAYLOAD RESULT``.
 
 PAYLOAD holds the cloudpickled ``(main, kwargs)``; rank 0 writes ``main``'s return value to
-RESULT. An exception prints its traceback to stderr (which the supervising task streams to the
-driver) and exits 1.
+RESULT. An exception prints its traceback to stderr (which the task streams to the driver) and
+exits 1. Before ``main`` loads, the rank asks to die with its task, names itself
+``hvdflow-rankN``, binds to its cores where it has no GPU, and wraps its engine's entry points
+on import (``patch_on_import``: TensorFlow's import costs seconds, so nothing is imported to be
+patched), so that its task hears when the engine started.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import atexit
 import ctypes
 import faulthandler
+import importlib.abc
+import importlib.util
 import os
 import signal
 import sys
@@ -26,10 +31,53 @@ from hvdflow.infra.constants import (
     HVDFLOW_STACKS_FILE,
 )
 from hvdflow.infra.errors import TransientError
-from hvdflow.infra.launcher import _task_context, _wire
-from hvdflow.infra.launcher._cores import bind_this_rank
-from hvdflow.infra.launcher._engines import engine
-from hvdflow.infra.launcher._patching import patch_on_import
+from hvdflow.infra.launcher import _engines, _task, _wire
+
+# --- Patching a module when something first imports it ---
+
+
+class _ThenPatch(importlib.abc.Loader):
+    """A module's own loader, followed by ``patch(module)`` once the module has run."""
+
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name):  # get_source and the rest: tracebacks still show the lines
+        return getattr(self._loader, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patch a module when something first imports it, instead of importing it to patch it."""
+
+    def __init__(self, name: str, patch):
+        self._name, self._patch = name, patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self._name:
+            return None
+        sys.meta_path.remove(self)  # once; and the other finders find the real module
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenPatch(spec.loader, self._patch)
+        return spec
+
+
+def patch_on_import(name: str, patch) -> None:
+    """``patch(module)`` now if ``name`` is loaded, else when something first imports it."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _PatchOnImport(name, patch))
+
+
+# --- The rank process ---
 
 # linux/prctl.h: the signal this process gets when the thread that started it exits.
 _PR_SET_PDEATHSIG = 1
@@ -90,11 +138,11 @@ def main(argv: list[str]) -> int:
     payload_path, result_path = argv[1], argv[2]
     _die_with_parent()
     _name_this_process()
-    bind_this_rank()  # before TensorFlow or Horovod start a thread: they all inherit it
+    _engines.bind_this_rank()  # before TensorFlow or Horovod start a thread: they all inherit it
     _dump_stacks_on_signal()
-    rank_engine = engine(os.environ.get(HVDFLOW_ENGINE) or _wire.HOROVOD)
+    rank_engine = _engines.engine(os.environ.get(HVDFLOW_ENGINE) or _wire.HOROVOD)
     rank_engine.in_rank()  # reports when this rank has joined the job (start timeout)
-    _task_context.install_in_rank(patch_on_import)
+    _task.install_in_rank(patch_on_import)
     with open(payload_path, "rb") as f:
         fn, kwargs = cloudpickle.load(f)
     try:

@@ -1,7 +1,7 @@
 """Who may use the Gloo rendezvous store on the driver: the decision (pure) and the server.
 
 The rendezvous server answers only the hosts of the run's plan, and its keys are write-once
-(see ``decide`` and the threat model below). ``_channel.DriverChannel`` starts one per run.
+(see ``decide`` and the threat model below). ``_driver.DriverChannel`` starts one per run.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ RENDEZVOUS_MAX_VALUE_BYTES = 1024 * 1024
 # HTTP store asks again 10 ms after each 404 (HTTPStore::wait in horovod/common/gloo/
 # http_store.cc): every rank that reaches hvd.init() before the slowest polls this one Python
 # server at 100 Hz for as long as that rank is late (1,700-1,900 requests for one np=8
-# rendezvous on one host; BENCHMARKS.md, "Eight hosts"). Held, a missing key costs a request a
-# second and is answered the moment it is written. Gloo's client sets no timeout on a request.
+# rendezvous on one host; docs/benchmarks/cluster.md, "Eight hosts"). Held, a missing key
+# costs a request a second and is answered the moment it is written. Gloo's client sets no
+# timeout on a request.
 LONG_POLL_S = 1.0
 
 

@@ -1,29 +1,39 @@
-"""Task side of HorovodRunner: start the task's rank process (one per GPU where the task holds
-several), stream its output, stop it when told.
+"""The task supervisor: one Spark barrier task (or, for ``np < 0``, a thread of the driver) starts
+its rank processes (one per GPU where the task holds several), streams their output to the
+driver, and stops them when told.
 
-Runs inside a Spark barrier task (or a driver thread for ``np < 0``). The rank is a separate
-process, a new interpreter, so that Horovod and the user's imports get a process of their own,
-and so that it can be killed as a whole: it runs in its own process group, and it asks to die with
-its parent (PR_SET_PDEATHSIG, set by the rank itself in ``_rank``), so a killed Spark worker
-cannot leave a rank behind.
+A rank is a new interpreter in its own process group, so that Horovod and the user's imports
+get a process of their own and the task can kill it as a whole; the rank asks to die with its
+task (PR_SET_PDEATHSIG, ``_rank``), so a killed Spark worker leaves no rank behind. A task that
+hears nothing from the driver for ``heartbeat_timeout_s`` (a cut network closes nothing) kills
+its rank too.
 
-A host cut off from the driver sees no close, only silence: a task that hears nothing from the
-driver for ``heartbeat_timeout_s`` kills its rank too (``_liveness``).
+A rank's output arrives on three pipes, a thread each: stdout (with ``log_to_driver`` messages
+in order among its lines), stderr, and the event pipe (``init``, ``progress``). A function
+written for spark-tensorflow-distributor may call ``BarrierTaskContext.get()`` inside the rank:
+the task serves the rank's ``barrier`` and ``allGather`` from its own context
+(``TaskContextServer``), where the task runs one rank.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import os
+import re
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hvdflow.infra.constants import (
     CUDA_VISIBLE_DEVICES,
@@ -31,20 +41,303 @@ from hvdflow.infra.constants import (
     HVDFLOW_EVENT_FD,
     HVDFLOW_PARENT_PID,
     HVDFLOW_STACKS_FILE,
+    HVDFLOW_TASK_CONTEXT,
+    HVDFLOW_TASK_CONTEXT_FD,
 )
-from hvdflow.infra.launcher import _liveness, _placement, _rank_output, _wire
-from hvdflow.infra.launcher._decisions import (
-    exit_cause,
-    exit_reason,
-    reached_in_time,
-    stop_reason,
-)
-from hvdflow.infra.launcher._engines import engine
-from hvdflow.infra.launcher._rank import STACKS_SIGNAL
-from hvdflow.infra.launcher._relay import RelaySpec, TaskRelay
-from hvdflow.infra.launcher._task_context import TaskContextServer
-from hvdflow.infra.launcher._workdir import rank_workdir
-from hvdflow.infra.launcher.errors import OUTPUT_HEADING, RankFailed, rank_failed
+from hvdflow.infra.launcher import _decisions, _engines, _rank, _relay, _wire, errors
+
+# --- A rank's folder on its executor ---
+# The payload, the result, the stacks file and the rank's TMPDIR. It goes when the task ends; a
+# task killed with its executor cannot remove it, so each new task removes the folders of tasks
+# whose process has ended, named by pid *and* host (a container has process numbers of its own).
+
+PREFIX = "hvdflow-rank"
+# tempfile's random part: 8 characters of [a-z0-9_].
+_OWNER = re.compile(rf"^{PREFIX}\d+-pid(\d+)@(.+)-[a-z0-9_]{{8}}$")
+
+
+@contextlib.contextmanager
+def rank_workdir(rank: int) -> Iterator[str]:
+    remove_orphans()
+    prefix = f"{PREFIX}{rank}-pid{os.getpid()}@{socket.gethostname()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix) as path:
+        yield path
+
+
+def remove_orphans(base: str | None = None) -> list[str]:
+    """Removes the rank folders in ``base`` (the temporary folder) whose task process has
+    ended; the paths removed."""
+    base = base or tempfile.gettempdir()
+    here = socket.gethostname()
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            owner = _OWNER.match(name)
+            if owner and owner.group(2) == here and not _alive(int(owner.group(1))):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+                removed.append(os.path.join(base, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+# --- A rank's output, read while it runs ---
+
+# ship(stream, text, at=None): one line to the driver, stamped ``at`` or when it was read.
+Ship = Callable[..., None]
+NoteProgress = Callable[[int, int, bool], None]
+
+
+def start_readers(
+    proc: subprocess.Popen,
+    events_fd: int,
+    ship: Ship,
+    init_reached: threading.Event,
+    note_progress: NoteProgress,
+) -> list[threading.Thread]:
+    """Start reading ``proc``'s stdout, stderr and event pipe; each thread ends at its EOF."""
+    readers = [
+        threading.Thread(target=_pump_stdout, args=(proc.stdout, ship), daemon=True),
+        threading.Thread(target=_pump_stderr, args=(proc.stderr, ship), daemon=True),
+        threading.Thread(
+            target=_pump_events, args=(events_fd, init_reached, note_progress), daemon=True
+        ),
+    ]
+    for t in readers:
+        t.start()
+    return readers
+
+
+def _pump_stdout(pipe, ship: Ship) -> None:
+    while (line := _wire.read_line(pipe, _wire.MAX_LINE_BYTES)) is not None:
+        kept, total = line
+        printed, message = _wire.split_log_line(kept)
+        if message is None:
+            ship(_wire.STDOUT, _wire.line_text(kept, total))
+            continue
+        if printed:
+            ship(_wire.STDOUT, _wire.line_text(printed, len(printed)))
+        ship(_wire.CALLBACK, *message)
+    pipe.close()
+
+
+def _pump_stderr(pipe, ship: Ship) -> None:
+    """Ship each line of ``pipe``; a line over MAX_LINE_BYTES goes cut, with a marker."""
+    while (line := _wire.read_line(pipe, _wire.MAX_LINE_BYTES)) is not None:
+        ship(_wire.STDERR, _wire.line_text(*line))
+    pipe.close()
+
+
+class Reached(threading.Event):
+    """Set when the rank reached its engine's start; ``at``: when (``time.monotonic``), so that
+    the start timeout is judged by when that happened, not by when a poll noticed it."""
+
+    at: float | None = None
+
+    def set(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+        super().set()
+
+
+def _pump_events(fd: int, init_reached: threading.Event, note_progress: NoteProgress) -> None:
+    with os.fdopen(fd, "rb") as events:
+        while (line := _wire.read_line(events, _wire.MAX_MESSAGE_BYTES)) is not None:
+            raw, total = line
+            if total > len(raw):
+                continue  # events are short, so only a stray writer gets here
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == _wire.EVENT_INIT:
+                init_reached.set()
+                note_progress(0, 0, True)  # the stall watch starts at hvd.init()
+            elif event.get("event") == _wire.EVENT_PROGRESS:
+                note_progress(
+                    int(event.get("begun", 0)),
+                    int(event.get("finished", 0)),
+                    bool(event.get("watch", True)),
+                )
+
+
+# --- BarrierTaskContext inside a rank ---
+# The task answers its rank's ``barrier`` and ``allGather`` with the same call on its own
+# context, in the rank's order; the rank's fixed answers (partitionId, getTaskInfos, resources,
+# ...) come from a snapshot. Where a task runs several ranks, no context is served: their calls
+# could not be told apart in barrier mode (Databricks' ranks under mpirun have none either).
+
+BARRIER, ALL_GATHER = "barrier", "allGather"
+_TASKCONTEXT_MODULE = "pyspark.taskcontext"
+
+
+def snapshot(ctx) -> dict[str, Any]:
+    """What a ``BarrierTaskContext`` answers without asking anyone, as plain JSON values."""
+    return {
+        "stage_id": ctx.stageId(),
+        "partition_id": ctx.partitionId(),
+        "attempt_number": ctx.attemptNumber(),
+        "task_attempt_id": ctx.taskAttemptId(),
+        "cpus": ctx.cpus(),
+        "local_properties": dict(ctx._localProperties or {}),  # no public getter for all
+        "resources": {name: list(info.addresses) for name, info in ctx.resources().items()},
+        "task_addresses": [info.address for info in ctx.getTaskInfos()],
+    }
+
+
+class TaskContextServer:
+    """The task's side: one socket pair per rank, answered by a thread until the rank ends."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self._snapshot = json.dumps(snapshot(ctx))
+
+    def start(self) -> tuple[dict[str, str], int, _Pair]:
+        """The rank's variables, the fd to pass it, and the pair (``rank_started`` once the
+        rank process exists, ``close`` when it has ended)."""
+        task_end, rank_end = socket.socketpair()
+        threading.Thread(
+            target=self._serve, args=(task_end,), daemon=True, name="hvdflow-task-context"
+        ).start()
+        env = {
+            HVDFLOW_TASK_CONTEXT_FD: str(rank_end.fileno()),
+            HVDFLOW_TASK_CONTEXT: self._snapshot,
+        }
+        return env, rank_end.fileno(), _Pair(task_end, rank_end)
+
+    def _serve(self, sock: socket.socket) -> None:
+        conn = _wire.Connection(sock)
+        while (request := conn.receive()) is not None:
+            try:
+                if request.get("op") == BARRIER:
+                    self._ctx.barrier()
+                    reply: dict[str, Any] = {"ok": True}
+                elif request.get("op") == ALL_GATHER:
+                    reply = {"messages": self._ctx.allGather(str(request.get("message", "")))}
+                else:
+                    reply = {"error": f"unknown request {request.get('op')!r}"}
+            except Exception as e:  # noqa: BLE001 (the rank raises it where the user called)
+                reply = {"error": f"{type(e).__name__}: {e}"}
+            try:
+                conn.send(reply)
+            except OSError:
+                return  # the rank is gone
+
+
+class _Pair:
+    """Both ends of a rank's socket pair: the task closes its copy of the rank's end once the
+    rank has it, and its own end when the rank has ended."""
+
+    def __init__(self, task_end: socket.socket, rank_end: socket.socket):
+        self._task_end, self._rank_end = task_end, rank_end
+
+    def rank_started(self) -> None:
+        self._rank_end.close()
+
+    def close(self) -> None:
+        for end in (self._rank_end, self._task_end):
+            try:
+                end.close()
+            except OSError:
+                pass
+
+
+def install_in_rank(patch_on_import) -> None:
+    """In the rank: serve ``BarrierTaskContext.get()`` where the task passed a context.
+
+    ``patch_on_import(module_name, patch)`` runs ``patch(module)`` when the module is first
+    imported (``_rank.patch_on_import``), so pyspark is loaded only by code that uses it.
+    """
+    fd = os.environ.get(HVDFLOW_TASK_CONTEXT_FD)
+    info = os.environ.get(HVDFLOW_TASK_CONTEXT)
+    if not fd or not info:
+        return
+    link = _RankLink(int(fd))
+    values = json.loads(info)
+
+    def patch(taskcontext) -> None:
+        context = _context_class(taskcontext)(values, link)
+        # Where a Spark worker puts its barrier task's context, so both get()s find it.
+        taskcontext.TaskContext._setTaskContext(context)
+        taskcontext.BarrierTaskContext._taskContext = context
+
+    patch_on_import(_TASKCONTEXT_MODULE, patch)
+
+
+class _RankLink:
+    """The rank's end: one request at a time, each answered before the next is sent."""
+
+    def __init__(self, fd: int):
+        self._conn = _wire.Connection(socket.socket(fileno=fd))
+        self._lock = threading.Lock()
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._conn.send(request)
+            reply = self._conn.receive()
+        if reply is None:
+            raise RuntimeError(
+                f"BarrierTaskContext.{request['op']}: the Spark task that runs this rank closed "
+                "the connection (the run is stopping)"
+            )
+        if "error" in reply:
+            raise RuntimeError(
+                f"BarrierTaskContext.{request['op']} failed in the Spark task: {reply['error']}"
+            )
+        return reply
+
+
+def _context_class(taskcontext):
+    """A ``BarrierTaskContext`` subclass of the imported module's class, answering from
+    ``values`` and asking the task through ``link``."""
+    from pyspark.resource import ResourceInformation  # noqa: PLC0415, TID253 (pyspark is loaded)
+
+    class RankBarrierTaskContext(taskcontext.BarrierTaskContext):
+        def __init__(self, values: dict[str, Any], link: _RankLink):
+            self._stageId = values["stage_id"]
+            self._partitionId = values["partition_id"]
+            self._attemptNumber = values["attempt_number"]
+            self._taskAttemptId = values["task_attempt_id"]
+            self._cpus = values["cpus"]
+            self._localProperties = values["local_properties"]
+            self._resources = {
+                name: ResourceInformation(name, addresses)
+                for name, addresses in values["resources"].items()
+            }
+            self._addresses = values["task_addresses"]
+            self._link = link
+
+        def barrier(self) -> None:
+            self._link.ask({"op": BARRIER})
+
+        def allGather(self, message: str = "") -> list[str]:
+            if not isinstance(message, str):
+                raise TypeError("Argument `message` must be of type `str`")
+            return self._link.ask({"op": ALL_GATHER, "message": message})["messages"]
+
+        def getTaskInfos(self) -> list:
+            return [taskcontext.BarrierTaskInfo(address) for address in self._addresses]
+
+    # TaskContext.__new__ hands out the singleton: build this one without it.
+    def create(values, link):
+        context = object.__new__(RankBarrierTaskContext)
+        context.__init__(values, link)
+        return context
+
+    return create
+
+
+# --- The task ---
 
 # The rank process's entry point, run as ``python -m``.
 RANK_MODULE = "hvdflow.infra.launcher._rank"
@@ -87,7 +380,7 @@ class TaskSpec:
     gpu_resource_name: str = "gpu"
     # The channel through the object store, for a task that cannot reach the driver (None: the
     # run offers none).
-    relay: RelaySpec | None = None
+    relay: _relay.RelaySpec | None = None
 
 
 class DriverLink:
@@ -122,7 +415,9 @@ class DriverLink:
         try:
             self.conn.send(hello)
         except OSError as e:  # the relay's object store, away
-            raise RankFailed(f"rank slot {slot} could not say hello to the driver: {e}") from None
+            raise errors.RankFailed(
+                f"rank slot {slot} could not say hello to the driver: {e}"
+            ) from None
         self._replies: collections.deque = collections.deque()
         self._reply_ready = threading.Condition()
         threading.Thread(target=self._read, daemon=True, name="hvdflow-driver-link").start()
@@ -153,7 +448,7 @@ class DriverLink:
 
     def lost(self) -> bool:
         """Whether the driver has been silent, or unable to read, for heartbeat_timeout_s."""
-        silent = _liveness.is_overdue(self.last_heard, time.monotonic(), self.heartbeat_timeout_s)
+        silent = _decisions.is_overdue(self.last_heard, time.monotonic(), self.heartbeat_timeout_s)
         return silent or self._stuck.is_set()
 
     def send(self, message: dict) -> None:
@@ -186,13 +481,13 @@ class DriverLink:
                 reply := next((m for m in self._replies if m.get("type") == kind), None)
             ) is None:
                 if self.aborted.is_set():
-                    raise RankFailed(
+                    raise errors.RankFailed(
                         f"the driver closed the connection before it {what}: "
                         "the run was cancelled, or the driver stopped"
                     )
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RankFailed(
+                    raise errors.RankFailed(
                         f"the driver had not {what} within {timeout_s:g} s "
                         f"(hvdflow.infra.launcher._task.{setting}); "
                         "is the driver still running?"
@@ -208,12 +503,14 @@ class DriverLink:
         self.conn.close()
 
 
-def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | TaskRelay, str | None]:
+def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | _relay.TaskRelay, str | None]:
     """This slot's connection to the driver: the direct one, else the relay (``_relay``) where
     the run offers one; and why the relay, if it is used."""
     relay = spec.relay
     if relay is not None and relay.always:
-        return TaskRelay(relay, slot), "the run asked for the relay (LaunchOptions relay='always')"
+        return _relay.TaskRelay(
+            relay, slot
+        ), "the run asked for the relay (LaunchOptions relay='always')"
     address = (spec.driver_host, spec.driver_port)
     # With a relay to fall back on, give the direct channel less time: a firewall that drops
     # the connection makes the task wait this long before every run.
@@ -222,11 +519,11 @@ def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | TaskRelay, s
         sock = socket.create_connection(address, timeout=timeout_s)
     except OSError as e:
         if relay is not None:
-            return TaskRelay(relay, slot), (
+            return _relay.TaskRelay(relay, slot), (
                 f"{socket.gethostname()} could not connect to {address[0]}:{address[1]} "
                 f"within {timeout_s:g} s: {e}"
             )
-        raise RankFailed(
+        raise errors.RankFailed(
             f"rank slot {slot} could not reach the driver at {address[0]}:{address[1]} "
             f"within {timeout_s:g} s "
             f"(hvdflow.infra.launcher._task.CONNECT_TIMEOUT_S): {e}. "
@@ -258,13 +555,13 @@ def run_task(
 ) -> bytes | None:
     """Run this partition's ranks to their end; rank 0's pickled result, else None.
 
-    ``gpu_addresses``: the GPUs this task holds (``_placement.gpus_owned``).
+    ``gpu_addresses``: the GPUs this task holds (``_engines.gpus_owned``).
     ``all_gather(message)``: every task's message, in partition order; the tf_collective
     engine exchanges its workers' endpoints with it, the torch engine its master. By default
     the exchange goes through the driver (``DriverLink.all_gather``).
     ``task_context``: serves ``BarrierTaskContext`` to the rank, where the task runs one.
     """
-    hosts = _placement.rank_hosts(task_hosts, spec.ranks_per_task)
+    hosts = _engines.rank_hosts(task_hosts, spec.ranks_per_task)
     first = sum(spec.ranks_per_task[:partition]) if spec.ranks_per_task else partition
     count = spec.ranks_per_task[partition] if spec.ranks_per_task else 1
     # One connection per rank: the driver knows a rank by its index in ``hosts``.
@@ -275,31 +572,31 @@ def run_task(
         # driver to accept it. (Spark's BarrierTaskContext.barrier() would order it too, but a
         # task waiting in it looks once a second: a second of every launch.)
         links[0].request_plan(hosts)
-        plan = _placement.plan_ranks(hosts)
+        plan = _engines.plan_ranks(hosts)
         hostname = socket.gethostname()
         ranks = []
         for i, link in enumerate(links):
             slot = plan[first + i]
-            who = _placement.describe_rank(slot.rank, hostname, slot.hostname)
-            problem = _placement.hostname_problem(
+            who = _engines.describe_rank(slot.rank, hostname, slot.hostname)
+            problem = _engines.hostname_problem(
                 hosts, hostname, _resolve(hostname), slot.hostname
             ) or _gpu_problem(spec, partition, gpu_addresses)
             if problem is not None:
                 message = f"{who} cannot start: {problem}"
                 _report_failure(link, slot.rank, message, [], time.time(), _wire.CAUSE_HOST)
-                raise rank_failed(message, _wire.CAUSE_HOST)
-            env = _placement.rank_env(
+                raise errors.rank_failed(message, _wire.CAUSE_HOST)
+            env = _engines.rank_env(
                 slot,
                 rendezvous_addr=spec.rendezvous_addr,
                 rendezvous_port=spec.rendezvous_port,
-                gloo_iface=_placement.gloo_iface_for(slot.hostname),
+                gloo_iface=_engines.gloo_iface_for(slot.hostname),
                 options_env=spec.options_env,
                 run_id=spec.run_id,
                 gpu=_rank_gpus(spec, partition, i, gpu_addresses),
             )
             env[HVDFLOW_ENGINE] = spec.engine
             ranks.append((slot, who, env, link))
-        task_env = engine(spec.engine).task_env
+        task_env = _engines.engine(spec.engine).task_env
         if task_env is not None:
             if all_gather is None:
 
@@ -323,7 +620,7 @@ def _gpu_problem(spec: TaskSpec, partition: int, gpu_addresses: Sequence[str]) -
     if spec.gpus_per_task is None:
         return None
     try:
-        _placement.worker_gpus(spec.gpus_per_task[partition], gpu_addresses, spec.gpu_resource_name)
+        _engines.worker_gpus(spec.gpus_per_task[partition], gpu_addresses, spec.gpu_resource_name)
     except ValueError as e:
         return str(e)
     return None
@@ -334,8 +631,8 @@ def _rank_gpus(
 ) -> str | None:
     """CUDA_VISIBLE_DEVICES for a rank; None leaves the task's environment as it is."""
     if spec.gpus_per_task is not None:
-        return _placement.worker_gpus(spec.gpus_per_task[partition], gpu_addresses)
-    return _placement.gpu_for_rank(index_in_task, gpu_addresses)
+        return _engines.worker_gpus(spec.gpus_per_task[partition], gpu_addresses)
+    return _engines.gpu_for_rank(index_in_task, gpu_addresses)
 
 
 def _supervise_together(ranks: list, spec: TaskSpec) -> bytes | None:
@@ -376,9 +673,9 @@ def barrier_task(spec: TaskSpec, _rows):
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
-    hosts = [_placement.host_of(info.address) for info in ctx.getTaskInfos()]
+    hosts = [_engines.host_of(info.address) for info in ctx.getTaskInfos()]
     resource = ctx.resources().get(spec.gpu_resource_name)
-    gpus = _placement.gpus_owned(
+    gpus = _engines.gpus_owned(
         os.environ.get(CUDA_VISIBLE_DEVICES), resource.addresses if resource else ()
     )
     result = run_task(
@@ -402,7 +699,7 @@ def _supervise(
 ):
     """Run the rank to its end; ``who`` names it in errors (``describe_rank``)."""
     tail: collections.deque[str] = collections.deque(maxlen=_wire.TAIL_LINES)
-    init_reached = _rank_output.Reached()
+    init_reached = Reached()
 
     def note_progress(begun: int, finished: int, watch: bool) -> None:
         link.progress = {"rank": rank, "begun": begun, "finished": finished, "watch": watch}
@@ -453,7 +750,7 @@ def _supervise(
         if context is not None:
             context.rank_started()
         started = time.monotonic()
-        readers = _rank_output.start_readers(proc, events_read, ship, init_reached, note_progress)
+        readers = start_readers(proc, events_read, ship, init_reached, note_progress)
 
         reason = cause = None
         try:
@@ -467,10 +764,10 @@ def _supervise(
                             "text": _dump_stacks(proc, stacks_path),
                         }
                     )
-                stopped = stop_reason(
+                stopped = _decisions.stop_reason(
                     aborted=link.aborted.is_set(),
                     driver_silent=link.lost(),
-                    init_reached=reached_in_time(
+                    init_reached=_decisions.reached_in_time(
                         init_reached.at - started if init_reached.is_set() else None,
                         spec.start_timeout_s,
                     ),
@@ -493,11 +790,14 @@ def _supervise(
                 context.close()
 
         if reason is None and proc.returncode != 0:
-            reason, cause = exit_reason(proc.returncode), exit_cause(proc.returncode)
+            reason, cause = (
+                _decisions.exit_reason(proc.returncode),
+                _decisions.exit_cause(proc.returncode),
+            )
         if reason is not None:
             message = f"{who} {reason}"
             _report_failure(link, rank, message, list(tail), exited_at, cause)
-            raise rank_failed(message + _format_tail(tail), cause)
+            raise errors.rank_failed(message + _format_tail(tail), cause)
         if os.path.exists(result_path):
             with open(result_path, "rb") as f:
                 return f.read()
@@ -523,7 +823,7 @@ def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
     """The rank's Python stacks: signal its faulthandler (``_rank``), read what it wrote."""
     start = os.path.getsize(path) if os.path.exists(path) else 0
     try:
-        os.kill(proc.pid, STACKS_SIGNAL)
+        os.kill(proc.pid, _rank.STACKS_SIGNAL)
     except ProcessLookupError:
         return "(the rank process had already exited)"
     time.sleep(STACKS_WAIT_S)
@@ -569,4 +869,4 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _format_tail(tail: Sequence[str]) -> str:
     if not tail:
         return " (it wrote no output)"
-    return f". {OUTPUT_HEADING}\n" + "\n".join(tail)
+    return f". {errors.OUTPUT_HEADING}\n" + "\n".join(tail)

@@ -1,343 +1,351 @@
-"""Driver side of a HorovodRunner run: the Gloo rendezvous server and the tasks' channel.
+"""The launcher's two contracts, imported by both ends of each: one JSON object per line.
 
-The rendezvous server is Horovod's (``_rendezvous``), started only for the horovod engine: a
-tf_collective run's workers meet at the endpoints the tasks gather, and need no Horovod here.
-Both listen only on the address executors use to reach the driver. Tasks must present the run's
-random token before anything they send is believed; the token is never logged. A connection that
-says nothing within HELLO_TIMEOUT_S, or sends a message over its size cap, is closed. The
-rendezvous server answers only the hosts of the run's plan, and its keys are write-once
-(``_rendezvous``).
+Driver <-> task, over TCP (or through the object store, ``_relay``): a task sends ``hello``
+(the run's token, its partition, its host's name), ``plan`` (partition 0; the driver answers
+``plan_ok`` once the rendezvous knows the plan), ``gather``, ``line`` (rank output), ``failed``
+(a rank ended badly, with the tail of its output) and a ``heartbeat`` every
+``HEARTBEAT_INTERVAL_S``, which the driver answers. The driver closes the connections to abort
+a run. A cut network closes nothing, so each side gives the other up after
+``heartbeat_timeout_s`` without a message (``_decisions``); a rank that stops progressing keeps
+its heartbeats going, so the driver asks for its stacks (``dump_stacks``) and fails the run.
+
+Rank -> task, over an inherited pipe: ``init`` (the engine started) and ``progress`` (batches
+begun and finished). A ``log_to_driver()`` message goes on the rank's stdout instead
+(``LOG_LINE_MARKER``), in order with what it printed.
+
+Lines and messages are capped (``MAX_LINE_BYTES``, ``MAX_MESSAGE_BYTES``): a rank printing one
+huge line cannot exhaust its task's or the driver's memory.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
 import logging
-import secrets
+import os
 import socket
-import socketserver
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from functools import partial
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
-from hvdflow.infra.launcher import _liveness, _stall, _wire
-from hvdflow.infra.launcher._decisions import root_failure
-from hvdflow.infra.launcher._placement import host_alloc_plan
-from hvdflow.infra.launcher._relay import DriverRelay, RelaySpec
+from hvdflow.infra import constants as c
+from hvdflow.infra.constants import HVDFLOW_EVENT_FD
 
 logger = logging.getLogger(__name__)
 
-# How long a new connection may take to send its hello: a stranger that connects and says
-# nothing must not hold a server thread for the rest of the run.
-HELLO_TIMEOUT_S = 10.0
-# Longest hello accepted: a token and a partition number. Nothing bigger is read unauthenticated.
-HELLO_MAX_BYTES = 1024
+# --- Driver <-> task message types ---
+HELLO = "hello"
+PLAN = "plan"
+PLAN_OK = "plan_ok"
+# task -> driver: this task's part of the run's one exchange (``tasks`` parts in all); the driver
+# answers every task with ``gathered``, the parts in partition order, once all have come.
+GATHER = "gather"
+GATHERED = "gathered"
+LINE = "line"
+FAILED = "failed"
+# task -> driver, last: the task ends on its own; a connection that ends without it lost its task.
+BYE = "bye"
+# Sent by each task every HEARTBEAT_INTERVAL_S, and answered by the driver: proof of life both ways.
+# A task's heartbeat also carries its rank's training progress (``progress``, see EVENT_PROGRESS),
+# from which the driver tells a stalled rank (HorovodRunner stall_timeout_s).
+HEARTBEAT = "heartbeat"
+# Driver -> every task, when the run stalled: dump your rank's Python stacks. Each task answers
+# with ``stacks`` (its rank and the text faulthandler wrote).
+DUMP_STACKS = "dump_stacks"
+STACKS = "stacks"
+
+# How often a task sends a heartbeat, in seconds.
+HEARTBEAT_INTERVAL_S = 2.0
+# The shortest heartbeat_timeout_s accepted, in intervals: one late heartbeat must not fail a run.
+MIN_HEARTBEATS_PER_TIMEOUT = 3
+# The default HorovodRunner heartbeat_timeout_s: long enough to ride out a driver's pause or a
+# busy executor; a host that is really gone costs this long before the run fails.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
+# Longest host name a task reports in its hello: Linux's HOST_NAME_MAX. Escaped as JSON, the
+# worst such name still fits the driver's cap on a hello (_driver.HELLO_MAX_BYTES).
+MAX_HOSTNAME_CHARS = 64
+
+# --- Engines: what the ranks synchronise with (named in infra.constants) ---
+HOROVOD, TF_COLLECTIVE, TORCH = c.HOROVOD, c.TF_COLLECTIVE, c.TORCH
+ENGINES = c.LAUNCH_ENGINES
+
+# --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
+# The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start
+# timeout (start_timeout_s) no longer applies.
+EVENT_INIT = "init"
+# Training progress: batches ``begun`` and ``finished`` so far, and whether the stall watch
+# applies (``watch`` is false outside the batch loop, e.g. while rank 0 uploads the model).
+EVENT_PROGRESS = "progress"
+
+# Why a rank failed, in every failure report (``cause``): the training step retries the
+# transient ones (a killed process, a lost host, a stall), never a Python error in main.
+CAUSE_EXIT = "exit"
+CAUSE_SIGNAL = "signal"
+CAUSE_LOST = "lost"
+CAUSE_STALLED = "stalled"
+CAUSE_START_TIMEOUT = "start_timeout"
+CAUSE_STOPPED = "stopped"
+CAUSE_HOST = "host"
+# The rank exited with EX_TEMPFAIL: a service it needs (the object store) was unreachable.
+CAUSE_UNAVAILABLE = "unavailable"
+# The driver itself failed while reading a task's messages (a full disk under its log, no
+# memory): the rank is not to blame, and a new attempt gets a new channel.
+CAUSE_DRIVER = "driver"
+TRANSIENT_CAUSES = frozenset(
+    {CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED, CAUSE_UNAVAILABLE, CAUSE_DRIVER}
+)
+# sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"): the status of a
+# rank whose main raised an exception with a true ``transient`` attribute.
+EXIT_TEMPFAIL = 75
+# Longest stack dump a task ships per rank, in characters (the tail of a longer one is dropped).
+MAX_STACKS_CHARS = 16 * 1024
+
+# Output streams of a rank: its stdout and stderr, and messages sent with log_to_driver().
+STDOUT = "stdout"
+STDERR = "stderr"
+CALLBACK = "log"
+# A log_to_driver() message travels on the rank's stdout, as one line that starts with this
+# marker and holds JSON (``{"text": ..., "time": ...}``): on the same pipe as the rank's prints,
+# it reaches the driver in the order they were written. Pure ASCII (JSON's escapes), so the
+# longest message (``LOG_TO_DRIVER_CHARS``, 12 bytes a character at worst) fits
+# MAX_LINE_BYTES.
+LOG_LINE_MARKER = "\x00hvdflow-log\x00"
+
+# Longest line of rank output shipped whole, in bytes without the newline. The rest of a longer
+# line is read and dropped, never held: TRUNCATED (with the line's full length) marks the cut.
+MAX_LINE_BYTES = 64 * 1024
+TRUNCATED = " [... line truncated: {total} bytes]"
+# Longest message the driver (and a task) accepts, newline included; a longer one closes that
+# connection. JSON escaping turns a byte of text into at most 6 bytes (\u0000) and a character
+# into at most 12 (a surrogate pair): a line message (MAX_LINE_BYTES of text) and a failure report
+# (TAIL_LINES lines of TAIL_LINE_CHARS characters) both stay well under this.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Lines of output, and characters of each, a failure report carries for the error message.
+TAIL_LINES = 40
+TAIL_LINE_CHARS = 4000
 
 
-class DriverChannel:
-    """Accepts task connections, collects rank output and failures, and can abort every task."""
+def log_line(text: str, at: float) -> str:
+    """A log_to_driver() message as the line the rank writes to its stdout (no newline)."""
+    return LOG_LINE_MARKER + json.dumps({"text": text, "time": at})
 
-    def __init__(
-        self,
-        bind_host: str,
-        on_line: Callable[[_wire.LogLine], None],
-        *,
-        rendezvous: bool = True,
-        relay: RelaySpec | None = None,
-        slots: int | None = None,
-    ):
-        """``rendezvous``: start Horovod's Gloo rendezvous server (the horovod engine's ranks
-        meet there); without it ``rendezvous_port`` is 0. ``relay``: also serve the tasks that
-        reach the driver through the object store (``_relay``); ``slots``: how many rank slots
-        will connect (the relay stops listening once all have, directly)."""
-        self.bind_host = bind_host
-        self.relay: DriverRelay | None = None  # started last, below
-        self.token = secrets.token_hex(16)
-        self._on_line = on_line
-        self._lock = threading.Lock()
-        self._connections: list[_wire.Connection] = []
-        # Connections whose messages are still being read; ``drain`` waits for them to end.
-        self._reading = 0
-        self._drained = threading.Condition(self._lock)
-        self.failures: list[dict] = []
-        self.failed = threading.Event()
-        self._closed = False
-        # When each task was last heard from: a silent one is lost (runner's heartbeat_timeout_s).
-        self.liveness = _liveness.Tracker()
-        # How far each rank has got: a rank that stops stalls the run (runner's stall_timeout_s).
-        self.progress = _stall.ProgressTracker()
-        self.stacks: dict[int, str] = {}
-        # The task hosts of the run's plan, once the first task sent them (every task does).
-        self._plan: list[str] | None = None
-        # The exchange (GATHER): each task's part by partition, and who waits for the whole.
-        self._parts: dict[int, str] = {}
-        self._gatherers: list[_wire.Connection] = []
 
-        self._rendezvous = None
-        self._allowed_clients = None  # the rendezvous module's, with the server
-        self.rendezvous_port = 0
-        self._server = _ChannelServer((bind_host, 0), self._handler_class())
-        self.port = self._server.server_address[1]
-        servers: list[tuple[socketserver.BaseServer, str]] = [(self._server, "driver-channel")]
-        if rendezvous:
-            # Horovod's HTTP server, loaded only where a run uses Horovod (no TensorFlow).
-            from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415
+def split_log_line(raw: bytes) -> tuple[bytes, tuple[str, float] | None]:
+    """A line of a rank's stdout as (what the rank printed, the ``log_line`` message or None).
 
-            self._rendezvous = _rendezvous.RendezvousServer(
-                (bind_host, 0), _rendezvous.GuardedHandler, 0
-            )
-            self._allowed_clients = partial(
-                _rendezvous.allowed_clients, resolve=_rendezvous.addresses_of
-            )
-            self.rendezvous_port = self._rendezvous.server_address[1]
-            servers.append((self._rendezvous, "rendezvous"))
-        self._servers = [server for server, _ in servers]
-        self._threads = [
-            # A short poll interval: shutdown() waits up to one interval, at the end of every run.
-            threading.Thread(
-                target=s.serve_forever, args=(0.05,), daemon=True, name=f"hvdflow-{name}"
-            )
-            for s, name in servers
-        ]
-        for t in self._threads:
-            t.start()
-        if relay is not None:
-            self.relay = DriverRelay(relay, self._serve_connection, slots)
+    The message may follow output the rank left without a newline (a progress bar's ``\\r``).
+    A cut or stray line with the marker is output, shown as it is.
+    """
+    at = raw.find(_LOG_LINE_MARKER_BYTES)
+    if at < 0:
+        return raw, None
+    try:
+        message = json.loads(raw[at + len(_LOG_LINE_MARKER_BYTES) :])
+        return raw[:at], (str(message["text"]), float(message["time"]))
+    except (ValueError, TypeError, KeyError):
+        return raw, None
 
-    def _handler_class(self):
-        channel = self
 
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self):
-                channel._serve(self.request)
+_LOG_LINE_MARKER_BYTES = LOG_LINE_MARKER.encode()
 
-        return Handler
 
-    def _serve(self, sock: socket.socket) -> None:
-        sock.settimeout(HELLO_TIMEOUT_S)
-        # A task may stay silent for as long as its rank prints nothing: block after the hello.
-        self._serve_connection(_wire.Connection(sock), lambda: sock.settimeout(None))
+class MessageTooLarge(ValueError):
+    """A message longer than the reader's limit: the sender is broken or not a task."""
 
-    def _serve_connection(self, conn, after_hello: Callable[[], None] = lambda: None) -> None:
-        """One task's messages until its connection ends: a socket's, or a relay's (``conn`` has
-        ``_wire.Connection``'s send, receive and close)."""
-        hello = conn.receive(limit=HELLO_MAX_BYTES)
-        if not isinstance(hello, dict) or hello.get("type") != _wire.HELLO:
-            logger.warning(
-                "closed a connection to the driver channel that sent no hello within %g s "
-                "(HELLO_TIMEOUT_S) and %d bytes (HELLO_MAX_BYTES)",
-                HELLO_TIMEOUT_S,
-                HELLO_MAX_BYTES,
-            )
-            conn.close()
-            return
-        if not secrets.compare_digest(str(hello.get("token", "")), self.token):
-            logger.warning("rejected a connection to the driver channel with a wrong token")
-            conn.close()
-            return
-        after_hello()
-        if self.relay is not None:
-            if not hello.get("relayed"):
-                self.relay.joined_directly(hello.get("partition"))
-            else:  # a relayed hello can only come through the relay this run offered
-                logger.info(
-                    "rank slot %s on %s reaches the driver through the object store (%s): %s",
-                    hello.get("partition"),
-                    str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS],
-                    self.relay.spec.uri,
-                    str(hello.get("relayed"))[:300],
-                )
-        with self._lock:
-            if self._closed or self.failed.is_set():
-                # A task of a run that already failed: Spark re-running the barrier stage
-                # (spark.task.maxFailures). Its ranks would train beside the training step's
-                # own retry (launcher.retries, which resumes from the checkpoint): refuse it.
-                logger.warning(
-                    "refused a task of partition %s: this run has already failed (Spark "
-                    "re-running the barrier stage); the caller's retry resumes instead",
-                    hello.get("partition"),
-                )
-                conn.close()
-                return
-            self._connections.append(conn)
-            self._reading += 1
-        self.liveness.join(conn, hello.get("partition"), hello.get("hostname"))
-        hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
-        said_bye, driver_error = False, None
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line a rank wrote, stamped with the time the supervising task read it."""
+
+    time: float
+    rank: int
+    stream: str
+    text: str
+
+    @property
+    def prefix(self) -> str:
+        """mpirun's tag (``[1,<rank>]<stdout>:``), which tools that read Horovod logs expect."""
+        return f"[1,{self.rank}]<{self.stream}>:"
+
+    def formatted(self) -> str:
+        return f"{self.prefix}{self.text}"
+
+    def to_log_file_line(self) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.time))
+        return f"{stamp}.{int(self.time % 1 * 1e6):06d} {self.formatted()}"
+
+
+def read_line(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> tuple[bytes, int] | None:
+    """The next line without its newline, cut to ``limit`` bytes, and its full length in bytes.
+
+    None at the end of the stream. The part of a longer line past ``limit`` is read in chunks and
+    dropped, so memory stays bounded whatever the other side writes.
+    """
+    raw = stream.readline(limit + 1)
+    if not raw:
+        return None
+    if raw.endswith(b"\n"):
+        return raw[:-1], len(raw) - 1
+    if len(raw) <= limit:  # the last line, with no newline before the end of the stream
+        return raw, len(raw)
+    kept, total = raw[:limit], len(raw)
+    while raw and not raw.endswith(b"\n"):
+        raw = stream.readline(limit)
+        total += len(raw)
+    return kept, total - raw.endswith(b"\n")
+
+
+def line_text(kept: bytes, total: int) -> str:
+    """A line read by ``read_line`` as text, with the truncation marker when it was cut."""
+    if total <= len(kept):
+        return kept.decode("utf-8", "replace")
+    # Cut at a byte limit, the line may end inside a character: leave that character out.
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return decoder.decode(kept, final=False) + TRUNCATED.format(total=total)
+
+
+def capped_text(text: str, limit: int = MAX_LINE_BYTES) -> str:
+    """``text`` cut to ``limit`` UTF-8 bytes, with the truncation marker when it was cut."""
+    data = text.encode("utf-8", "replace")
+    return line_text(data[:limit], len(data))
+
+
+def tail_line(formatted: str) -> str:
+    """A line as a failure report keeps it: short enough that the report fits one message."""
+    if len(formatted) <= TAIL_LINE_CHARS:
+        return formatted
+    return formatted[:TAIL_LINE_CHARS] + " [...]"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def read_message(stream: BinaryIO, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
+    """The next message, or None when the other side closed the connection.
+
+    Raises MessageTooLarge for a message over ``limit`` bytes (newline included), having read no
+    more than ``limit + 1`` bytes of it.
+    """
+    raw = stream.readline(limit + 1)
+    if not raw:
+        return None
+    if len(raw) > limit:
+        raise MessageTooLarge(f"a message longer than {limit} bytes")
+    return json.loads(raw)
+
+
+class Connection:
+    """A socket with a lock around writes, since several reader threads share one connection."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+        self._write_lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        with self._write_lock:
+            self.sock.sendall(data)
+
+    def receive(self, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
+        """The next message; None when the connection ended, timed out or broke the contract.
+
+        A message over ``limit`` bytes closes the connection: what follows it cannot be trusted
+        to start at a message boundary, and reading it whole is what the limit prevents.
+        """
         try:
-            while (message := conn.receive()) is not None:
-                said_bye = message.get("type") == _wire.BYE
-                self._dispatch(conn, message, hostname)
-        except BaseException as error:
-            # Said here: its thread would end in silence (socketserver prints an exception on
-            # stderr, which may have no reader, and nothing at all for SystemExit).
-            logger.exception("the driver stopped reading rank slot %s", hello.get("partition"))
-            driver_error = error
-            raise
-        finally:
-            # A task that ends on its own says bye; one that does not died (its executor,
-            # worker or host), unless the driver closed it (abort) or failed reading it.
-            report = self.liveness.leave(
-                conn, vanished=not said_bye and not self._closed, driver_error=driver_error
-            )
-            if report is not None:
-                self.report(report)
-            with self._drained:
-                self._reading -= 1
-                self._drained.notify_all()
-
-    def drain(self, timeout_s: float) -> bool:
-        """Wait until every task has closed its connection, all it sent read; False on timeout.
-
-        A task closes its connection after shipping its rank's last lines and before Spark
-        returns its result, but the result can reach the driver first: closing the channel
-        then would drop those lines. A successful run drains before it closes.
-        """
-        with self._drained:
-            return self._drained.wait_for(lambda: self._reading == 0, timeout_s)
-
-    def _dispatch(self, conn: _wire.Connection, message: dict, hostname: str = "") -> None:
-        kind = message.get("type")
-        self.liveness.seen(conn)  # any message is a sign of life
-        if kind == _wire.HEARTBEAT:
-            if "progress" in message:
-                self.progress.update(message["progress"], hostname)
-            try:
-                conn.send({"type": _wire.HEARTBEAT})
-            except OSError:  # the task is gone: its connection ends next
-                pass
-        elif kind == _wire.LINE:
-            line = _wire.LogLine(
-                message["time"], message["rank"], message["stream"], message["text"]
-            )
-            try:
-                self._on_line(line)
-            # A consumer's bug must not stop the stream; nor its SystemExit, which in this
-            # thread would end the task's connection, not the process (Rich raises one on a
-            # broken pipe: hvdflow.infra.stdio).
-            except (Exception, SystemExit):
-                logger.exception("a rank output consumer failed on %s", line.formatted())
-        elif kind == _wire.PLAN:
-            self._accept_plan(conn, list(message["hosts"]))
-        elif kind == _wire.GATHER:
-            self._gather(conn, int(message["partition"]), int(message["tasks"]), message["part"])
-        elif kind == _wire.FAILED:
-            self.report(message)
-        elif kind == _wire.STACKS:
-            rank, text = message.get("rank"), message.get("text")
-            if isinstance(rank, int) and isinstance(text, str):
-                with self._lock:
-                    self.stacks[rank] = text[: _wire.MAX_STACKS_CHARS]
-
-    def _accept_plan(self, conn: _wire.Connection, hosts: list[str]) -> None:
-        """Every task sends the plan (the same hosts: its stage's task infos) and starts its
-        ranks once answered. The first starts the run; the answer to each comes after that, so
-        no rank reaches the rendezvous server before it knows the plan. Only a task that
-        presented the token gets here: the plan decides who the rendezvous server answers."""
-        with self._lock:
-            first, planned = self._plan is None, self._plan
-            if first:
-                self._plan = hosts
-                if self._rendezvous is not None:
-                    self._rendezvous.start_run(
-                        host_alloc_plan(hosts), self._allowed_clients(hosts, self.bind_host)
-                    )
-                    logger.debug("rendezvous initialised for hosts %s", hosts)
-                self.liveness.plan(hosts)
-        if not first and planned != hosts:
-            # Tasks of one stage see the same task infos: left unanswered, the task says the
-            # driver did not accept its plan.
-            logger.error("a task sent the rank plan %s after %s: not accepted", hosts, planned)
-            return
-        conn.send({"type": _wire.PLAN_OK})
-
-    def _gather(self, conn: _wire.Connection, partition: int, tasks: int, part: str) -> None:
-        """The engines' one exchange among the tasks (tf_collective's endpoints, torch's
-        master), as Spark's ``BarrierTaskContext.allGather`` would do it but without its
-        once-a-second wake-up: once every task sent its part, each gets them all."""
-        with self._lock:
-            self._parts[partition] = part
-            self._gatherers.append(conn)
-            if len(self._parts) < tasks:
-                return
-            parts = [self._parts[p] for p in sorted(self._parts)]
-            waiting, self._gatherers = self._gatherers, []
-        for waiter in waiting:
-            try:
-                waiter.send({"type": _wire.GATHERED, "parts": parts})
-            except OSError:  # that task is gone: its connection ends next
-                pass
-
-    def request_stacks(self) -> None:
-        """Ask every task for its rank's Python stacks; they arrive in ``stacks``."""
-        with self._lock:
-            self.stacks.clear()
-            connections = list(self._connections)
-        for conn in connections:
-            try:
-                conn.send({"type": _wire.DUMP_STACKS})
-            except OSError:  # that task is gone: its rank's stacks will be missing
-                pass
-
-    def report(self, failure: dict) -> None:
-        """Record a failure report (a task's, or the driver's own about a lost task)."""
-        with self._lock:
-            self.failures.append(failure)
-        self.failed.set()
-
-    def gather_failures(
-        self, expected: int, within_s: float, on_poll: Callable[[], None] = lambda: None
-    ) -> None:
-        """After a first failure, wait up to ``within_s`` for the other reports: until
-        ``expected`` came, or no task's connection is still open (none can report any more).
-        ``on_poll`` runs between waits (the runner's check for silent tasks).
-
-        Not only until the Spark job ends: Spark can hear from its master that a host's
-        executor is gone, and end the job, before this channel has read that the host's task
-        connection ended. The report of that lost task is what keeps a peer's "Horovod has
-        been shut down" from being named as the cause (seen in CI: a host lost for good was
-        blamed on a surviving rank, and the run was not resumed on the ranks left).
-        """
-        deadline = time.monotonic() + within_s
-        while len(self.failures) < expected and time.monotonic() < deadline:
-            on_poll()
-            # A connection's last report is recorded before it stops counting as read.
-            if self.drain(0.05):
-                return
-
-    def root_failure(self) -> tuple[Mapping | None, list[int]]:
-        """``root_failure`` of the reports received so far."""
-        with self._lock:
-            failures = list(self.failures)
-        return root_failure(failures)
-
-    def abort(self) -> None:
-        """Close every task connection: each task then kills its rank process."""
-        with self._lock:
-            self._closed = True
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
+            return read_message(self.reader, limit)
+        except MessageTooLarge as e:
+            logger.warning("closing a connection that sent %s (MAX_MESSAGE_BYTES)", e)
+            self.close()
+            self.reader.close()  # this is the reading thread: no other read holds its lock
+            return None
+        except (OSError, ValueError):
+            return None
 
     def close(self) -> None:
-        self.abort()
-        if self.relay is not None:
-            self.relay.close()
-        for server in self._servers:
-            server.shutdown()
-            server.server_close()
-        for t in self._threads:
-            t.join(timeout=5)
-
-    def __enter__(self) -> DriverChannel:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        # Shut the socket down first: that wakes a thread blocked in reader.readline(). Closing
+        # the buffered reader itself would wait for the lock that blocked thread holds.
+        for close in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                close()
+            except OSError:
+                pass
 
 
-class _ChannelServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    # np tasks connect at once; socketserver's default backlog of 5 drops the sixth and later
-    # SYNs, which TCP sends again only after 1 s (as for the rendezvous server).
-    request_queue_size = socket.SOMAXCONN
+# --- Rank -> task: what a rank tells its task beyond plain output ---
+
+_lock = threading.Lock()
+_pipe = None
+
+
+def _event_pipe():
+    global _pipe
+    if _pipe is None:
+        fd = os.environ.get(HVDFLOW_EVENT_FD)
+        if fd is None:
+            return None
+        _pipe = os.fdopen(int(fd), "w", buffering=1, closefd=False)
+    return _pipe
+
+
+def emit_event(event: str, **fields) -> bool:
+    """Send one event (``EVENT_*``) to the supervising task; False outside a rank.
+
+    Never raises.
+    """
+    with _lock:
+        try:
+            pipe = _event_pipe()
+            if pipe is None:
+                return False
+            pipe.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+            return True
+        except (OSError, ValueError):
+            # Shipping logs is best effort: a closed pipe must never fail training.
+            return False
+
+
+# Databricks' log_to_driver: "If message length is greater than 4000, it will be truncated."
+LOG_TO_DRIVER_CHARS = 4000
+TRUNCATED_SUFFIX = "...(truncated)"
+
+
+def log_to_driver(message: str) -> None:
+    """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity.
+
+    As Databricks' ``sparkdl.horovod.log_to_driver``: a message over 4,000 characters is cut
+    there and ends with ``...(truncated)``. It reaches the driver after what the rank printed
+    before it (it travels on stdout, ``LOG_LINE_MARKER``).
+    """
+    text = str(message)
+    if len(text) > LOG_TO_DRIVER_CHARS:
+        text = text[:LOG_TO_DRIVER_CHARS] + TRUNCATED_SUFFIX
+    if os.environ.get(HVDFLOW_EVENT_FD) is None or not _write_to_stdout(text):
+        logger.info("%s", message)
+
+
+def _write_to_stdout(text: str) -> bool:
+    line = log_line(text, time.time()) + "\n"
+    with _lock:
+        try:
+            if sys.stdout is not sys.__stdout__ and sys.stdout is not None:
+                sys.stdout.flush()  # user code replaced stdout: what it holds goes first
+            sys.__stdout__.write(line)
+            sys.__stdout__.flush()
+            return True
+        except (AttributeError, OSError, ValueError):
+            return False  # stdout closed by user code: the message goes to the logger
+
+
+def report_progress(begun: int, finished: int, watch: bool = True) -> None:
+    """Tell the stall watch how many batches this rank has begun and finished so far.
+
+    ``watch=False`` says the rank left the batch loop (its last batch is done; it evaluates,
+    saves or exits): no progress is expected from it until it reports with ``watch=True`` again.
+    A no-op outside a HorovodRunner rank. Cheap enough for every batch.
+    """
+    emit_event(EVENT_PROGRESS, begun=int(begun), finished=int(finished), watch=bool(watch))

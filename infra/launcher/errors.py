@@ -1,5 +1,5 @@
-"""What the runners raise, as classes a user can catch: ``from hvdflow.infra.launcher.errors
-import RankFailed`` (or ``from hvdflow import RankFailed``).
+"""What the runners raise, as classes a user can catch (``from hvdflow import RankFailed``), and
+the one-line texts they carry.
 
 The originals raise a plain ``Exception`` or ``RuntimeError`` where these say which failure it
 was; each is a ``RuntimeError``, so code written for the originals catches them unchanged.
@@ -7,8 +7,8 @@ was; each is a ``RuntimeError``, so code written for the originals catches them 
 
 from __future__ import annotations
 
-# What a training function raises to ask for another attempt: here beside what the runners
-# raise, defined below every layer (the object store raises it too).
+import logging
+
 from hvdflow.infra.errors import TransientError as TransientError
 from hvdflow.infra.launcher import _wire
 
@@ -66,3 +66,77 @@ def rank_failed(message: str, cause: str | None) -> RankFailed:
     error = RankFailed(message)
     error.cause = cause
     return error
+
+
+# --- A failed Spark job's error, in one line a user can act on ---
+# Spark wraps a task's Python error in py4j's Java traceback; the line that says what went wrong
+# is deep inside.
+
+
+def first_line(error: BaseException) -> str:
+    """The part of a (usually py4j-wrapped) Spark error that says what went wrong."""
+    text = str(error).strip()
+    if "cancelled" in text.lower():
+        return "it was cancelled"
+    lines = text.splitlines()
+    # A Python error inside a task: its last traceback line names it. Spark 3 writes
+    # "PythonException: Traceback ..."; Spark 4 (classic and Connect) "PythonException:
+    # [PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback ...", after
+    # a barrier stage's own first line, which says only that a task failed.
+    for i, line in enumerate(lines):
+        if "PythonException:" in line and "Traceback" in line:
+            for follow in lines[i + 1 :]:
+                if follow and not follow[0].isspace() and ":" in follow:
+                    return follow.strip()[:500] + hint(follow)
+    useful = [ln for ln in lines if ln.strip() and "An error occurred while calling" not in ln]
+    return useful[0].strip()[:500] if useful else type(error).__name__
+
+
+def hint(error_line: str) -> str:
+    if error_line.startswith("ModuleNotFoundError"):
+        return (
+            " (executors must run a Python with hvdflow and horovod installed: set "
+            "PYSPARK_PYTHON, or create the session with hvdflow.infra.spark.get_spark)"
+        )
+    return ""
+
+
+# --- A cluster that requires encryption ---
+# Gloo's and TensorFlow's collectives carry gradients unencrypted: a cluster with
+# spark.ssl.enabled is refused, as the originals refuse it, unless its owner set the face's
+# override conf to true.
+
+logger = logging.getLogger(__name__)
+
+SSL_ENABLED = "spark.ssl.enabled"
+
+
+def conf_boolean(conf, key: str, default: str = "false") -> bool:
+    """A boolean Spark conf, read as Scala does: ``true`` or ``false`` in any case."""
+    value = str(conf.get(key, default)).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"the Spark conf {key}={value!r}: expected true or false")
+    return value == "true"
+
+
+def refuse_unencrypted(conf, who: str, override_key: str) -> None:
+    """Raise EncryptionRequired where ``conf`` enables SSL and ``override_key`` is not true."""
+    if not conf_boolean(conf, SSL_ENABLED):
+        return
+    if conf_boolean(conf, override_key):
+        logger.warning(
+            "%s: this cluster has TLS encryption enabled (%s=true) but %s does not encrypt "
+            "its traffic; %s=true overrides that: model parameters and possibly training data "
+            "cross the network unencrypted",
+            who,
+            SSL_ENABLED,
+            who,
+            override_key,
+        )
+        return
+    raise EncryptionRequired(
+        f"this cluster has TLS encryption enabled ({SSL_ENABLED}=true), but {who} does not "
+        "encrypt the model parameters and training data its workers exchange. To run anyway, "
+        f"set {override_key}=true in the Spark configuration (they will cross the network "
+        "unencrypted)"
+    )

@@ -1,8 +1,7 @@
-"""HorovodRunner: run a training function as Horovod ranks in one Spark barrier stage.
+"""The launcher's public faces, each the API of the runner it replaces, over one core
+(``_driver.Launch``): each face checks its arguments, builds one frozen ``LaunchPlan``, runs it.
 
-An open counterpart of Databricks' ``sparkdl.HorovodRunner`` with the same call shape::
-
-    from hvdflow import HorovodRunner
+``HorovodRunner``: Databricks' ``sparkdl.HorovodRunner``::
 
     def train(learning_rate):
         import horovod.tensorflow.keras as hvd
@@ -12,13 +11,22 @@ An open counterpart of Databricks' ``sparkdl.HorovodRunner`` with the same call 
 
     weights = HorovodRunner(np=2).run(train, learning_rate=0.1)
 
-hvdflow's own settings (the engine, Horovod's knobs, timeouts, logs) are one ``LaunchOptions``::
+``np > 0`` runs one barrier task per rank on the cluster; ``np < 0`` runs ``-np`` rank
+processes on the driver, for local debugging. hvdflow's own settings (the engine, Horovod's
+knobs, timeouts, logs) are one ``LaunchOptions``: ``HorovodRunner(np=2,
+options=LaunchOptions(stall_timeout_s=120))``.
 
-    HorovodRunner(np=2, options=LaunchOptions(stall_timeout_s=120))
+``MirroredStrategyRunner``: spark-tensorflow-distributor's (``num_slots``, ``local_mode``,
+``use_gpu``, ``gpu_resource_name``, ``use_custom_strategy``): each barrier task one worker of a
+``MultiWorkerMirroredStrategy``.
 
-``np > 0`` runs one barrier task per rank on the cluster; ``np < 0`` runs ``-np`` rank processes
-on the driver, with no Spark tasks, for local debugging. Ranks meet over Gloo through a
-rendezvous server on the driver: no MPI, no ssh.
+``TorchDistributor``: pyspark's ``pyspark.ml.torch.distributor.TorchDistributor``
+(``num_processes``, ``local_mode``, ``use_gpu``; ``run(function, *args)`` or ``run("train.py",
+"--lr=1e-3")``): each process gets torchrun's environment.
+
+Code written for the originals moves here by changing one import. On top of them: the ranks'
+output streams to the driver with rank prefixes, a rank that dies or hangs fails the run naming
+its rank and host within seconds, and no process is left behind (docs/drop-in.md).
 """
 
 from __future__ import annotations
@@ -27,91 +35,52 @@ import dataclasses
 import logging
 import math
 import os
-import threading
-import time
-import uuid
+import runpy
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any
 
-import cloudpickle
-
-from hvdflow.infra import constants as c
-from hvdflow.infra import extras
-from hvdflow.infra.home import hvdflow_home
-from hvdflow.infra.launcher import _stall, _wire
-from hvdflow.infra.launcher._channel import DriverChannel
-from hvdflow.infra.launcher._decisions import error_line
-from hvdflow.infra.launcher._encryption import refuse_unencrypted
-from hvdflow.infra.launcher._engines import engine
-from hvdflow.infra.launcher._payload import pickle_payload
-from hvdflow.infra.launcher._placement import GpuPlan, driver_gpu_addresses, split_evenly
-from hvdflow.infra.launcher._relay import RelaySpec, relay_spec
-from hvdflow.infra.launcher._runlog import RunLog
-from hvdflow.infra.launcher._slots import (
-    RESUBMIT_EVERY_S,
-    refused_for_slots,
-    task_gpu_amount,
-    wait_for_slots,
+from hvdflow.infra.connect import is_connect
+from hvdflow.infra.constants import (
+    CUDA_VISIBLE_DEVICES,
+    TORCHELASTIC_MAX_RESTARTS,
+    TORCHELASTIC_RESTART_COUNT,
 )
-from hvdflow.infra.launcher._spark_errors import first_line
-from hvdflow.infra.launcher._stage import run_barrier_stage
-from hvdflow.infra.launcher._task import TaskSpec, run_task
+from hvdflow.infra.launcher import _wire
+from hvdflow.infra.launcher._driver import (
+    Launch,
+    LaunchPlan,
+    Verbosity,
+    task_gpu_amount,
+)
+from hvdflow.infra.launcher._engines import (
+    GpuPlan,
+    gpus_owned,
+    split_evenly,
+)
 from hvdflow.infra.launcher.errors import (
-    OUTPUT_HEADING,
-    STACKS_HEADING,
+    GpuSchedulingNotEnabled,
     RankFailed,
-    SparkJobFailed,
-    rank_failed,
+    headline,
 )
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
-from hvdflow.infra.storage.access import s3_endpoint
+
+# --- HorovodRunner ---
 
 logger = logging.getLogger(__name__)
 
-Verbosity = Literal["log_callback_only", "all"]
-_VERBOSITIES = ("log_callback_only", "all")
-# How long the driver waits for tasks to stop after it cancelled the run.
-_STOP_GRACE_S = 30.0
-# How long to gather the ranks' failure reports before naming the one that caused the others.
-_SETTLE_S = 2.0
-_POLL_S = 0.2
-# How long a successful run waits for the tasks' connections to end (their last lines read).
-_DRAIN_S = 5.0
-# How long the driver waits for every rank's stacks after the run stalled.
-_STACKS_WAIT_S = 5.0
 
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """What a face (HorovodRunner, MirroredStrategyRunner, TorchDistributor) decides before the
-    run, beyond np and the options: the one thing each face hands the launcher.
-
-    ``face``: the runner the user called, as errors name it; ``size_argument``: its argument for
-    the number of ranks; ``ignore_ssl_conf``: its Spark conf that allows an encrypted cluster;
-    ``asked``: what errors say was asked for (default: ``np=N``); ``gpu_plan``: how GPUs are
-    handed to ranks; ``layout``: how many ranks each barrier task runs (None: one per task
-    slot, a task holding k GPUs running k; on the driver, all of them).
-    """
-
-    face: str = "HorovodRunner"
-    size_argument: str = "np"
-    ignore_ssl_conf: str = "databricks.horovod.ignoreSsl"  # Databricks' own
-    asked: str | None = None
-    gpu_plan: GpuPlan = field(default_factory=GpuPlan)
-    layout: tuple[int, ...] | None = None
-
-
-def face_options(options: LaunchOptions, plan: LaunchPlan, **fixed: Any) -> LaunchOptions:
+def face_options(options: LaunchOptions | None, **fixed: Any) -> LaunchOptions:
     """A face's options: what the face fixes (``engine``, ...), on the session the options name
-    or else the active (or default) one; checked now, as a HorovodRunner's are when made."""
+    or else the active (or default) one; checked now (``LaunchOptions`` checks itself)."""
+    options = checked_options(options)
     spark = options.spark
     if spark is None:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
         spark = get_spark()
     options = dataclasses.replace(options, spark=spark, **fixed)
-    HorovodRunner(np=1, options=options, _plan=plan)
     return options
 
 
@@ -141,351 +110,446 @@ class HorovodRunner:
         np: int,
         driver_log_verbosity: Verbosity = "log_callback_only",
         options: LaunchOptions | None = None,
-        _plan: LaunchPlan | None = None,
-        **moved: Any,
     ):
-        # ``_plan``: the other faces' (their own modules); a HorovodRunner's is the default.
-        self._plan = _plan or LaunchPlan()
-        options = checked_options(options, self._plan.face, f"np={np!r}", moved)
-        if isinstance(np, bool) or not isinstance(np, int) or np == 0:
-            raise ValueError(
-                f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
-                "Spark cluster, np < 0 for that many processes on the driver; np=0, every task "
-                "slot, was deprecated by Databricks: set the number explicitly)"
-            )
-        if driver_log_verbosity not in _VERBOSITIES:
-            raise ValueError(
-                f"driver_log_verbosity={driver_log_verbosity!r}: expected one of {_VERBOSITIES}"
-            )
+        self._plan = LaunchPlan(
+            np=np, options=checked_options(options), driver_log_verbosity=driver_log_verbosity
+        )
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
-        self.options = options
-        self.log_path: str | None = None
-        self.run_id: str | None = None
-
-    def _name(self) -> str:
-        """How errors name this run: the runner the user called and what was asked of it."""
-        return f"{self._plan.face} {self._plan.asked or f'np={self.np}'}"
+        self.options = self._plan.options
+        self._launch: Launch | None = None
 
     @property
-    def _uses_horovod(self) -> bool:
-        """Whether the driver serves Horovod's rendezvous (the engine's row says)."""
-        return engine(self.options.engine).rendezvous
+    def log_path(self) -> str | None:
+        """The last run's log file (every rank's output, rank-prefixed)."""
+        return self._launch.log_path if self._launch else None
+
+    @property
+    def run_id(self) -> str | None:
+        return self._launch.run_id if self._launch else None
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
-        payload = pickle_payload(main, kwargs)
-        needs = engine(self.options.engine).extra
-        if needs is not None:
-            extras.require(
-                needs,
-                f"{self._name()} with engine={self.options.engine!r}",
-                "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
-                "MultiWorkerMirroredStrategy)",
-            )
-        self.options.horovod.warn_about_costs(self.options.forwarded())
-        self.run_id = uuid.uuid4().hex[:12]
-        # The log outlives the run where a user looks for it (not in /tmp, which nothing cleans
-        # and a reboot empties): HVDFLOW_HOME/logs/runs/<date>-<run id>/driver.log.
-        log_dir = self.options.log_dir or str(
-            hvdflow_home() / "logs" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{self.run_id}"
-        )
-        os.makedirs(log_dir, exist_ok=True)
-        self.log_path = os.path.join(log_dir, "driver.log")
-        with RunLog(self.log_path, self.driver_log_verbosity, self.options.on_log_line) as sink:
-            started = time.monotonic()
-            if self.np < 0:
-                result = self._run_on_driver(payload, sink)
-            else:
-                result = self._run_on_spark(payload, sink)
-            logger.info(
-                "%s finished in %.1f s (log: %s)",
-                self._name(),
-                time.monotonic() - started,
-                self.log_path,
-            )
-        return cloudpickle.loads(result) if result is not None else None
+        self._launch = Launch(self._plan)
+        return self._launch.run(main, kwargs)
 
-    def _spec(
-        self, payload: bytes, channel: DriverChannel, ranks_per_task: tuple[int, ...] | None
-    ) -> TaskSpec:
-        return TaskSpec(
-            payload=payload,
-            driver_host=channel.bind_host,
-            driver_port=channel.port,
-            token=channel.token,
-            rendezvous_addr=channel.bind_host,
-            rendezvous_port=channel.rendezvous_port,
-            # Forwarded values may be secrets: they travel in the task closure, never in logs.
-            options_env={**self.options.forwarded(), **self.options.horovod.to_env()},
-            run_id=self.run_id,
-            start_timeout_s=self.options.start_timeout_s,
-            heartbeat_timeout_s=self.options.heartbeat_timeout_s,
-            engine=self.options.engine,
-            ranks_per_task=ranks_per_task,
-            gpus_per_task=self._plan.gpu_plan.per_task,
-            gpu_resource_name=self._plan.gpu_plan.resource_name,
-            relay=channel.relay.spec if channel.relay is not None else None,
-        )
 
-    def _relay(self) -> RelaySpec | None:
-        """The object store relay this run offers its tasks (``LaunchOptions.relay``), or None:
-        never with Horovod's rendezvous on the driver, and in ``auto`` only where the
-        environment names an object store."""
-        mode = self.options.relay
-        if mode == "never" or self._uses_horovod:
-            return None
-        if mode == "auto" and not (s3_endpoint() or os.environ.get(c.HVDFLOW_BUCKET)):
-            return None
-        return relay_spec(self.run_id, always=mode == "always")
+# --- MirroredStrategyRunner ---
 
-    def _task_layout(self, conf) -> tuple[int, tuple[int, ...] | None]:
-        """How many barrier tasks run the np ranks, and how many ranks each (None: one).
 
-        One rank per GPU, as Databricks' HorovodRunner: tasks holding k GPUs run k ranks each.
-        """
-        gpus = task_gpu_amount(conf, self._plan.gpu_plan.resource_name)
-        if self._plan.gpu_plan.per_task is not None or gpus is None or gpus <= 1:
-            return self.np, None
-        per_task = int(gpus)
-        tasks = math.ceil(self.np / per_task)
-        layout = tuple(split_evenly(self.np, tasks))
-        if self.np % per_task:
-            logger.warning(
-                "np=%d is not a multiple of the %d GPUs each task holds "
-                "(spark.task.resource.%s.amount): %d tasks run %s ranks, leaving GPUs idle",
-                self.np,
-                per_task,
-                self._plan.gpu_plan.resource_name,
-                tasks,
-                "/".join(map(str, layout)),
-            )
-        return tasks, layout
+# The original's override for clusters with spark.ssl.enabled.
+MIRRORED_IGNORE_SSL = "tensorflow.spark.distributor.ignoreSsl"
 
-    def _run_on_spark(self, payload: bytes, sink: RunLog) -> bytes | None:
-        from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (loads Spark)
 
-        spark = self.options.spark or get_spark()
-        conf = spark.conf
-        refuse_unencrypted(conf, self._plan.face, self._plan.ignore_ssl_conf)
-        if self._plan.layout is not None:
-            tasks, ranks_per_task = len(self._plan.layout), self._plan.layout
-        else:
-            tasks, ranks_per_task = self._task_layout(conf)
-        asked = self._plan.asked or (
-            f"np={self.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
-        )
-        wait_for_slots(spark, tasks, self.options.slot_wait_s, asked, self._plan.size_argument)
-        # Where the slots cannot be counted (Spark Connect), or vanished since they were, Spark's
-        # barrier check refuses the stage within seconds: an executor killed moments ago is
-        # coming back. Submit it again while slot_wait_s lasts, as a counted wait would have.
-        deadline = time.monotonic() + self.options.slot_wait_s
-        refusals = 0
-        while True:
-            try:
-                return self._barrier_job(spark, payload, sink, tasks, ranks_per_task)
-            except SparkJobFailed as e:
-                if not refused_for_slots(e):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise SparkJobFailed(
-                        f"{e} It was refused {refusals + 1} time(s) over "
-                        f"{self.options.slot_wait_s:g} s (slot_wait_s): lower "
-                        f"{self._plan.size_argument}, or add executors or cores"
-                    ) from None
-                if not refusals:
-                    logger.warning(
-                        "%s: Spark refused the barrier stage for want of %d task slots (its "
-                        "executors may be coming back); submitting it again each %g s for up "
-                        "to %g s (slot_wait_s)",
-                        asked,
-                        tasks,
-                        RESUBMIT_EVERY_S,
-                        self.options.slot_wait_s,
-                    )
-                refusals += 1
-                time.sleep(RESUBMIT_EVERY_S)
+# How errors name this face, its size argument and its SSL override (the launcher refuses an
+# encrypted cluster before any task starts).
+MIRRORED_PLAN = LaunchPlan(
+    face="MirroredStrategyRunner", size_argument="num_slots", ignore_ssl_conf=MIRRORED_IGNORE_SSL
+)
 
-    def _barrier_job(
-        self, spark, payload: bytes, sink: RunLog, tasks: int, ranks_per_task
-    ) -> bytes | None:
-        """One barrier stage of ``tasks`` tasks running the ranks, and the driver's channel."""
-        from hvdflow.infra.spark import client_address  # noqa: PLC0415 (loads Spark)
 
-        with DriverChannel(
-            client_address(spark),
-            sink,
-            rendezvous=self._uses_horovod,
-            relay=self._relay(),
-            slots=abs(self.np),
-        ) as channel:
-            spec = self._spec(payload, channel, ranks_per_task)
-            tag = f"hvdflow-{self.run_id}"
-            outcome: dict[str, Any] = {}
-            done = threading.Event()
+class MirroredStrategyRunner:
+    """Runs a TensorFlow training function as the workers of a MultiWorkerMirroredStrategy,
+    one Spark barrier task each.
 
-            def job() -> None:
-                try:
-                    outcome["result"] = run_barrier_stage(spark, spec, tasks, tag)
-                except BaseException as e:  # reported by the waiting thread
-                    outcome["error"] = e
-                finally:
-                    done.set()
+    Args:
+        num_slots: GPUs (``use_gpu=True``) or CPU-only Spark tasks that train together; at
+            least 1. With GPUs held k per task, ``ceil(num_slots / k)`` tasks train, one worker
+            each, the GPUs spread evenly over them (5 over tasks of 2: 2, 2, 1).
+        local_mode: train in one process on the driver, over ``num_slots`` of the driver's
+            GPUs (``spark.driver.resource.<gpu_resource_name>``, or CUDA_VISIBLE_DEVICES where
+            set); on CPU, ``num_slots`` must be 1.
+        use_gpu: train on the tasks' GPUs (Spark's GPU-aware scheduling must be on); False
+            hides every GPU (CUDA_VISIBLE_DEVICES="").
+        gpu_resource_name: the Spark resource name the GPUs are scheduled under.
+        use_custom_strategy: ``train_fn`` creates its own strategy; otherwise the runner creates
+            a MultiWorkerMirroredStrategy and calls ``train_fn`` inside its scope.
+        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``start_timeout_s``,
+            ``stall_timeout_s``, ``log_dir``, ``on_log_line``, ...); its ``engine`` is always
+            ``tf_collective`` here.
 
-            threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
-            logger.info(
-                "%s: %d ranks in %d barrier task(s), Spark job tag %s",
-                self._plan.face,
-                self.np,
-                tasks,
-                tag,
-            )
-            self._wait(
-                done,
-                channel,
-                sink,
-                cancel=lambda: spark.interruptTag(tag),
-                ended_badly=lambda: "error" in outcome,
-            )
-            if "error" in outcome:
-                raise SparkJobFailed(
-                    f"{self._name()}: the Spark job that ran the {self.np} ranks failed: "
-                    f"{first_line(outcome['error'])}"
-                ) from None
-            return outcome["result"]
+    Inside ``train_fn``, ``pyspark.BarrierTaskContext.get()`` answers as in the Spark task that
+    runs the worker (``allGather``, ``barrier``, ``partitionId``, ``getTaskInfos``,
+    ``resources``), as in the original; in local mode there is no barrier task, as there.
 
-    def _run_on_driver(self, payload: bytes, sink: RunLog) -> bytes | None:
-        """The ranks as one task on the driver: processes of this machine, no Spark."""
-        n = -self.np
-        plan = self._plan.gpu_plan
-        gpus = list(plan.driver_gpus) if plan.driver_gpus is not None else driver_gpu_addresses()
-        if plan.per_task is None and 0 < len(gpus) < n:
-            logger.warning(
-                "np=%d on a driver with %d GPU(s): ranks share them (one per rank is best)",
-                self.np,
-                len(gpus),
-            )
-        with DriverChannel("127.0.0.1", sink, rendezvous=self._uses_horovod) as channel:
-            # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
-            layout = self._plan.layout or (None if plan.per_task is not None else (n,))
-            spec = self._spec(payload, channel, layout)
-            outcome: dict[str, Any] = {}
-            done = threading.Event()
+    Attributes:
+        sc: the SparkContext the runner trains on (the active session's, as the original).
+    """
 
-            def task() -> None:
-                try:
-                    outcome["result"] = run_task(
-                        spec, 0, ["127.0.0.1"], gpus, all_gather=lambda m: [m]
-                    )
-                except BaseException as e:
-                    outcome["error"] = e
-                finally:
-                    done.set()
-
-            threading.Thread(target=task, daemon=True, name="hvdflow-driver-task").start()
-            self._wait(
-                done, channel, sink, cancel=lambda: None, ended_badly=lambda: "error" in outcome
-            )
-            error = outcome.get("error")
-            if isinstance(error, RankFailed):
-                raise rank_failed(f"{self._name()}: {error}", error.cause)
-            if error is not None:
-                raise RuntimeError(f"{self._name()}: {error}") from None
-            return outcome.get("result")
-
-    def _report_lost(self, channel: DriverChannel, sink: RunLog) -> None:
-        for lost in channel.liveness.lost(self.options.heartbeat_timeout_s):
-            # The driver's own report: the output the rank sent before it went silent.
-            channel.report({**lost, "tail": sink.tail(lost["rank"])})
-
-    def _wait(
+    def __init__(
         self,
-        done: threading.Event,
-        channel: DriverChannel,
-        sink: RunLog,
-        cancel: Callable[[], None],
-        ended_badly: Callable[[], bool],
-    ) -> None:
-        """Wait for the ranks; on a failure, a lost task, a timeout or Ctrl-C stop all, raise."""
-        started = time.monotonic()
-        timeout_s = self.options.timeout_s
-        try:
-            while not done.wait(_POLL_S):
-                self._report_lost(channel, sink)
-                if self.options.stall_timeout_s and channel.progress.stalled(
-                    self.options.stall_timeout_s
-                ):
-                    channel.report(self._stall_report(channel))
-                if channel.failed.is_set():
-                    break
-                if timeout_s is not None and time.monotonic() - started > timeout_s:
-                    self._stop(done, channel, cancel)
-                    raise TimeoutError(
-                        f"{self._name()} did not finish within {timeout_s:g} s "
-                        "(LaunchOptions.timeout_s): raise timeout_s or shorten the run"
-                    )
-        except KeyboardInterrupt:
-            logger.warning("interrupted: stopping the %d ranks", abs(self.np))
-            self._stop(done, channel, cancel)
+        *,
+        num_slots: int,
+        local_mode: bool = False,
+        use_gpu: bool = True,
+        gpu_resource_name: str = "gpu",
+        use_custom_strategy: bool = False,
+        options: LaunchOptions | None = None,
+    ):
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
+            raise ValueError(
+                f"num_slots={num_slots!r}: expected a positive number of GPUs (use_gpu=True) "
+                "or Spark tasks (use_gpu=False); it cannot be less than or equal to 0"
+            )
+        self.num_slots = num_slots
+        self.local_mode = local_mode
+        self.use_gpu = use_gpu
+        self.gpu_resource_name = gpu_resource_name
+        self.use_custom_strategy = use_custom_strategy
+        self._options = face_options(options, engine=_wire.TF_COLLECTIVE)
+        # The original's attribute; a Spark Connect session has no SparkContext.
+        spark = self._options.spark
+        self.sc = None if is_connect(spark) else spark.sparkContext
+        logger.info("MirroredStrategyRunner: %s training", "GPU" if use_gpu else "CPU")
+        if local_mode:
+            logger.warning(
+                "MirroredStrategyRunner runs in local mode on the driver: it competes for the "
+                "driver's resources with whatever else runs there"
+            )
+            self._num_tasks = None
+        else:
+            self._num_tasks = self.get_num_tasks()
+            logger.info("MirroredStrategyRunner: will run with %d Spark tasks", self._num_tasks)
+
+    def get_num_tasks(self) -> int:
+        """The number of Spark tasks that train: ``num_slots`` on CPU; with GPUs,
+        ``ceil(num_slots / spark.task.resource.<gpu_resource_name>.amount)``."""
+        if not self.use_gpu:
+            return self.num_slots
+        key = f"spark.task.resource.{self.gpu_resource_name}.amount"
+        amount = task_gpu_amount(self._options.spark.conf, self.gpu_resource_name)
+        if amount is None:
+            raise GpuSchedulingNotEnabled(
+                f"use_gpu=True but the Spark conf {key} is not set: this cluster may not have "
+                "Spark's GPU-aware scheduling enabled. Set it (and the executors' and workers' "
+                f"{self.gpu_resource_name} resources) or pass use_gpu=False to train on CPU"
+            )
+        if amount < 1:
+            raise ValueError(
+                f"the Spark conf {key} is {amount:g}: a worker needs at least one whole GPU"
+            )
+        return math.ceil(self.num_slots / int(amount))
+
+    @property
+    def log_path(self) -> str | None:
+        return self._runner.log_path if hasattr(self, "_runner") else None
+
+    def run(self, train_fn, **kwargs: Any) -> Any:
+        """``train_fn(**kwargs)`` on every worker; the chief's (worker 0's) return value, or in
+        local mode the one worker's."""
+        main = partial(_in_strategy, train_fn, self.use_custom_strategy)
+        if self.local_mode:
+            self._runner = self._local_runner()
+        else:
+            self._runner = self._cluster_runner()
+        return self._runner.run(main, kwargs)
+
+    def _cluster_runner(self) -> Launch:
+        tasks = self._num_tasks
+        per_task = split_evenly(self.num_slots, tasks) if self.use_gpu else [0] * tasks
+        plan = dataclasses.replace(
+            MIRRORED_PLAN,
+            gpu_plan=GpuPlan(per_task=tuple(per_task), resource_name=self.gpu_resource_name),
+            asked=f"num_slots={self.num_slots} ({tasks} Spark tasks)",
+        )
+        logger.info(
+            "MirroredStrategyRunner: %d worker(s) as Spark barrier tasks, %s",
+            tasks,
+            f"GPUs {'/'.join(map(str, per_task))}" if self.use_gpu else "CPU only",
+        )
+        return Launch(dataclasses.replace(plan, np=tasks, options=self._options))
+
+    def _local_runner(self) -> Launch:
+        """One worker on the driver: a single-machine strategy over num_slots of its GPUs."""
+        if self.use_gpu:
+            owned = self._driver_gpus()
+            if self.num_slots > len(owned):
+                raise ValueError(
+                    f"num_slots={self.num_slots} GPUs were requested for local training but "
+                    f"the driver has {len(owned)} ({', '.join(owned) or 'none'})"
+                )
+            per_task = self.num_slots
+        else:
+            if self.num_slots > 1:
+                raise ValueError(
+                    f"num_slots={self.num_slots} with local_mode=True and use_gpu=False: a CPU "
+                    "machine is one slot, set num_slots=1 (HorovodRunner(np=-n, "
+                    "engine='tf_collective') runs n CPU workers on the driver)"
+                )
+            owned, per_task = [], 0
+        plan = dataclasses.replace(
+            MIRRORED_PLAN,
+            gpu_plan=GpuPlan(
+                per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
+            ),
+            asked=f"num_slots={self.num_slots} (local mode)",
+        )
+        return Launch(dataclasses.replace(plan, np=-1, options=self._options))
+
+    def _driver_gpus(self) -> list[str]:
+        """The driver's GPUs: CUDA_VISIBLE_DEVICES where set, else its Spark GPU resource."""
+        # Through Spark Connect, local mode runs on this client, which holds no Spark resource.
+        resource = self.sc.resources.get(self.gpu_resource_name) if self.sc else None
+        visible = os.environ.get(CUDA_VISIBLE_DEVICES)
+        if resource is None and visible is None:
+            name = self.gpu_resource_name
+            raise ValueError(
+                f"use_gpu=True in local mode but the driver holds no {name!r} resource: set "
+                f"spark.driver.resource.{name}.amount and .discoveryScript (or "
+                "CUDA_VISIBLE_DEVICES), or pass use_gpu=False"
+            )
+        return gpus_owned(visible, resource.addresses if resource else ())
+
+
+def _in_strategy(train_fn, use_custom_strategy: bool, **kwargs: Any) -> Any:
+    """Runs in each worker: ``train_fn`` inside a MultiWorkerMirroredStrategy's scope."""
+    if use_custom_strategy:
+        return train_fn(**kwargs)
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        return train_fn(**kwargs)
+
+
+# --- TorchDistributor ---
+
+
+# The original's override for clusters with spark.ssl.enabled.
+TORCH_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"
+# The Spark resource name the original schedules GPUs under (it has no argument for another).
+GPU_RESOURCE = "gpu"
+
+
+# How errors name this face, its size argument and its SSL override (the launcher refuses an
+# encrypted cluster before any task starts).
+TORCH_PLAN = LaunchPlan(
+    face="TorchDistributor", size_argument="num_processes", ignore_ssl_conf=TORCH_IGNORE_SSL
+)
+
+
+class TorchDistributor:
+    """Runs a PyTorch training function, or a training script, as the processes of a
+    ``torch.distributed`` job, one Spark barrier task each (or on the driver).
+
+    Args:
+        num_processes: processes that train together; at least 1. On GPUs, one per GPU.
+        local_mode: run every process on the driver (the original's default); with
+            ``use_gpu``, at most as many as the driver has GPUs (more are cut to that, with a
+            warning, as the original does).
+        use_gpu: train on GPUs (Spark's GPU-aware scheduling must be on for the tasks,
+            ``spark.driver.resource.gpu`` for local mode); False hides every GPU
+            (CUDA_VISIBLE_DEVICES="").
+        max_restarts: hvdflow's addition, torchrun's ``--max-restarts``: how many times a run
+            whose process was killed or whose host was lost (``RankFailed.transient``) starts
+            again, every process anew, with TORCHELASTIC_RESTART_COUNT counting the restarts;
+            ``train_fn`` resumes from its own checkpoint, as under torchrun. A process that
+            raised is not restarted: it would fail the same way. pyspark's never restarts
+            (SPARK-25161).
+        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``start_timeout_s``,
+            ``stall_timeout_s``, ``heartbeat_timeout_s``, ``log_dir``, ``on_log_line``, ...);
+            its ``engine`` is always ``torch`` here.
+
+    Attributes:
+        spark: the SparkSession the processes run on (the active one, as the original).
+        num_tasks: the number of Spark tasks that train (``num_processes`` in local mode, as
+            the original reports it).
+    """
+
+    def __init__(
+        self,
+        num_processes: int = 1,
+        local_mode: bool = True,
+        use_gpu: bool = True,
+        *,
+        max_restarts: int = 0,
+        options: LaunchOptions | None = None,
+    ):
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+            raise ValueError(
+                f"num_processes={num_processes!r}: expected a positive integer, the number of "
+                "processes that train together"
+            )
+        if num_processes <= 0:
+            # The original's message, then what to do.
+            raise ValueError(
+                f"num_processes has to be a positive integer (got {num_processes}): set it to "
+                "the number of processes that train together"
+            )
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts={max_restarts!r}: expected 0 or more restarts")
+        self.max_restarts = max_restarts
+        self.num_processes = num_processes
+        self.local_mode = local_mode
+        self.use_gpu = use_gpu
+        # Every line the processes write is printed on the driver's stdout, as the original
+        # streams each process's output there, unless the options take the lines themselves.
+        options = checked_options(options)
+        self._options = face_options(
+            options, engine=_wire.TORCH, on_log_line=options.on_log_line or _print_line
+        )
+        self.spark = self._options.spark
+        self._driver_gpus: list[str] = []
+        self.num_tasks = self._get_num_tasks()
+        if local_mode:
+            logger.warning(
+                "TorchDistributor runs in local mode: its %d process(es) compete for the "
+                "driver's resources with whatever else runs there",
+                self.num_processes,
+            )
+
+    def _get_num_tasks(self) -> int:
+        """Spark tasks that train: ``num_processes`` on CPU and in local mode; with GPUs,
+        ``ceil(num_processes / spark.task.resource.gpu.amount)``. Checks the GPU set-up."""
+        conf = self.spark.conf
+        if not self.use_gpu:
+            return self.num_processes
+        if not self.local_mode:
+            key = f"spark.task.resource.{GPU_RESOURCE}.amount"
+            amount = task_gpu_amount(conf, GPU_RESOURCE)
+            if amount is None or amount < 1:
+                raise GpuSchedulingNotEnabled(
+                    f"'{key}' was unset, so gpu usage is unavailable: set it (and the "
+                    "executors' and workers' gpu resources) to train on the tasks' GPUs, or "
+                    "pass use_gpu=False to train on CPU"
+                )
+            return math.ceil(self.num_processes / int(amount))
+        owned = self._owned_driver_gpus()
+        if self.num_processes > len(owned):
+            logger.warning(
+                "'num_processes' cannot be set to a value greater than the number of available "
+                "GPUs on the driver, which is %d. 'num_processes' was reset to be equal to the "
+                "number of available GPUs.",
+                len(owned),
+            )
+            self.num_processes = len(owned)
+        self._driver_gpus = owned[: self.num_processes]
+        return self.num_processes
+
+    def _owned_driver_gpus(self) -> list[str]:
+        """The driver's GPUs: CUDA_VISIBLE_DEVICES where set, else its Spark GPU resource."""
+        # Through Spark Connect, local mode runs on this client, which holds no Spark resource.
+        resource = (
+            None if is_connect(self.spark) else self.spark.sparkContext.resources.get(GPU_RESOURCE)
+        )
+        visible = os.environ.get(CUDA_VISIBLE_DEVICES)
+        if resource is None and visible is None:
+            raise RuntimeError(
+                "GPUs were unable to be found on the driver: set "
+                f"spark.driver.resource.{GPU_RESOURCE}.amount and .discoveryScript (or "
+                "CUDA_VISIBLE_DEVICES), or pass use_gpu=False"
+            )
+        owned = gpus_owned(visible, resource.addresses if resource else ())
+        if not owned:
+            raise RuntimeError(
+                "GPU resources were not configured properly on the driver: it holds none; "
+                "pass use_gpu=False to train on CPU"
+            )
+        return owned
+
+    @property
+    def log_path(self) -> str | None:
+        """The last run's log file (every process's output, rank-prefixed)."""
+        return self._runner.log_path if hasattr(self, "_runner") else None
+
+    def run(self, train_object, *args: Any, **kwargs: Any) -> Any:
+        """Run ``train_object(*args, **kwargs)`` in every process and return rank 0's return
+        value; or, where ``train_object`` is a path to a Python file, run it as ``__main__``
+        in every process with ``args`` as its command line, and return None."""
+        if isinstance(train_object, str):
+            if kwargs:
+                raise ValueError(
+                    "Running pytorch file does not support key-word type arguments: pass "
+                    f"them as command-line strings, e.g. '--{next(iter(kwargs))}=...'"
+                )
+            if not os.path.isfile(train_object):
+                raise FileNotFoundError(
+                    f"{train_object!r} is not a file: TorchDistributor.run takes a function "
+                    "or the path of a Python script every process can read"
+                )
+            main = partial(_run_script, os.path.abspath(train_object), [str(a) for a in args])
+        elif callable(train_object):
+            main = partial(_call, train_object, args, kwargs)
+        else:
+            raise TypeError(
+                f"train_object={train_object!r}: expected a function or the path of a Python script"
+            )
+        for restart in range(self.max_restarts + 1):
+            self._runner = (
+                self._local_runner(restart) if self.local_mode else self._cluster_runner(restart)
+            )
+            try:
+                return self._runner.run(main, {})
+            except RankFailed as e:
+                if not e.transient or restart == self.max_restarts:
+                    raise
+                logger.warning(
+                    "TorchDistributor: restart %d of %d (max_restarts) after: %s",
+                    restart + 1,
+                    self.max_restarts,
+                    headline(e),
+                )
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _cluster_runner(self, restart: int) -> Launch:
+        tasks = self.num_tasks
+        layout = tuple(split_evenly(self.num_processes, tasks))
+        plan = dataclasses.replace(
+            TORCH_PLAN,
+            layout=layout,
+            # Every process of a task sees the task's GPUs, as torchrun's processes see their
+            # node's; LOCAL_RANK tells each which to take. 0 hides them.
+            gpu_plan=GpuPlan(per_task=layout if self.use_gpu else (0,) * tasks),
+            asked=f"num_processes={self.num_processes} ({tasks} Spark tasks)",
+        )
+        logger.info(
+            "TorchDistributor: %d process(es) in %d Spark barrier task(s), %s",
+            self.num_processes,
+            tasks,
+            "GPU" if self.use_gpu else "CPU only",
+        )
+        return self._launcher(self.num_processes, restart, plan)
+
+    def _local_runner(self, restart: int) -> Launch:
+        n = self.num_processes
+        plan = dataclasses.replace(
+            TORCH_PLAN,
+            layout=(n,),
+            gpu_plan=GpuPlan(
+                per_task=(n if self.use_gpu else 0,), driver_gpus=tuple(self._driver_gpus)
+            ),
+            asked=f"num_processes={n} (local mode)",
+        )
+        return self._launcher(-n, restart, plan)
+
+    def _launcher(self, np: int, restart: int, plan: LaunchPlan) -> Launch:
+        """The launcher for one attempt; its processes learn which (torchrun's variables)."""
+        horovod = self._options.horovod
+        counts = {
+            TORCHELASTIC_RESTART_COUNT: str(restart),
+            TORCHELASTIC_MAX_RESTARTS: str(self.max_restarts),
+        }
+        horovod = horovod.model_copy(update={"extra_env": {**horovod.extra_env, **counts}})
+        options = dataclasses.replace(self._options, horovod=horovod)
+        return Launch(dataclasses.replace(plan, np=np, options=options))
+
+
+def _print_line(line: _wire.LogLine) -> None:
+    print(line.formatted(), flush=True)  # noqa: T201 (the original prints the output too)
+
+
+def _call(train_fn, args: tuple, kwargs: dict) -> Any:
+    """Runs in each process: the function with the arguments ``run`` was given."""
+    return train_fn(*args, **kwargs)
+
+
+def _run_script(path: str, args: list[str]) -> None:
+    """Runs in each process: the script as ``__main__`` with ``args`` as its command line, as
+    torchrun runs it. A ``sys.exit(0)`` is a success; another status fails the process."""
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
             raise
-        if ended_badly() and not channel.failed.is_set():
-            # A task reports its rank's failure before it raises: give the report a moment to
-            # land, so the error names the rank instead of Spark's generic task failure.
-            channel.failed.wait(1.0)
-        if channel.failed.is_set():
-            # The other ranks usually fail within moments of the first: collect their reports
-            # so that the error names the rank that caused it, not the first to notice.
-            channel.gather_failures(
-                abs(self.np), _SETTLE_S, on_poll=lambda: self._report_lost(channel, sink)
-            )
-            self._stop(done, channel, cancel)
-            failure, others = channel.root_failure()
-            # A task that died reported nothing: its rank's last lines are the driver's own.
-            lines = failure.get("tail") or sink.tail(failure["rank"])
-            tail = "\n".join(lines) or "(it wrote no output)"
-            also = f" (then rank(s) {', '.join(map(str, others))} failed too)" if others else ""
-            heading = (
-                STACKS_HEADING if failure.get("cause") == _wire.CAUSE_STALLED else OUTPUT_HEADING
-            )
-            what = error_line(lines)
-            raise rank_failed(
-                f"{self._name()}: {failure['reason']}{also}{f': {what}' if what else ''}. "
-                f"{heading}\n{tail}",
-                failure.get("cause"),
-            )
-        if not ended_badly() and not channel.drain(_DRAIN_S):
-            logger.warning(
-                "a task's connection was still open %g s after the ranks ended: its last "
-                "lines may be missing from the log",
-                _DRAIN_S,
-            )
-
-    def _stall_report(self, channel: DriverChannel) -> dict:
-        """Gather every rank's stacks (a few seconds at most), then describe the stall."""
-        progress, _hosts = channel.progress.snapshot()
-        logger.warning(
-            "ranks %s finished no batch for %g s (stall_timeout_s): collecting their stacks",
-            channel.progress.stalled(self.options.stall_timeout_s),
-            self.options.stall_timeout_s,
-        )
-        channel.request_stacks()
-        deadline = time.monotonic() + _STACKS_WAIT_S
-        while time.monotonic() < deadline and not set(progress) <= set(channel.stacks):
-            time.sleep(0.1)
-        progress, hosts = channel.progress.snapshot()
-        return _stall.stall_report(
-            progress, self.options.stall_timeout_s, dict(channel.stacks), hosts, time.time()
-        )
-
-    def _stop(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):
-        channel.abort()
-        try:
-            cancel()
-        except Exception:  # the Spark job may already be gone
-            logger.debug("cancelling the Spark job failed", exc_info=True)
-        if not done.wait(_STOP_GRACE_S):
-            logger.warning(
-                "ranks still stopping after %.0f s (hvdflow.infra.launcher.runner._STOP_GRACE_S); "
-                "each task kills its rank when it sees the run cancelled",
-                _STOP_GRACE_S,
-            )

@@ -106,7 +106,7 @@ def test_the_train_tasks_log_has_each_rank_line_once(capsys):
 
     from hvdflow.flows.airflow import steps
     from hvdflow.infra.launcher import _wire
-    from hvdflow.infra.launcher._runlog import RunLog
+    from hvdflow.infra.launcher._driver import RunLog
 
     root = logging.getLogger()
     before = list(root.handlers), root.level

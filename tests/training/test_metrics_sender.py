@@ -32,7 +32,7 @@ def _said(caplog):
 
 @pytest.mark.unit
 def test_a_refusing_server_costs_no_epoch_and_is_reported_once(caplog):
-    caplog.set_level(logging.INFO, logger="hvdflow.infra.launcher.rank_events")
+    caplog.set_level(logging.INFO, logger="hvdflow.infra.launcher._wire")
     tracker = _Tracker(refuse=3)
     sender = EpochMetricsSender("run", retry_s=0.05, client=tracker)
     for epoch in range(4):
@@ -49,7 +49,7 @@ def test_a_refusing_server_costs_no_epoch_and_is_reported_once(caplog):
 def test_a_send_held_in_retries_is_an_outage_too(caplog):
     # A server stopped in the middle of a send leaves MLflow's client retrying for minutes
     # without an error; the warning must not wait for that.
-    caplog.set_level(logging.INFO, logger="hvdflow.infra.launcher.rank_events")
+    caplog.set_level(logging.INFO, logger="hvdflow.infra.launcher._wire")
     released = threading.Event()
     tracker = _Tracker(hang=released)
     sender = EpochMetricsSender("run", retry_s=0.05, client=tracker)
@@ -72,7 +72,7 @@ def test_a_send_held_in_retries_is_an_outage_too(caplog):
 
 @pytest.mark.unit
 def test_a_server_that_stays_down_leaves_the_unsent_epochs_to_the_driver(caplog):
-    caplog.set_level(logging.INFO, logger="hvdflow.infra.launcher.rank_events")
+    caplog.set_level(logging.INFO, logger="hvdflow.infra.launcher._wire")
     tracker = _Tracker(refuse=10**6)
     sender = EpochMetricsSender("run", retry_s=0.05, client=tracker)
     sender.put(0, {"loss": 1.0})

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from hvdflow.infra.launcher import _channel, _wire
-from hvdflow.infra.launcher._channel import DriverChannel
+from hvdflow.infra.launcher import _driver, _wire
 from hvdflow.infra.launcher._decisions import root_failure
+from hvdflow.infra.launcher._driver import DriverChannel
 
 SHUTDOWN = "[1,0]<stderr>:... Horovod has been shut down. This was caused by an exception"
 # Rank 0's last line when rank 1 was SIGKILLed mid-allreduce (seen in CI, the path shortened).
@@ -178,7 +178,7 @@ def closed_by_peer(sock: socket.socket, within_s: float) -> bool:
 
 @pytest.mark.integration
 def test_a_connection_that_says_nothing_is_closed_after_the_hello_timeout(monkeypatch, caplog):
-    monkeypatch.setattr(_channel, "HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(_driver, "HELLO_TIMEOUT_S", 0.5)
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         with socket.create_connection(("127.0.0.1", channel.port)) as stranger:
             started = time.monotonic()
@@ -223,7 +223,7 @@ def line_message(text: str, rank: int = 0) -> bytes:
 
 @pytest.mark.integration
 def test_a_task_silent_for_longer_than_the_hello_timeout_stays_connected(monkeypatch):
-    monkeypatch.setattr(_channel, "HELLO_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(_driver, "HELLO_TIMEOUT_S", 0.3)
     arrived = threading.Event()
     lines = []
 
@@ -303,7 +303,12 @@ def test_a_message_the_driver_cannot_handle_is_named_as_the_drivers_failure_not_
         with socket.create_connection(("127.0.0.1", channel.port)) as task:
             task.sendall(
                 _wire.encode(
-                    {"type": _wire.HELLO, "token": channel.token, "partition": 1, "hostname": "h1"}
+                    {
+                        "type": _wire.HELLO,
+                        "token": channel.token,
+                        "partition": 1,
+                        "hostname": "h1",
+                    }
                 )
             )
             task.sendall(
@@ -402,7 +407,10 @@ def test_the_exchange_answers_every_task_with_every_part_in_partition_order_once
                 _wire.encode({"type": _wire.GATHER, "partition": 1, "tasks": 3, "part": "p1"})
             )
             for task, reader in zip(tasks, readers, strict=True):
-                assert _next(task, reader) == {"type": _wire.GATHERED, "parts": ["p0", "p1", "p2"]}
+                assert _next(task, reader) == {
+                    "type": _wire.GATHERED,
+                    "parts": ["p0", "p1", "p2"],
+                }
         finally:
             for task in tasks:
                 task.close()

@@ -13,10 +13,11 @@ import psutil
 import pytest
 
 from hvdflow import HorovodRunner, LaunchOptions
-from hvdflow.infra.launcher import _liveness, _wire
-from hvdflow.infra.launcher._channel import DriverChannel
-from hvdflow.infra.launcher._liveness import Tracker, is_overdue, overdue
-from hvdflow.infra.launcher._task import DriverLink, RankFailed, run_task
+from hvdflow.infra.launcher import _decisions, _wire
+from hvdflow.infra.launcher._decisions import Tracker, is_overdue, overdue
+from hvdflow.infra.launcher._driver import DriverChannel
+from hvdflow.infra.launcher._task import DriverLink, run_task
+from hvdflow.infra.launcher.errors import RankFailed
 from hvdflow.infra.launcher.options import heartbeat_timeout_error
 from tests.infra.launcher.fake_driver import SilentDriver, spec_for
 
@@ -71,7 +72,7 @@ def test_heartbeat_timeout_must_span_several_heartbeats(value, error):
 
 @pytest.mark.unit
 def test_a_lost_task_is_named_by_its_rank_and_host_once_the_plan_is_known():
-    report = _liveness.lost_task_report(
+    report = _decisions.lost_task_report(
         partition=0,
         hostname="hvd-host2",
         plan_hosts=["10.77.0.12", "10.77.0.11"],
@@ -87,7 +88,7 @@ def test_a_lost_task_is_named_by_its_rank_and_host_once_the_plan_is_known():
         "exited_at": 1234.5,
         "cause": "lost",
     }
-    before_plan = _liveness.lost_task_report(
+    before_plan = _decisions.lost_task_report(
         partition=1, hostname="hvd-host2", plan_hosts=None, timeout_s=15.0, last_heard_at=1.0
     )
     assert before_plan["rank"] == 1

@@ -3,11 +3,11 @@ import os
 import pytest
 
 from hvdflow.infra import constants as c
-from hvdflow.infra.launcher import _placement
-from hvdflow.infra.launcher._cores import cores_for
-from hvdflow.infra.launcher._placement import (
+from hvdflow.infra.launcher import _engines
+from hvdflow.infra.launcher._engines import (
     CPU_CYCLE_TIME_MS,
     RankSlot,
+    cores_for,
     describe_rank,
     gloo_iface_for,
     gpu_for_rank,
@@ -117,7 +117,7 @@ def test_a_rank_without_a_gpu_negotiates_every_10_ms_unless_someone_chose(monkey
     slot = RankSlot(0, 1, 0, 1, 0, 1, "127.0.0.1")
     monkeypatch.delenv(c.HOROVOD_CYCLE_TIME, raising=False)
     device = tmp_path / "nvidiactl"
-    monkeypatch.setattr(_placement, "NVIDIA_DEVICE", str(device))
+    monkeypatch.setattr(_engines, "NVIDIA_DEVICE", str(device))
     assert env_of(slot, {}, gpu=None)[c.HOROVOD_CYCLE_TIME] == str(CPU_CYCLE_TIME_MS) == "10"
     # The options' choice, or the executor's own variable (inherited), wins; a GPU rank keeps
     # Horovod's default, as does a rank on a host with GPUs that Spark does not hand out.
@@ -136,7 +136,7 @@ def test_a_rank_without_a_gpu_is_bound_to_its_share_of_cores_unless_someone_chos
     slot = RankSlot(1, 2, 1, 2, 0, 1, "127.0.0.1")
     monkeypatch.delenv(c.HVDFLOW_BIND_TO_CORES, raising=False)
     device = tmp_path / "nvidiactl"
-    monkeypatch.setattr(_placement, "NVIDIA_DEVICE", str(device))
+    monkeypatch.setattr(_engines, "NVIDIA_DEVICE", str(device))
     assert env_of(slot, {}, gpu=None)[c.HVDFLOW_BIND_TO_CORES] == "1"
     assert env_of(slot, {c.HVDFLOW_BIND_TO_CORES: "0"}, gpu=None)[c.HVDFLOW_BIND_TO_CORES] == "0"
     assert c.HVDFLOW_BIND_TO_CORES not in env_of(slot, {}, gpu="0")

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from hvdflow.infra.constants import HVDFLOW_EVENT_FD
-from hvdflow.infra.launcher import _rank_output, _wire
-from hvdflow.infra.launcher.rank_events import LOG_TO_DRIVER_CHARS, TRUNCATED_SUFFIX
+from hvdflow.infra.launcher import _task, _wire
+from hvdflow.infra.launcher._wire import LOG_TO_DRIVER_CHARS, TRUNCATED_SUFFIX
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,7 @@ TALKER = textwrap.dedent(
     f"""
     import sys
     from hvdflow import log_to_driver
-    from hvdflow.infra.launcher.rank_events import report_progress
+    from hvdflow.infra.launcher._wire import report_progress
     for i in range({ROUNDS}):
         print(f"out {{i}}")
         print(f"err {{i}}", file=sys.stderr)
@@ -51,7 +51,7 @@ def read_talker() -> tuple[list[tuple[str, str]], list[tuple[int, int, bool]]]:
     os.close(events_write)
     shipped: list[tuple[str, str]] = []
     progress: list[tuple[int, int, bool]] = []
-    readers = _rank_output.start_readers(
+    readers = _task.start_readers(
         proc,
         events_read,
         lambda stream, text, at=None: shipped.append((stream, text)),

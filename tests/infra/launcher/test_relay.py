@@ -11,8 +11,7 @@ import pytest
 
 from hvdflow import HorovodRunner, LaunchOptions, RankFailed
 from hvdflow.infra.launcher import _relay
-from hvdflow.infra.launcher._channel import DriverChannel
-from hvdflow.infra.launcher._payload import pickle_payload
+from hvdflow.infra.launcher._driver import DriverChannel, pickle_payload
 from hvdflow.infra.launcher._task import TaskSpec, run_task
 from tests.helpers import wait_for_no_ranks
 
@@ -65,7 +64,7 @@ def test_the_relay_setting_is_checked_when_the_options_are_made():
 def test_ranks_that_reach_the_driver_only_through_the_object_store(spark, relay_store, caplog):
     options = LaunchOptions(spark=spark, engine="tf_collective", relay="always")
     runner = HorovodRunner(np=2, options=options)
-    with caplog.at_level(logging.INFO, logger="hvdflow.infra.launcher._channel"):
+    with caplog.at_level(logging.INFO, logger="hvdflow.infra.launcher._driver"):
         assert runner.run(say_and_return, tag="hello") == "hello from rank 0"
     log = open(runner.log_path).read()
     assert "[1,0]<stdout>:rank 0 says hello" in log

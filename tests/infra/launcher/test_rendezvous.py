@@ -15,9 +15,11 @@ import pytest
 # The Gloo rendezvous server is Horovod's: the classic profile's (hvdflow[horovod]).
 pytest.importorskip("horovod", reason="the horovod engine is not installed (current profile)")
 
-from hvdflow.infra.launcher import _wire  # noqa: E402
-from hvdflow.infra.launcher import runner as runner_module  # noqa: E402
-from hvdflow.infra.launcher._channel import DriverChannel  # noqa: E402
+from hvdflow.infra.launcher import (
+    _driver,  # noqa: E402
+    _wire,  # noqa: E402
+)
+from hvdflow.infra.launcher._driver import DriverChannel  # noqa: E402
 from hvdflow.infra.launcher._rendezvous import (  # noqa: E402
     ACCEPT,
     LONG_POLL_S,
@@ -269,7 +271,7 @@ def test_a_stranger_writing_rendezvous_keys_all_run_long_cannot_change_the_ranks
             super().__init__(*args, **kwargs)
             channels.append(self)
 
-    monkeypatch.setattr(runner_module, "DriverChannel", Recorded)
+    monkeypatch.setattr(_driver, "DriverChannel", Recorded)
     answers: list[int] = []
     stop = threading.Event()
     paths = [

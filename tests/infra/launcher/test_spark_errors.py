@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from hvdflow.infra.launcher._spark_errors import first_line
 from hvdflow.infra.launcher.errors import (
     OUTPUT_HEADING,
     STACKS_HEADING,
     RankFailed,
+    first_line,
     headline,
     rank_failed,
 )
@@ -29,7 +29,7 @@ ResultStage. Most recent failure reason: Stage failed because barrier task Resul
 finished unsuccessfully.
 org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from \
 the Python worker: Traceback (most recent call last):
-  File "/work/main/infra/launcher/_stage.py", line 55, in barrier_batches
+  File "/work/main/infra/launcher/_driver.py", line 55, in barrier_batches
     for result in barrier_task(spec, ()):
 {REFUSED}
  SQLSTATE: 38000
@@ -42,7 +42,7 @@ org.apache.spark.SparkException
 SPARK_3_PY4J = f"""An error occurred while calling o71.collect.
 : org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 0.0 failed
 org.apache.spark.api.python.PythonException: Traceback (most recent call last):
-  File "/work/main/infra/launcher/_stage.py", line 55, in barrier_batches
+  File "/work/main/infra/launcher/_driver.py", line 55, in barrier_batches
 {REFUSED}
 \tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException"""
 

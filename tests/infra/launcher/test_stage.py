@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hvdflow.infra.launcher._stage import chunks, joined
+from hvdflow.infra.launcher._driver import chunks, joined
 
 pytestmark = pytest.mark.unit
 

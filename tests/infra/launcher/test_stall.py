@@ -10,8 +10,8 @@ import cloudpickle
 import pytest
 
 from hvdflow import HorovodRunner, LaunchOptions, RankFailed
-from hvdflow.infra.launcher import _stall, _wire
-from hvdflow.infra.launcher._stall import RankProgress, culprits, stall_report, stalled
+from hvdflow.infra.launcher import _decisions, _wire
+from hvdflow.infra.launcher._decisions import RankProgress, culprits, stall_report, stalled
 from tests.helpers import wait_for_no_ranks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -21,7 +21,7 @@ def rank_1_sleeps_forever_after_init():
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from hvdflow.infra.launcher.rank_events import report_progress
+    from hvdflow.infra.launcher._wire import report_progress
 
     hvd.init()
     if hvd.rank() == 1:
@@ -114,7 +114,7 @@ def test_a_rank_whose_stacks_never_came_is_said_to_have_sent_none():
 @pytest.mark.unit
 def test_the_tracker_restarts_the_clock_only_when_a_batch_finishes():
     clock = [0.0]
-    tracker = _stall.ProgressTracker(monotonic=lambda: clock[0])
+    tracker = _decisions.ProgressTracker(monotonic=lambda: clock[0])
     tracker.update({"rank": 0, "begun": 1, "finished": 0, "watch": True}, "h")
     clock[0] = 5.0
     tracker.update({"rank": 0, "begun": 2, "finished": 0, "watch": True}, "h")  # begun only

@@ -12,7 +12,8 @@ import pytest
 
 from hvdflow.infra.launcher import _task, _wire
 from hvdflow.infra.launcher._decisions import exit_reason
-from hvdflow.infra.launcher._task import RankFailed, run_task
+from hvdflow.infra.launcher._task import run_task
+from hvdflow.infra.launcher.errors import RankFailed
 from tests.infra.launcher.fake_driver import SilentDriver, spec_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from hvdflow.infra.launcher.tf_datasets import device_datasets_without_autotuning
+from hvdflow.infra.launcher._engines import device_datasets_without_autotuning
 
 
 @pytest.mark.unit
@@ -32,7 +32,7 @@ def test_the_strategys_per_device_datasets_run_without_autotuning_and_still_serv
 def test_a_dataset_a_strategy_distributes_runs_without_autotuning_unless_its_options_say():
     import tensorflow as tf
 
-    from hvdflow.infra.launcher.tf_datasets import wrap_distributed_datasets
+    from hvdflow.infra.launcher._engines import wrap_distributed_datasets
 
     class StrategyBase:  # TensorFlow's, as far as the wrapper sees it
         def experimental_distribute_dataset(self, dataset, options=None):

@@ -16,7 +16,7 @@ import pytest
 from hvdflow import HorovodRunner, LaunchOptions, MirroredStrategyRunner, RankFailed
 from hvdflow.infra import extras
 from hvdflow.infra.constants import HVDFLOW_EVENT_FD
-from hvdflow.infra.launcher import _placement, _wire
+from hvdflow.infra.launcher import _engines, _wire
 from hvdflow.training.smoke import train_digits_tf
 from tests.helpers import wait_for_no_ranks
 
@@ -194,7 +194,7 @@ def test_a_script_written_for_spark_tensorflow_distributor_runs_with_one_import_
 @pytest.mark.unit
 def test_tf_config_lists_the_endpoints_by_rank_and_names_this_worker():
     gathered = [{"rank": 1, "endpoint": "10.0.0.2:4001"}, {"rank": 0, "endpoint": "10.0.0.1:4000"}]
-    assert json.loads(_placement.tf_config(gathered, 1)) == {
+    assert json.loads(_engines.tf_config(gathered, 1)) == {
         "cluster": {"worker": ["10.0.0.1:4000", "10.0.0.2:4001"]},
         "task": {"type": "worker", "index": 1},
     }

@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 
 from hvdflow import LaunchOptions, RankFailed, TorchDistributor
-from hvdflow.infra.launcher import _decisions, _placement, _wire
+from hvdflow.infra.launcher import _decisions, _engines, _wire
 from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled
 from tests.helpers import wait_for_no_ranks
 from tests.infra.launcher import torch_example
@@ -25,13 +25,13 @@ EXAMPLE = Path(torch_example.__file__)
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
-def _slot(rank: int, size: int, local_size: int) -> _placement.RankSlot:
-    return _placement.RankSlot(rank, size, rank % local_size, local_size, 0, 1, "10.0.0.1")
+def _slot(rank: int, size: int, local_size: int) -> _engines.RankSlot:
+    return _engines.RankSlot(rank, size, rank % local_size, local_size, 0, 1, "10.0.0.1")
 
 
 @pytest.mark.unit
 def test_a_rank_gets_the_environment_torchrun_gives_its_processes():
-    env = _placement.torch_env(
+    env = _engines.torch_env(
         _slot(1, 4, 2),
         local_rank=1,
         local_world_size=2,
@@ -67,9 +67,9 @@ def test_the_thread_cap_is_at_least_one_and_a_users_setting_wins(monkeypatch):
         master_port=1,
         run_id="r",
     )
-    assert _placement.torch_env(_slot(0, 3, 3), host_cores=2, **args)["OMP_NUM_THREADS"] == "1"
+    assert _engines.torch_env(_slot(0, 3, 3), host_cores=2, **args)["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    assert "OMP_NUM_THREADS" not in _placement.torch_env(_slot(0, 3, 3), host_cores=2, **args)
+    assert "OMP_NUM_THREADS" not in _engines.torch_env(_slot(0, 3, 3), host_cores=2, **args)
 
 
 @pytest.mark.unit

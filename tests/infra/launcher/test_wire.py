@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from hvdflow.infra.launcher import _channel, _wire
+from hvdflow.infra.launcher import _driver, _wire
 
 pytestmark = pytest.mark.unit
 
@@ -76,7 +76,10 @@ def test_read_message_refuses_a_message_over_the_limit_having_read_only_that_muc
 
 def test_read_message_accepts_a_message_of_exactly_the_limit():
     data = _wire.encode({"type": "hello", "token": "t"})
-    assert _wire.read_message(io.BytesIO(data), limit=len(data)) == {"type": "hello", "token": "t"}
+    assert _wire.read_message(io.BytesIO(data), limit=len(data)) == {
+        "type": "hello",
+        "token": "t",
+    }
 
 
 def test_a_message_over_the_cap_closes_the_connection():
@@ -146,7 +149,7 @@ def test_the_largest_hello_and_a_heartbeat_fit_what_the_driver_reads_unauthentic
         "partition": 10**6,
         "hostname": "\U0001f600" * _wire.MAX_HOSTNAME_CHARS,  # 12 bytes each, escaped
     }
-    assert len(_wire.encode(hello)) <= _channel.HELLO_MAX_BYTES
+    assert len(_wire.encode(hello)) <= _driver.HELLO_MAX_BYTES
     assert _wire.encode({"type": _wire.HEARTBEAT}) == b'{"type":"heartbeat"}\n'
 
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from hvdflow.infra.launcher._workdir import rank_workdir, remove_orphans
+from hvdflow.infra.launcher._task import rank_workdir, remove_orphans
 
 pytestmark = pytest.mark.integration
 

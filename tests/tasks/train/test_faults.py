@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from hvdflow.infra.launcher import RankFailed, SparkJobFailed, _wire
-from hvdflow.infra.launcher._task import rank_failed
+from hvdflow.infra.launcher.errors import rank_failed
 from hvdflow.tasks.train.attempts import may_retry
 from hvdflow.tasks.train.resume import backfill_epoch_metrics
 from hvdflow.tasks.train.run import TrainConfig, train_and_track
