@@ -12,7 +12,7 @@ import logging
 import sys
 
 from hvdflow.bench.conditions import trainer_for, with_options
-from hvdflow.infra.launcher import rank_events
+from hvdflow.infra.launcher import _rank
 
 
 def _show_driver_messages_on_stdout() -> None:
@@ -20,9 +20,9 @@ def _show_driver_messages_on_stdout() -> None:
     paper's log method sees the same epoch lines (``Epoch z/z done`` too) in both conditions."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    rank_events.logger.addHandler(handler)
-    rank_events.logger.setLevel(logging.INFO)
-    rank_events.logger.propagate = False
+    _rank.logger.addHandler(handler)
+    _rank.logger.setLevel(logging.INFO)
+    _rank.logger.propagate = False
 
 
 def main(argv: list[str]) -> int:

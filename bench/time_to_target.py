@@ -1,8 +1,8 @@
 """Time to a target accuracy, repetition by repetition: does more ranks get there sooner, always?
 
 The summary table (``bench.stats``) gives each condition's mean time to the target. A mean can
-hide a repetition where np=2 got there later than np=1 (BENCHMARKS.md, "Time to accuracy in
-every repetition"), so this table pairs the conditions by repetition: repetitions run
+hide a repetition where np=2 got there later than np=1 (docs/benchmarks/training.md, "Time to
+accuracy"), so this table pairs the conditions by repetition: repetitions run
 interleaved (every condition once per round), and round r of a condition is compared with round
 r of the reference. It gives each repetition's time, MLPerf Training's figure (the mean after
 dropping the fastest and the slowest repetition), the median and its ratio to the reference's

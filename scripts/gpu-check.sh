@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hvdflow's own trainers on this machine's GPUs, without Spark (studies/gpu_check.py says what
+# hvdflow's own trainers on this machine's GPUs, without Spark (scripts/gpu_check.py says what
 # runs and how it is measured). For a GPU machine lent for minutes: runs on a bare checkout with
 # whatever Python has PyTorch and/or TensorFlow, no install, no network:
 #
@@ -26,4 +26,4 @@ print(" ".join(k[len("hvdflow."):] + "=" + v for k, v in dirs.items() if k.count
   export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # Not `exec`: the trap above removes the links once the check is done.
-"$python" "$root/studies/gpu_check.py" "$@"
+"$python" "$root/scripts/gpu_check.py" "$@"

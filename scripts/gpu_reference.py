@@ -3,10 +3,10 @@
 Not hvdflow's stack. hvdflow's ranks need TensorFlow 2.15 (the last Keras 2, which Horovod 0.28
 needs), and the GPU machines lent to this project have Python 3.12, no network, and no TensorFlow;
 2.15 has no wheel for 3.12 and a newer TensorFlow with its CUDA libraries is far larger than what
-can be carried there (BENCHMARKS.md). What those machines do have is PyTorch, so this script
-builds the same networks as ``hvdflow.training.models`` (the keras.applications base without its
-top, global average pooling, a new softmax head; SGD at the recipe's 0.01) with Keras 3 on the
-PyTorch backend, and times them the way the benchmark does: images per second over whole
+can be carried there (docs/benchmarks/gpu.md). What those machines do have is PyTorch, so this
+script builds the same networks as ``hvdflow.training.models`` (the keras.applications base
+without its top, global average pooling, a new softmax head; SGD at the recipe's 0.01) with Keras
+3 on the PyTorch backend, and times them the way the benchmark does: images per second over whole
 epochs after the first, on in-memory images fed from the host.
 
     KERAS_BACKEND=torch python3 scripts/gpu_reference.py [--out FILE.json]

@@ -1,6 +1,6 @@
-"""One-off studies: side-by-side measurements that produced a figure in BENCHMARKS.md.
+"""One-off studies: side-by-side measurements behind the figures of docs/benchmarks/*.md.
 
-Not part of the wheel: run them from a checkout, as BENCHMARKS.md writes beside each figure
+Not part of the wheel: run them from a checkout, as those pages write beside each figure
 (``.venv/bin/python -m studies.<name>``). They import hvdflow like any user's script.
 """
 

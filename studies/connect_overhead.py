@@ -1,20 +1,11 @@
 """Spark Connect against a classic session: what reaching Spark through ``sc://`` costs a launch.
 
-The same two-rank function runs under ``HorovodRunner(np=2)`` (engine tf_collective: no
-Horovod in the current profile) from a client process of its own, alternating between a classic
-``local[2]`` session (the client is the driver, its JVM started by the client) and a Spark
-Connect session to a server on ``local[2]`` on the same machine (started once, before the
-rounds, as a cluster's server would be). Each client makes its session, then runs the function
-twice; the function notes when its body began. Reported per kind, median over the rounds:
-
-- session: making the session (classic: the driver's JVM; Connect: the gRPC channel);
-- launch to body, first and second run: from ``run()`` to the ranks' function starting;
-- run: the whole second ``run()``, a trivial body, so the launcher's own cost.
-
-With ``--pipeline``, each round also runs ``hvdflow run --np 2`` (one epoch) on each kind, on
-one services home, and reports its wall time.
-
     .venv-current/bin/python -m studies.connect_overhead --rounds 3 [--pipeline]
+
+The same two-rank function under ``HorovodRunner(np=2)`` (tf_collective) from a client process
+of its own, alternating a classic ``local[2]`` session and a Connect server on ``local[2]``
+started once. Medians of: making the session, ``run()`` to the ranks' body (first and second
+run), the second ``run()`` in all; ``--pipeline`` adds ``hvdflow run --np 2`` on each.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """MirroredStrategyRunner against spark-tensorflow-distributor's: where ``run()`` spends its time.
 
-One training function, the paper's MNIST CNN on in-memory images written as a user of the
-original writes it (plain Keras, the runner's strategy scope, TensorFlow's tf.data defaults),
-runs under ``spark_tensorflow_distributor.MirroredStrategyRunner`` and under
-``hvdflow.MirroredStrategyRunner`` (``num_slots=2, use_gpu=False``) on one local[2] session,
-alternating, so both see the same machine. The function notes when its body began, when
-``fit`` began, when each epoch ended and when ``fit`` returned; the driver notes when ``run``
-was called and when it returned. Each run is split into:
-
-- to the body: the Spark job, the worker processes, TensorFlow's import and the strategy;
-- to fit: the dataset and the model, built in the function;
-- epochs: the first one (tracing included) and the steady ones;
-- fit's end: from the last epoch's end to ``fit``'s return (tf.data's autotuning thread, when
-  an iterator's deletion waits for it: ``hvdflow.infra.launcher.tf_datasets``);
-- after fit: from ``fit``'s return to ``run()``'s, everything the runner does afterwards.
-
     .venv/bin/python -m studies.distributor_overhead --images 30000 --epochs 3 --rounds 2
     .venv/bin/python -m studies.distributor_overhead --shapes arrays,files,generator
+
+One Keras function (the paper's MNIST CNN, tf.data's defaults), written the ways users write it,
+under both runners (``num_slots=2, use_gpu=False``) on one local[2] session, alternating. Each
+run is split into: to the body, to fit, the epochs, fit's end, and after fit.
 """
 
 from __future__ import annotations

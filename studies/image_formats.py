@@ -1,19 +1,9 @@
 """What the stored image format costs a rank: bytes per image and images decoded per CPU-second.
 
-A rank that reads a dataset decodes every image of every epoch; a GPU rank consumes 800 to
-1,900 images/s of 224x224x3 (BENCHMARKS.md, the H200 reference), so a format's decode rate per
-core says how many cores it takes to feed one GPU. Three formats, on the same pixels:
-
-- ``png``: what hvdflow stores (lossless; Petastorm's CompressedImageCodec), decoded with OpenCV
-  as both readers do;
-- ``jpeg``: OpenCV at quality 95 (lossy), decoded with OpenCV;
-- ``raw``: the uint8 pixels as they are (numpy's frombuffer and a reshape).
-
-The images: the bundled digits at 28x28x1, and Caltech101-like photos
-(``preprocess_throughput.make_caltech_like``) fitted to 224x224x3. One thread, best of the
-rounds (the machine is shared and noisy: the best is the least disturbed).
-
     .venv/bin/python -m studies.image_formats [--rounds 5] [--photos 200]
+
+PNG (what hvdflow stores), JPEG at quality 95 and raw uint8 pixels, on the bundled digits at
+28x28x1 and Caltech101-like photos at 224x224x3; one thread, best of the rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ from studies.preprocess_throughput import make_caltech_like
 
 FORMATS = ("png", "jpeg", "raw")
 JPEG_QUALITY = 95
-# A GPU rank's appetite for 224x224x3 images (BENCHMARKS.md, "GPU reference"): low and high.
+# A GPU rank's appetite for 224x224x3 images (docs/benchmarks/gpu.md): low and high.
 GPU_IMAGES_PER_S = (800, 1900)
 
 

@@ -1,22 +1,12 @@
 """Preprocessing and reading throughput, measured side by side in one run.
 
-1. The Spark preprocessing job on local[2] (warm session: its JVM and Python workers started by
-   a warm-up run first) against a single-process Pillow loop doing the same per-image work
-   (read, decode, convert, resize, PNG-encode as Petastorm stores it; no write), on the same
-   files, for two workloads:
-
-   a. Caltech101-like: 2,000 JPEGs of about 300x200 (smooth random scenes) in 101 class
-      folders, resized to 224x224 RGB;
-   b. small images: 10,000 JPEGs (the bundled digits, upscaled to 64x64 RGB with noise) in 10
-      class folders, to 28x28 grayscale.
-
-   Each workload runs ``--rounds`` times, Spark and loop interleaved; the best of each is shown
-   (the machine is shared and noisy: the best is the least disturbed).
-2. The Petastorm reader's images/s (batched tf.data, one rank) on workload b's train split
-   against what the MNIST CNN consumes per second when training in one process on in-memory
-   arrays (``--no-reader`` skips it).
-
     .venv/bin/python -m studies.preprocess_throughput
+
+1. The Spark preprocessing job on a warm local[2] session against a single-process Pillow loop
+   doing the same per-image work, on 2,000 Caltech101-like JPEGs (to 224x224 RGB) and 10,000
+   small JPEGs (to 28x28 grayscale); interleaved, best of ``--rounds``.
+2. The Petastorm reader's images/s on the small train split against what the MNIST CNN
+   consumes in one process (``--no-reader`` skips it).
 """
 
 from __future__ import annotations

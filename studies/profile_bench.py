@@ -1,19 +1,11 @@
-"""The classic profile against the current one through ``hvdflow bench``: Spark, the dataset,
-the launcher and the engines included, alternating.
-
-``studies.profile_speed`` compares the Keras trainer alone; this runs the whole benchmark flow
-(preprocessing into Parquet, the barrier launch, the reader, the trainer) in each profile's
-environment in turn, round by round, the order reversed each round. Each profile keeps its own
-``HVDFLOW_HOME`` (its services are its own versions), and its services are stopped before the
-other profile runs. Steady images/s per condition (the epochs after the first) and the final
-val_accuracy, medians over the rounds, and the current profile's against the classic one's.
+"""The classic profile against the current one through ``hvdflow bench``, alternating.
 
     .venv/bin/python -m studies.profile_bench --model mnist_cnn --rounds 2
     .venv/bin/python -m studies.profile_bench --model digits_mlp --rounds 2
 
-The common conditions are plain Keras (one process on every core: TensorFlow's own speed) and
-the tf_collective engine at np=1 and np=2; the classic profile adds Horovod at np=2 (its
-default engine, which its pipeline trains on).
+The whole benchmark flow in each profile's environment in turn, its own ``HVDFLOW_HOME``, the
+order reversed each round: plain Keras, tf_collective at np=1 and np=2, and (classic) Horovod at
+np=2. Steady images/s and final val_accuracy, medians, and current over classic.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Petastorm's reader against the pyarrow reader, side by side in one run.
 
-Two datasets made by the preprocessing step (Spark local[2]): the bundled digits at 28x28x1, and
-Caltech101-like photos (``preprocess_throughput.make_caltech_like``) at 224x224x3, each written
-twice: to local disk, and to the object store (a SeaweedFS server the script starts on loopback,
-read over S3 as a rank reads a bucket). The photos are also written as raw pixels
-(``data.image_encoding='raw'``), which only the pyarrow reader reads. Each round reads each
-dataset once with each reader, in alternating order: one rank of one, streamed through
-``open_dataset`` (batched tf.data, shuffled, one epoch: what a rank trains on when its shard
-does not fit in memory) and loaded whole with ``load_shard`` (what ``in_memory`` does once). A
-warm-up read of each comes first and is not counted.
-
-Shown: images/s (wall) and images per CPU-second of the whole process (all its threads: the
-reader's and TensorFlow's), the "per core" figure that matters on a rank of one thread; best
-of the rounds (the machine is shared and noisy: the best is the least disturbed).
-
     .venv/bin/python -m studies.reader_throughput [--rounds 3] [--photos 600] [--no-store]
 
-Where Petastorm is not installed (the current profile), the pyarrow reader runs alone.
+Digits at 28x28x1 and Caltech101-like photos at 224x224x3 (also as raw pixels), each on local
+disk and in an embedded SeaweedFS bucket; streamed (``open_dataset``) and loaded whole
+(``load_shard``), readers alternating. Shows images/s and images per CPU-second of the process,
+best of the rounds. Where Petastorm is not installed (the current profile), pyarrow runs alone.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""The object store relay against the direct channel: how late a rank's lines reach the driver,
-and what a run costs, side by side in one process.
-
-The same two-rank function runs under ``HorovodRunner(np=2)`` (engine tf_collective) on one
-``local[2]`` session, alternating ``relay="never"`` (the tasks connect to the driver) and
-``relay="always"`` (they write to an embedded SeaweedFS server, which the driver lists). The
-function prints a line every 0.1 s for ``--seconds``. A line's lateness is from the moment its
-task read it from the rank to the moment the driver's ``on_log_line`` got it. Reported per mode,
-over every line of every round: median, 95th percentile and worst lateness, and the median run.
+"""The object store relay against the direct channel: how late a rank's lines reach the driver.
 
     .venv/bin/python -m studies.relay_latency --rounds 3 --seconds 10
+
+A two-rank function (``HorovodRunner(np=2)``, tf_collective, ``local[2]``) prints a line every
+0.1 s, alternating ``relay="never"`` and ``relay="always"`` (an embedded SeaweedFS). Per mode:
+median, 95th percentile and worst lateness, and the median run.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Batch scoring throughput: the Spark scoring job against a single-process predict loop.
 
-Each model (of training/models.py, seeded weights, 224x224 RGB input, saved in MLflow's format;
-by default a CNN whose forward pass is the work and an MLP for which decoding is) scores the same
-Caltech101-like JPEGs (~300x200, resized to 224x224) three ways, in one run:
+    .venv/bin/python -m studies.score_throughput [--images 2000] [--rounds 3]
 
-1. ``hvdflow.tasks.score.job.score_images`` on Spark local[2]: the whole call (listing, the
-   Spark job, Parquet writes by the executors, publication). The session is warm: a first,
-   smaller run started the Python workers and loaded the model in each, as in a long-lived session.
-2. A loop in one process doing the same per-image work (read, decode and resize with
-   preprocessing's rules) and calling the same model's ``predict`` on batches of the same size,
-   TensorFlow using every core; its predictions written to one Parquet file.
-3. The forward pass alone, on images held in memory (``predict_on_batch``, as the executors):
-   one process with TensorFlow's threads on both cores, against two one-thread processes at
-   once (what Spark's two one-core slots run). Their ratio is what two slots can gain over one
-   process on the model's own work, on this machine, whatever schedules them.
-
-Each way runs ``--rounds`` times, interleaved; the best of each is shown (the machine is shared
-and noisy: the best is the least disturbed).
-
-    .venv/bin/python -m studies.score_throughput
+Each model (seeded, 224x224 RGB input, MLflow's format) scores the same Caltech101-like JPEGs
+three ways, interleaved, best of the rounds: ``score_images`` on a warm Spark local[2]; one
+process reading, decoding and calling ``predict``; and the forward pass alone, one two-thread
+process against two one-thread processes at once.
 """
 
 from __future__ import annotations

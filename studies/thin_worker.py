@@ -1,11 +1,7 @@
 """The thin Spark Connect worker (``.venv-client``) against the current profile (``.venv-current``):
-what each weighs on disk and how long a Connect run's flow process takes to import what it
-imports, the two environments alternating.
+size on disk, files, and a Connect run's flow imports, the two alternating.
 
     python -m studies.thin_worker [--rounds 5] [--thin .venv-client] [--full .venv-current]
-
-Run from a checkout after ``scripts/setup.sh client`` and ``scripts/setup.sh current``. Prints
-one markdown table: size (``du``), files, and the import's seconds per round and median.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """hvdflow's TorchDistributor against pyspark's, side by side on the same training function.
 
-``python -m studies.torch_distributor [--rounds 3] [--epochs 4] [--out FILE]``
+    .venv/bin/python -m studies.torch_distributor --rounds 5 --epochs 4 [--out FILE]
 
-Each round runs both, in alternating order, at ``num_processes=2, local_mode=False,
-use_gpu=False`` on one ``local[N]`` session: a small CNN with DDP over gloo on a fixed synthetic
-MNIST-shaped set, rank 0 reporting when its first step ended and how long each epoch took. Then
-each runs once more with rank 1 SIGKILLed as epoch 2 begins: the time from the kill to the
-error on the driver, and what the error says (a run still going after ``--kill-timeout`` s is
-cancelled, and counted as that). Prints a markdown table and the ratios, ours over pyspark's.
+Both at ``num_processes=2, local_mode=False, use_gpu=False`` on one session, alternating (a
+small CNN, DDP over gloo); then each with rank 1 SIGKILLed as epoch 2 begins. Prints a table.
 """
 
 from __future__ import annotations

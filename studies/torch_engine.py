@@ -1,23 +1,13 @@
 """The pipeline's PyTorch trainer at np=1 and np=2 against one torch process on every core and
 against the machine's ceiling, side by side in one run.
 
-``python -m studies.torch_engine [--images 30000] [--epochs 3] [--repetitions 2]
-[--target 0.95] [--out FILE]``
+    .venv/bin/python -m studies.torch_engine --images 20000 --epochs 3 --repetitions 2 \
+        --target 0.95 [--out FILE]
 
-The workload is the study's MNIST-shaped stand-in (``bench.workloads``: the bundled digits,
-augmented, 28x28), preprocessed once by Spark; the model is the paper's MNIST CNN in torch
-(``training.torch_models``) with its recipe (Adam 0.001, the global batch of 128 kept whatever
-the ranks). Conditions, interleaved in every repetition:
-
-- ``torch1``: one rank on the launcher's torch engine, one thread;
-- ``torch2``: two ranks, one thread each, DDP over gloo;
-- ``alone``: one torch process, no DDP, a thread per core (what np=2 must beat to be worth it);
-- ``ceiling``: two processes each training half the data alone on one thread, no exchange: the
-  most images per second this machine's cores give the model.
-
-Each prints its steady images/s (epochs after the first), its validation accuracy after every
-epoch and when it first reached ``--target`` (seconds of training, summed over its epochs: the
-trainer evaluates at epoch ends, so the time is an epoch's end). Prints a markdown table.
+The study's MNIST-shaped stand-in (``bench.workloads``), the paper's MNIST CNN in torch (Adam
+0.001, global batch 128). ``torch1``/``torch2``: one and two ranks of one thread (DDP over gloo);
+``alone``: one process, a thread per core; ``ceiling``: two processes each training half alone.
+Prints steady images/s, val_accuracy per epoch and the seconds to ``--target``.
 """
 
 from __future__ import annotations

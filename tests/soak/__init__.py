@@ -7,7 +7,7 @@ nothing was lost, corrupted or left behind.
 - ``stack``: the long-lived parts (cluster, services, deployment, worker) and their restarts.
 - ``faults``: the hands that break things, one kind each.
 - ``checks``: what is looked at after each run and at the end.
-- ``runner``: the loop; ``report``: the table for BENCHMARKS.md ("Soak").
+- ``runner``: the loop; ``report``: the table for docs/benchmarks/cluster.md ("Soak").
 
 By hand, as root, from the project root: ``python -m tests.soak --runs 24 --seed 44``.
 CI runs a short one (``test_soak.py``).

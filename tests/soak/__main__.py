@@ -1,5 +1,5 @@
 """``python -m tests.soak``: the long soak on the multi-host harness, as root, from the project
-root; prints the table for BENCHMARKS.md ("Soak") and writes the JSON record.
+root; prints the table for docs/benchmarks/cluster.md ("Soak") and writes the JSON record.
 
     .venv/bin/python -m tests.soak --runs 25 --seed 44 --json docs/benchmarks/soak.json
 

@@ -174,7 +174,7 @@ class AirflowFace:
         }
 
     def cancel(self, run_id: str) -> None:
-        from bench.airflow_local import quote
+        from tests.airflow_harness import quote
 
         dag_id, dag_run_id = run_id.split("/", 1)
         with contextlib.suppress(Exception):

@@ -1,4 +1,4 @@
-"""The soak's table (BENCHMARKS.md, "Soak") and its JSON record."""
+"""The soak's table (docs/benchmarks/cluster.md, "Soak") and its JSON record."""
 
 from __future__ import annotations
 

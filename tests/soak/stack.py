@@ -70,7 +70,7 @@ class SoakStack:
     env: dict = field(default_factory=dict)  # the clients' variables for the services
     worker: subprocess.Popen | None = None
     workers_started: int = 0
-    airflow: object | None = None  # bench.airflow_local.LocalAirflow, when a run goes through it
+    airflow: object | None = None  # tests.airflow_harness.LocalAirflow, when a run goes through it
     # Hosts lost for good and not replaced yet: their disks went with them (tests.soak.checks).
     lost_for_good: set = field(default_factory=set)
     # Each worker's runner folder (a /tmp entry, "runner_storage/<id>") and what became of the
@@ -203,7 +203,7 @@ class SoakStack:
     # --- Airflow ------------------------------------------------------------------------------
     def start_airflow(self) -> None:
         """Airflow with the pipeline and scoring DAGs for the soak's model, its tasks run by
-        this environment's Python against the cluster and the services, as the README sets
+        this environment's Python against the cluster and the services, as docs/airflow.md sets
         a user's Airflow up."""
         from tests.airflow_harness import Airflow
 

@@ -1,4 +1,4 @@
-"""The Airflow-against-Prefect benchmark's table: medians, what is left beside the training, and
+"""The Airflow-against-Prefect study's table: medians, what is left beside the training, and
 the time between Airflow's tasks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 @pytest.mark.unit
 def test_the_table_shows_medians_the_orchestrations_share_and_the_gaps_between_tasks():
-    from hvdflow.flows.airflow.benchmark import table
+    from studies.airflow_vs_prefect import table
 
     runs = {
         "prefect": [{"wall_s": 30.0, "training_s": 20.0}, {"wall_s": 34.0, "training_s": 22.0}],

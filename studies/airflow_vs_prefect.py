@@ -1,19 +1,11 @@
-"""What Airflow costs against Prefect: the same pipeline run through each, side by side.
+"""What Airflow costs against Prefect: the same pipeline at np=2 run through each, side by side.
 
-``python -m hvdflow.flows.airflow.benchmark [--airflow-venv .venv-airflow] [--rounds 3]
-[--epochs 3] [--out FILE]``
+    .venv/bin/python -m studies.airflow_vs_prefect --rounds 3 --epochs 3 [--out FILE]
 
-Starts the embedded services (SeaweedFS, MLflow, Prefect) in a temporary HVDFLOW_HOME and an
-Airflow from ``--airflow-venv`` (``scripts/setup.sh airflow``) with the example DAG file. One
-pipeline run through Prefect first makes the dataset, which every measured run then reuses. Each
-round runs the pipeline at np=2 through the Prefect flow in this process (as ``hvdflow run``
-does: imports and Spark session warm after the first run), through the Prefect flow in a fresh
-process (as a deployment's worker runs it) and through the Airflow DAG (triggered over its REST
-API; every task a fresh process), in alternating order. For each:
-the wall clock from the call (the trigger) to the end, the training's own wall clock (the
-launcher's, from the same code in both), and what is left, the orchestration's cost. For Airflow,
-also the tasks' summed run time, so the time between tasks (the scheduler's) shows. Prints a
-markdown table and the ratios, Airflow's over Prefect's.
+Embedded services in a temporary HVDFLOW_HOME and an Airflow from ``--airflow-venv`` (the tests'
+harness, ``tests/airflow_harness.py``). Each round, in alternating order: the Prefect flow in
+this process, in a fresh process (as a deployment's worker runs it) and the Airflow DAG over its
+REST API. Prints the medians of wall clock, training and the rest, and Airflow's ratios.
 """
 
 from __future__ import annotations
@@ -29,8 +21,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from hvdflow.bench.airflow_local import LocalAirflow
 from hvdflow.infra.services.local import LocalServices
+from tests.airflow_harness import LocalAirflow
 
 PIPELINE, SCORE = "hvdflow_pipeline", "hvdflow_score"
 

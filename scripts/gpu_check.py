@@ -67,7 +67,7 @@ class Workload:
 FULL = {
     "mnist_cnn": Workload("mnist_cnn", (28, 28, 1), 10, 30_000, 128, 3, "adam", 0.001),
     "vgg16": Workload("vgg16", (224, 224, 3), 101, 2_048, 32, 3, "sgd", 0.01),
-    # Not in the default models: the profiles' comparison (studies.profile_speed) uses it.
+    # Not in the default models: `--models digits_mlp` asks for it.
     "digits_mlp": Workload("digits_mlp", (8, 8, 1), 10, 30_000, 32, 3, "adam", 0.01),
 }
 TINY = {
