@@ -12,11 +12,11 @@
 #   tensorflow-addons; the engine is tf_collective.
 # - client: .venv-client, Python 3.13: the thin orchestrator worker for Spark Connect
 #   (pyspark-client, Prefect, MLflow's client; no Java, TensorFlow, torch or full pyspark) and
-#   hvdflow without its dependencies (README, "A thin worker for Spark Connect").
+#   hvdflow without its dependencies (docs/connect.md, "A thin worker").
 # - airflow: .venv-airflow, Python 3.11, Airflow 3.3 alone and hvdflow without its dependencies:
 #   Airflow's own environment, as a user's Airflow has it. The DAGs import hvdflow.airflow there;
 #   their tasks run in another profile's environment (HVDFLOW_PYTHON). Airflow does not resolve
-#   beside the classic pins (README, "For Airflow users").
+#   beside the classic pins (docs/airflow.md, "Installing: two environments").
 #
 # uv keeps one cache for every clone and profile and links packages from it (scripts/uv-env.sh).
 # Each lock is installed once per machine into a template environment under

@@ -69,9 +69,3 @@ def test_the_check_sees_a_missing_module_and_a_missing_room(tmp_path):
     assert missing_from(layout, tmp_path, ["pkg"]) == ["pkg/sub/ has no entry"]
     layout = "## Folders\n\n```\npkg/     alpha\n  sub/   nothing yet\n```\n"
     assert missing_from(layout, tmp_path, ["pkg"]) == ["pkg/_beta.py is not named in pkg/'s entry"]
-
-
-def test_the_front_page_stays_within_300_lines():
-    """The README is the front page; what does not fit goes to a page under docs/."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= 300, f"README.md has {len(lines)} lines"

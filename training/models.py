@@ -18,7 +18,7 @@ _BUILDERS: dict[str, tuple[tuple[int, int, int], Callable]] = {}
 class Recipe:
     """How a model trains by default: the optimizer and base learning rate (for one rank;
     ``hvdflow.training.optimizers`` scales it for more) and the warm-up epochs to the scaled rate.
-    Chosen so that np=1, 2 and 4 end at the same accuracy (README, "Learning rate and ranks")."""
+    Chosen so that np=1, 2 and 4 end at the same accuracy (docs/learning-rate.md)."""
 
     optimizer: str
     learning_rate: float

@@ -28,8 +28,8 @@ from hvdflow.training.autograph import run_petastorm_unconverted
 from hvdflow.training.synthetic import is_synthetic, synthetic_shard
 
 # Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: every rank's reader printed
-# the same dozen FutureWarnings per attempt (most of the ranks' log at np=8, BENCHMARKS.md,
-# "Eight hosts"), none of which a user can act on.
+# the same dozen FutureWarnings per attempt (most of the ranks' log at np=8,
+# docs/benchmarks/cluster.md, "Eight hosts"), none of which a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
 
 Reader = Literal["petastorm", "pyarrow"]
@@ -179,7 +179,8 @@ def without_autotuning(dataset):
     That thread sleeps between optimisation rounds for a period that doubles over the run (up to
     a minute), and deleting the iterator waits for it to wake: ``model.fit`` returned 15 s after
     its last epoch on two epochs here, 40 s on three, about 100 s with TensorFlow's engine, and
-    every rank sat idle that long before the run could end (BENCHMARKS.md). The TF engine wraps
+    every rank sat idle that long before the run could end (measured earlier; the same wait in
+    spark-tensorflow-distributor: docs/benchmarks/launchers.md). The TF engine wraps
     the dataset in one of its own, which needs the same (``training.engines``). Without it, fit
     returns at once and the steady epochs were no slower (hvd2, three epochs: 1800 images/s
     against 1761-1782 held in memory, 1482 against 1470 streamed); AUTOTUNE then means

@@ -3,7 +3,7 @@
 PNG, encoded exactly as Petastorm's ``CompressedImageCodec("png")`` encodes it (OpenCV, RGB
 swapped to OpenCV's BGR), so that Petastorm's reader, the pyarrow reader and ``serving.images``
 all read back the same pixels, whether or not Petastorm is installed where the dataset was
-written. Or raw pixels, which cost no decoding (BENCHMARKS.md, "Stored image formats").
+written. Or raw pixels, which cost no decoding (docs/benchmarks/data.md, "Stored image formats").
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def run_losing_a_host(cluster, services, workdir, lost) -> tuple[int, str, float
 
 def elastic_timeline(out: str, stopped_at: float) -> dict[str, float]:
     """Seconds from the host's stop to: the lost rank named, the next attempt decided, its
-    first epoch begun; and the run's mean epoch (BENCHMARKS.md, "Elasticity")."""
+    first epoch begun; and the run's mean epoch (docs/benchmarks/cluster.md, "Elasticity")."""
     lines = out.splitlines()
 
     def first(text: str, after: int = 0) -> int:

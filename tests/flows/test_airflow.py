@@ -3,7 +3,7 @@ Airflow's dags folder, the pipeline triggered through Airflow's REST API, the sc
 the champion's asset event, and the UI's grid in headless Chromium.
 
 Airflow runs from its own environment (.venv-airflow: Airflow 3.3 and hvdflow without its
-dependencies, as the README installs it); the tasks run in this one (HVDFLOW_PYTHON).
+dependencies, as docs/airflow.md installs it); the tasks run in this one (HVDFLOW_PYTHON).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def own_tracking_server(seaweed, tmp_path):
 
 @contextmanager
 def started_airflow(tmp_path, env: dict[str, str], without: tuple[str, ...] = ()):
-    """Airflow with the example DAG file in its dags folder, as the README puts it there, its
+    """Airflow with the example DAG file in its dags folder, as docs/airflow.md puts it there, its
     tasks seeing ``env`` on top of this environment, less ``without``; held-out digits for the
     scoring DAG."""
     require_airflow()

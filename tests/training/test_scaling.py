@@ -2,7 +2,7 @@
 
 The tolerance was measured before it was written down: with these defaults, seeds 0, 1 and 2,
 ten epochs on the bundled digits, np=2 and np=4 ended at most 0.8 points below np=1's final
-val_accuracy (digits_mlp and mnist_cnn alike; README, "Learning rate and ranks"); a rerun of
+val_accuracy (digits_mlp and mnist_cnn alike; docs/learning-rate.md); a rerun of
 mnist_cnn put np=4 at 0.6, 1.9 and 0.7 points below (seeds 0, 1, 2). This test runs seed 0.
 Those runs kept the per-rank batch; mnist_cnn now keeps its global batch (np ranks take np=1's
 steps, each a share), which keeps np=2 and np=4 on np=1's trajectory.

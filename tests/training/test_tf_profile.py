@@ -96,8 +96,8 @@ def test_the_profile_callback_profiles_exactly_the_batches_asked_for(tmp_path):
 
 @pytest.mark.integration
 def test_tensorboards_profile_tab_reads_the_profile_the_callback_wrote(tmp_path):
-    """The README sends users to TensorBoard's Profile tab (the ``profile`` extra): its plugin
-    lists the profile as a run and serves its pages."""
+    """docs/profiling.md sends users to TensorBoard's Profile tab (the ``profile`` extra): its
+    plugin lists the profile as a run and serves its pages."""
     import glob
     import gzip
     import json

@@ -4,7 +4,7 @@
 Real processes stand in for Prefect's: a "worker" starts the "run" (the flow's process, as
 Prefect's supervisor becomes it) and is SIGKILLed, or not, before the run ends. The folders are
 laid out as Prefect 3.8's process worker writes them. That a real worker's kill leaves none is
-the soak's ``worker_kill`` (BENCHMARKS.md)."""
+the soak's ``worker_kill`` (docs/benchmarks/cluster.md, "Soak")."""
 
 from __future__ import annotations
 
