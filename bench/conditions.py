@@ -22,6 +22,7 @@ evaluation that reached it (every ``eval_every`` of an epoch; else at epoch ends
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -190,11 +191,12 @@ def measure(
     condition: str,
     repetition: int,
     train_kwargs: dict,
-    spark=None,
     trainer: str = "classifier",
-    horovod=None,
+    options: LaunchOptions | None = None,
     threads_per_rank: int = 1,
 ) -> Measurement:
+    """One run of ``condition``; ``options``: the launcher's, for the conditions it runs (its
+    engine is the condition's, and every rank line is kept here)."""
     from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: a tenth of a second of imports)
 
     c = parse_condition(condition)
@@ -221,12 +223,10 @@ def measure(
             )
         elif c.kind != HOROVOD:
             raise ValueError(f"condition {c.name}: the {trainer} trainer runs on Horovod only")
-        runner = HorovodRunner(
-            np=c.n,
-            options=LaunchOptions(
-                spark=spark, horovod=horovod, on_log_line=lines.append, engine=ENGINE_OF[c.kind]
-            ),
+        options = dataclasses.replace(
+            options or LaunchOptions(), on_log_line=lines.append, engine=ENGINE_OF[c.kind]
         )
+        runner = HorovodRunner(np=c.n, options=options)
         results = [runner.run(trainer_for(trainer), **kwargs)]
     wall = time.perf_counter() - started
     slowest = max(results, key=lambda r: sum(r.epoch_times))

@@ -17,7 +17,6 @@ ENGINES = (HOROVOD, TF_COLLECTIVE, TORCH)
 # Those the Keras trainer runs on, which a pipeline's launcher.engine names: a PyTorch training
 # always runs on torch's (training.framework='torch').
 PIPELINE_ENGINES = (HOROVOD, TF_COLLECTIVE)
-LAUNCH_ENGINES = ENGINES  # read by infra/launcher/_wire.py until it takes ENGINES
 
 # --- torch.distributed: what torchrun sets in each process it starts (torch/distributed/run.py
 # and elastic/agent/server/local_elastic_agent.py); init_process_group() reads the first four.

@@ -52,9 +52,8 @@ def measure_step(
     logger = get_run_logger()
     # Timings that share the cluster with another flow measure that flow too: the whole of it.
     with spark_slots(spark, None, f"benchmark condition {condition}", logger):
-        m = measure(
-            condition, repetition, train_kwargs, spark, trainer, launcher.horovod, threads_per_rank
-        )
+        options = launcher.launch_options(spark=spark)
+        m = measure(condition, repetition, train_kwargs, trainer, options, threads_per_rank)
     logger.info(
         "%s round %d: %.1f images/s steady (warm-up epoch %.1f s, launch %.1f s), epochs %s s",
         m.condition,

@@ -746,4 +746,4 @@ def engine(name: str) -> Engine:
     try:
         return ENGINES[name]
     except KeyError:
-        raise ValueError(f"engine={name!r}: expected one of {sorted(ENGINES)}") from None
+        raise ValueError(f"engine={name!r}: expected one of {', '.join(c.ENGINES)}") from None

@@ -69,7 +69,6 @@ MAX_HOSTNAME_CHARS = 64
 
 # --- Engines: what the ranks synchronise with (named in infra.constants) ---
 HOROVOD, TF_COLLECTIVE, TORCH = c.HOROVOD, c.TF_COLLECTIVE, c.TORCH
-ENGINES = c.LAUNCH_ENGINES
 
 # --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
 # The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start

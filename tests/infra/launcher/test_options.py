@@ -49,3 +49,15 @@ def test_timeline_warns_about_its_cost(caplog):
     with caplog.at_level(logging.WARNING):
         HorovodOptions(timeline_path="/tmp/t.json").warn_about_costs()
     assert "slows training" in caplog.text and "40%" in caplog.text
+
+
+@pytest.mark.unit
+def test_the_engine_table_has_one_row_for_each_engine_named_once():
+    from hvdflow.infra import constants as c
+    from hvdflow.infra.launcher import _engines
+
+    assert tuple(_engines.ENGINES) == c.ENGINES
+    with pytest.raises(
+        ValueError, match="engine='mpi': expected one of horovod, tf_collective, torch"
+    ):
+        _engines.engine("mpi")
