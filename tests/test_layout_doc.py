@@ -69,3 +69,24 @@ def test_the_check_sees_a_missing_module_and_a_missing_room(tmp_path):
     assert missing_from(layout, tmp_path, ["pkg"]) == ["pkg/sub/ has no entry"]
     layout = "## Folders\n\n```\npkg/     alpha\n  sub/   nothing yet\n```\n"
     assert missing_from(layout, tmp_path, ["pkg"]) == ["pkg/_beta.py is not named in pkg/'s entry"]
+
+
+def public_api_named(layout: str) -> set[str]:
+    """The names the page's public API list gives: each bullet's backticked names."""
+    section = layout.split("## The public API", 1)[1].split("\n## ", 1)[0]
+    bullets = re.split(r"\n- ", section.split("\n- ", 1)[1])
+    return {name for bullet in bullets for name in re.findall(r"`(\w+)`", bullet.split(":")[0])}
+
+
+def test_docs_layout_lists_exactly_the_public_api():
+    import hvdflow
+
+    named = public_api_named((ROOT / "docs" / "layout.md").read_text())
+    assert named == set(hvdflow.__all__)
+
+
+def test_the_api_check_reads_each_bullets_names_before_its_colon():
+    page = "## The public API\n\nIntro.\n\n- `A`, `B`: the `C` of it\n- `D`\n  `E`: more\n\n## X\n"
+    assert public_api_named(page) == {"A", "B", "D", "E"}
+    page = page.replace("- `D`", "- `D`, `F`")
+    assert public_api_named(page) == {"A", "B", "D", "E", "F"}

@@ -15,7 +15,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 KB = 1024
 # The pages whose every link is checked here: the README and the pages written beside it.
-LINKED_PAGES = ["README.md", "docs/status.md", "docs/testing.md"]
+LINKED_PAGES = ["README.md", "docs/status.md", "docs/testing.md", "docs/layout.md"]
 
 
 def table_cells(text: str) -> list[tuple[int, str]]:
@@ -102,6 +102,11 @@ def test_the_benchmark_detail_pages_stay_within_60_kb():
 def test_the_testing_page_stays_within_150_lines():
     lines = (DOCS / "testing.md").read_text().splitlines()
     assert len(lines) <= 150, f"docs/testing.md has {len(lines)} lines"
+
+
+def test_the_layout_page_is_a_map_read_in_minutes():
+    lines = (DOCS / "layout.md").read_text().splitlines()
+    assert len(lines) <= 150, f"docs/layout.md has {len(lines)} lines"
 
 
 def test_no_table_cell_under_docs_is_over_300_characters():
