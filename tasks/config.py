@@ -1,10 +1,8 @@
 """The flows' parameters, one shape for the pipeline and the benchmark, checked before any work.
 
-Each flow takes nested, frozen models: ``data`` (what to preprocess), ``training`` (what to
-train and how), ``launcher`` (how many ranks, on which Spark) and ``tracking`` (where MLflow
-records it). Every value is checked when the model is built, at the flow's entry: a bad value
-fails in milliseconds with its name, the value and what would be accepted, instead of after
-preprocessing and staging, or inside the ranks, or three retries later.
+Each flow takes nested, frozen models: ``data``, ``training``, ``launcher`` and ``tracking``.
+Every value is checked at the flow's entry: a bad value fails in milliseconds with its name, the
+value and what would be accepted, not after preprocessing, inside the ranks, or three retries on.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ from hvdflow.infra.secrets import (
     resolve,
 )
 
-# The data parameters are preprocessing's own (one model, in its room); the flows find every
-# parameter group here.
+# Preprocessing's own; the flows find every parameter group here.
 from hvdflow.tasks.preprocess.config import DataParams, InputFormat
 from hvdflow.tasks.weights.source import OFFLINE_SOURCE, redact
 from hvdflow.training.frameworks import DEFAULT as DEFAULT_FRAMEWORK
@@ -48,8 +45,8 @@ def image_models() -> list[str]:
 
 
 def model_recipe(model: str):
-    """The model's training defaults (``hvdflow.training.models.Recipe``); None for an unknown one.
-    The graph model trains full-batch: its ranks split one batch, so its rate needs no scaling."""
+    """The model's training defaults (a ``Recipe``); None for an unknown one. The graph model
+    trains full-batch: its ranks split one batch, so its rate needs no scaling."""
     if model in GRAPH_MODELS:
         return Recipe("adam", 0.01, 0.0)
     return recipe(model) if model in image_models() else None
@@ -165,8 +162,7 @@ class TrainingParams(BaseModel):
         "belongs in a reference, 'env:NAME' (the driver's variable NAME) or 'secret:block-name' "
         "(a Secret block, hvdflow.infra.secrets): parameters and logs then hold only the "
         "reference; such a literal is refused",
-        # An orchestrator's server that checks a deployment's parameters against this schema
-        # refuses a run given such a literal before storing it.
+        # A server that checks parameters against this schema refuses such a literal unstored.
         json_schema_extra={"not": {"pattern": SECRET_URL_PATTERN}},
     )
 
@@ -294,13 +290,10 @@ def _check_weights_source(source: str, shown: str) -> None:
         )
 
 
-# LaunchOptions' settings that the pipeline's parameters take, flat under ``launcher`` as
-# HorovodRunner's ``options=LaunchOptions(...)`` takes them: their types, defaults and checks are
-# LaunchOptions' (docs/horovodrunner.md); the run gives the rest (its Spark session, log folder
-# and log lines). The pipeline's own defaults differ in two. Its trainers report every batch, so
-# a rank that finishes none for ten minutes has stalled; HorovodRunner, which runs a user's own
-# function that may report none, watches no stall unless told. And it trains on whichever engine
-# is installed, where HorovodRunner, like Databricks', runs Horovod.
+# LaunchOptions' settings the pipeline takes, flat under ``launcher``, with LaunchOptions' types
+# and checks (docs/horovodrunner.md); the run gives the rest. Two defaults differ: the trainers
+# report every batch, so ten minutes without one is a stall (a user's function on HorovodRunner
+# may report none); and the engine is whichever is installed (HorovodRunner's is Horovod).
 PipelineLaunchSettings = launch_settings(
     "engine",
     "start_timeout_s",

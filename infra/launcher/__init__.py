@@ -2,27 +2,20 @@
 
 Split where the processes and the contracts split:
 
-- ``runner``: the public faces (``HorovodRunner``, ``MirroredStrategyRunner``,
-  ``TorchDistributor``), each building one frozen ``LaunchPlan``
-- ``options``: ``LaunchOptions`` and ``HorovodOptions``, hvdflow's extras to every face
-- ``errors``: what the runners raise, as classes to catch
+- ``runner``: the public faces, each building one frozen ``LaunchPlan``; ``options``: hvdflow's
+  extras to every face; ``errors``: what the runners raise, as classes to catch
 - ``_driver``: the driver's process (``Launch``): checks, the tasks' channel, the barrier stage,
-  the watch over a run, the error that names the rank
-- ``_task``: one Spark barrier task, supervising its rank processes
-- ``_rank``: the rank process's entry point
-- ``_wire``: the two contracts, driver <-> task and rank -> task (``log_to_driver``,
-  ``report_progress``), imported by both ends of each
-- ``_engines``: the engines (horovod, tf_collective, torch), one row each, and placement: which
-  rank runs where and what it is told (pure functions)
-- ``_decisions``: why a rank stops, which failure came first, who went silent, which rank
-  stalled (pure functions, and the driver's trackers around them)
-- ``_relay``: the channel through the object store, for tasks that cannot reach the driver
-- ``_rendezvous``: who may use Horovod's Gloo rendezvous on the driver
+  the watch over a run; ``_task``: one Spark barrier task, supervising its rank processes;
+  ``_rank``: the rank process's entry point
+- ``_wire``: the two contracts, driver <-> task and rank -> task, imported by both ends of each
+- ``_engines``: the engines, one row each, and placement (pure functions)
+- ``_decisions``: why a rank stops, which failure came first, who went silent (pure functions)
+- ``_relay``: the channel through the object store, for tasks that cannot reach the driver;
+  ``_rendezvous``: who may use Horovod's Gloo rendezvous on the driver
 
 A failure travels ``_rank`` (its exit and last lines) -> ``_task`` (the ``failed`` report) ->
-``_driver`` (the first failure, named with its rank and host).
-
-Exports are lazy, like ``infra``'s: a rank process imports only what it uses.
+``_driver`` (the first failure, named with its rank and host). Exports are lazy, like
+``infra``'s: a rank process imports only what it uses.
 """
 
 from hvdflow.infra._lazy import lazy_exports

@@ -1,16 +1,10 @@
-"""The launcher's decisions, as pure functions of what was observed, tested with exact values;
-the threads that observe live in ``_task`` and ``_driver``.
+"""The launcher's decisions as pure functions of what ``_task`` and ``_driver`` observed, and
+the driver's thread-safe ``Tracker`` and ``ProgressTracker``.
 
-- A rank's end: why a task stops its rank, how its exit reads, which failure caused the others.
-- Liveness: a cut cable or a frozen host closes no connection, so each side notes when it last
-  heard from the other (any message counts) and gives it up after ``heartbeat_timeout_s``.
-- The stall watch: a deadlocked rank closes nothing and keeps its heartbeats going while its
-  peers wait for it in a collective. Each task forwards its rank's progress (batches begun and
-  finished) in its heartbeats; the driver notes when each rank's finished count last changed,
-  on its own clock, and a watched rank unchanged for ``stall_timeout_s`` stalls the run. The
-  ranks that began the fewest batches are blamed: the others began one more, then waited.
-
-``Tracker`` and ``ProgressTracker`` are the driver's thread-safe bookkeeping around them.
+A cut cable closes no connection, so each side gives the other up after ``heartbeat_timeout_s``
+of silence. A deadlocked rank keeps its heartbeats going, so they carry batches begun and
+finished: a rank's finished count unchanged for ``stall_timeout_s`` stalls the run, and those
+that began the fewest (the others began one more, then waited) are blamed.
 """
 
 from __future__ import annotations
@@ -27,17 +21,12 @@ from hvdflow.infra.launcher import _engines, _wire
 
 # --- A rank's end: why it stops, how its exit reads, which failure came first ---
 
-# What a rank prints when it fails only because another rank died first: Horovod's shutdown
-# message, or Gloo's transport finding its peer's socket gone in the middle of a collective
-# (a SIGKILLed peer; seen as "[.../gloo/transport/tcp/pair.cc:589] Read error [...]: Connection
-# reset by peer").
+# What a rank prints when it fails only because another died first: Horovod's shutdown, Gloo's
+# transport losing its peer, TensorFlow's "Collective ops is aborted by: Socket closed" (2.15) or
+# "...: recvmsg:Connection reset by peer" (2.21).
 HOROVOD_SHUTDOWN = "Horovod has been shut down"
 GLOO_TRANSPORT = "gloo/transport/"
 PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-# The tf_collective engine's equivalent: a collective aborted because a peer's socket closed,
-# seen when rank 1 was SIGKILLed mid-training: "UnavailableError: {{function_node ...}}
-# Collective ops is aborted by: Socket closed" (TensorFlow 2.15), "... aborted by:
-# recvmsg:Connection reset by peer" (2.21).
 TF_COLLECTIVE_ABORTED = "Collective ops is aborted by: "
 TF_PEER_GONE = ("Socket closed", "Connection reset by peer")
 
@@ -52,14 +41,9 @@ def _peer_died_first(line: str) -> bool:
 
 
 def root_failure(failures: Sequence[Mapping[str, Any]]) -> tuple[Mapping | None, list[int]]:
-    """The failure report that caused the others, and the ranks of the others, sorted.
-
-    Each report has ``rank``, ``reason``, ``tail`` (its last output lines) and ``exited_at``.
-    When one rank dies, its peers fail in their next collective with Horovod's "has been shut
-    down" message or a Gloo transport error naming the peer's connection as gone, sometimes
-    before the first report arrives (each task notices its rank's exit on its own poll): prefer
-    a failure that is not such a consequence, then the earliest exit.
-    """
+    """The failure report that caused the others, and the others' ranks, sorted. Peers of a dead
+    rank fail in their next collective, sometimes reported first: prefer a failure that is not
+    such a consequence, then the earliest exit."""
     if not failures:
         return None, []
 
@@ -81,11 +65,9 @@ def stop_reason(
     heartbeat_timeout_s: float,
     engine: str = _wire.HOROVOD,
 ) -> tuple[str, str] | None:
-    """Why a task stops its rank, still running, now, and the cause (``_wire.CAUSE_*``); None
-    to let it run. ``aborted``: the driver cancelled the run; ``driver_silent``: nothing heard
-    from the driver for ``heartbeat_timeout_s``; ``waited_s``: since the rank started, which
-    counts against ``start_timeout_s`` until it reached its engine's start (its row's
-    ``start_point``, ``_engines``)."""
+    """Why a task stops its running rank now, and the cause (``_wire.CAUSE_*``); None to let it
+    run. ``waited_s`` (since the rank started) counts against ``start_timeout_s`` until it
+    reached its engine's ``start_point``."""
     if aborted:
         return "stopped: the driver cancelled the run", _wire.CAUSE_STOPPED
     if driver_silent:
@@ -106,9 +88,8 @@ def stop_reason(
 
 
 def reached_in_time(reached_after_s: float | None, start_timeout_s: float) -> bool:
-    """Whether a rank reached its engine's start within ``start_timeout_s`` of its own start
-    (``reached_after_s``; None: not yet). A task looks every poll, so a rank that got there
-    between two looks, after the timeout, would otherwise pass."""
+    """Whether a rank reached its engine's start (``reached_after_s``, None: not yet) in time:
+    a rank that got there between two polls, after the timeout, would otherwise pass."""
     return reached_after_s is not None and reached_after_s <= start_timeout_s
 
 
@@ -126,9 +107,7 @@ def exit_reason(returncode: int) -> str:
 
 
 def exit_cause(returncode: int) -> str:
-    """The cause of a non-zero exit: a signal (transient: killed from outside), EX_TEMPFAIL
-    (transient: the rank raised a TransientError), or another exit status (the training function
-    failed: it would fail the same way again)."""
+    """A signal or EX_TEMPFAIL (a TransientError) is transient; another exit status is not."""
     if returncode < 0:
         return _wire.CAUSE_SIGNAL
     return _wire.CAUSE_UNAVAILABLE if returncode == _wire.EXIT_TEMPFAIL else _wire.CAUSE_EXIT
@@ -139,9 +118,7 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Excepti
 
 
 def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
-    """The exception a rank's output ends with (``ObjectStoreError: object store at ...``),
-    for the first line of the error: what a person reads first says what happened. None when
-    no line of ``tail`` is one."""
+    """The exception a rank's output ends with, for the error's first line; None if none."""
     texts = [
         line.split(">:", 1)[1] if line.startswith("[") and ">:" in line else line for line in tail
     ]
@@ -165,10 +142,8 @@ def error_line(tail: Sequence[str], limit: int = 400) -> str | None:
     return None
 
 
-# TensorFlow's coordination service, when workers stop sending heartbeats. TensorFlow 2.21: "The
-# following tasks are unhealthy (stopped sending heartbeats):", then one
-# "/job:worker/replica:0/task:N" line each; 2.15: "Task /job:worker/replica:0/task:N heartbeat
-# timeout". A worker's task index is its rank (``_engines.tf_config``).
+# TensorFlow's coordination service on workers whose heartbeats stopped: 2.21 lists a task line
+# each after this, 2.15 writes "Task ... heartbeat timeout". A worker's task index is its rank.
 _TF_UNHEALTHY = "tasks are unhealthy (stopped sending heartbeats)"
 # The call a worker's DEADLINE_EXCEEDED names when the coordination service did not answer it.
 _TF_HEARTBEAT_RPC = "RPC: /tensorflow.CoordinationService/Heartbeat"
@@ -207,9 +182,7 @@ def stalled(progress: Mapping[int, RankProgress], now: float, timeout_s: float) 
 def culprits(progress: Mapping[int, RankProgress]) -> list[int]:
     """The ranks the others wait for: those watched ranks that have begun the fewest batches."""
     watched = {rank: p for rank, p in progress.items() if p.watch}
-    if not watched:
-        return []
-    fewest = min(p.begun for p in watched.values())
+    fewest = min((p.begun for p in watched.values()), default=None)
     return sorted(rank for rank, p in watched.items() if p.begun == fewest)
 
 
@@ -220,47 +193,29 @@ def stall_report(
     hosts: Mapping[int, str],
     now_wall: float,
 ) -> dict[str, Any]:
-    """The failure report of a stalled run, shaped like a task's ``failed`` report.
-
-    Its tail holds every rank's Python stacks (``stacks``; a rank missing there is said to be).
-    """
+    """The failure report of a stalled run; its tail holds every rank's Python stacks."""
     blamed = culprits(progress)
 
     def who(rank: int) -> str:
-        host = hosts.get(rank)
-        return f"rank {rank}" + (f" on {host}" if host else "")
+        return f"rank {rank}" + (f" on {hosts[rank]}" if hosts.get(rank) else "")
 
     names = ", ".join(who(r) for r in blamed)
+    what = f"{names} made no progress for over {timeout_s:g} s (HorovodRunner stall_timeout_s)"
     if len(blamed) == 1:
-        p = progress[blamed[0]]
-        what = (
-            f"{names} made no progress for over {timeout_s:g} s (HorovodRunner stall_timeout_s) "
-            f"after {p.finished} finished batch(es); the other ranks wait for it"
-            if len(progress) > 1
-            else f"{names} made no progress for over {timeout_s:g} s (HorovodRunner "
-            f"stall_timeout_s) after {p.finished} finished batch(es)"
-        )
+        what += f" after {progress[blamed[0]].finished} finished batch(es)"
+        what += "; the other ranks wait for it" if len(progress) > 1 else ""
     else:
-        what = (
-            f"{names} made no progress for over {timeout_s:g} s (HorovodRunner stall_timeout_s), "
-            "all at the same batch"
-        )
+        what += ", all at the same batch"
     reason = (
         f"{what}. Look for a deadlock or stuck I/O in the stacks below; if the work is only "
         "slow between batches, raise stall_timeout_s"
     )
-    tail: list[str] = []
+    report = _drivers_report(blamed[0] if blamed else -1, reason, now_wall, _wire.CAUSE_STALLED)
     for rank in sorted(set(progress) | set(stacks)):
-        tail.append(f"--- Python stacks of {who(rank)} ---")
-        tail.extend((stacks.get(rank) or "(no stacks arrived from it)").rstrip().splitlines())
-    return {
-        "type": _wire.FAILED,
-        "rank": blamed[0] if blamed else -1,
-        "reason": reason,
-        "tail": tail,
-        "exited_at": now_wall,
-        "cause": _wire.CAUSE_STALLED,
-    }
+        report["tail"].append(f"--- Python stacks of {who(rank)} ---")
+        text = stacks.get(rank) or "(no stacks arrived from it)"
+        report["tail"].extend(text.rstrip().splitlines())
+    return report
 
 
 class ProgressTracker:
@@ -302,7 +257,7 @@ class ProgressTracker:
 
 
 def is_overdue(last_heard: float, now: float, timeout_s: float) -> bool:
-    """Whether nothing was heard for longer than ``timeout_s`` (exactly ``timeout_s`` is not)."""
+    """Exactly ``timeout_s`` is not overdue."""
     return now - last_heard > timeout_s
 
 
@@ -320,13 +275,8 @@ def lost_task_report(
     timeout_s: float,
     last_heard_at: float,
 ) -> dict[str, Any]:
-    """The failure report for a task the driver has not heard from for ``timeout_s``.
-
-    Shaped like a task's own ``failed`` report (``rank``, ``reason``, ``tail``, ``exited_at``),
-    so that ``root_failure`` weighs it with the others; the silence began at ``last_heard_at``
-    (wall-clock seconds). Before the plan is known the task has no rank yet: it is named by its
-    partition.
-    """
+    """The failure report for a task silent for ``timeout_s``, shaped like a task's own so that
+    ``root_failure`` weighs it; before the plan, the task is named by its partition."""
     rank, who = _who(partition, hostname, plan_hosts)
     reason = (
         f"{who} stopped answering: the driver heard nothing from it for {timeout_s:g} s "
@@ -339,11 +289,8 @@ def lost_task_report(
 def vanished_task_report(
     *, partition: int | None, hostname: str, plan_hosts: Sequence[str] | None, at: float
 ) -> dict[str, Any]:
-    """The failure report for a task whose connection ended without its ``bye``: the task
-    process died (its executor, Spark worker or host with it), so nobody reports its rank.
-
-    Without it, the error would name a peer that broke off in its next collective instead.
-    """
+    """For a task whose connection ended without its ``bye`` (it died): without it, the error
+    would name a peer that broke off in its next collective."""
     rank, who = _who(partition, hostname, plan_hosts)
     reason = (
         f"{who} was lost: its task ended without a word (its Spark executor, worker or host "
@@ -360,10 +307,8 @@ def driver_error_report(
     error: BaseException,
     at: float,
 ) -> dict[str, Any]:
-    """The failure report for a task whose messages the driver stopped reading because it raised
-    ``error`` on one of them: a fault of the driver process, or a message it could not handle.
-    Either way the task's connection is no longer read, so the run stops; but the task did not
-    vanish, and a "was lost" report would send its user to the executors' logs."""
+    """For a task the driver stopped reading because handling a message raised ``error``: the
+    run stops, but a "was lost" report would send its user to the executors' logs."""
     rank, who = _who(partition, hostname, plan_hosts)
     reason = (
         f"the driver stopped reading the messages of {who} when handling one raised "
@@ -373,31 +318,19 @@ def driver_error_report(
     return _drivers_report(rank, reason, at, _wire.CAUSE_DRIVER)
 
 
-def _drivers_report(
-    rank: int, reason: str, at: float, cause: str = _wire.CAUSE_LOST
-) -> dict[str, Any]:
-    """A ``failed`` report the driver makes for a task that cannot make its own: lost by default,
-    or ``cause`` (every cause used here is transient)."""
-    return {
-        "type": _wire.FAILED,
-        "rank": rank,
-        "reason": reason,
-        "tail": [],
-        "exited_at": at,
-        "cause": cause,
-    }
+def _drivers_report(rank: int, reason: str, at: float, cause: str = _wire.CAUSE_LOST) -> dict:
+    """The ``failed`` report for a task that cannot make its own (each cause here is transient)."""
+    return dict(type=_wire.FAILED, rank=rank, reason=reason, tail=[], exited_at=at, cause=cause)
 
 
 def _who(partition: int | None, hostname: str, plan_hosts: Sequence[str] | None):
-    """A task's rank and how errors name it; before the plan, by its partition."""
     if plan_hosts and partition is not None and 0 <= partition < len(plan_hosts):
         slot = _engines.plan_ranks(plan_hosts)[partition]
         return slot.rank, _engines.describe_rank(slot.rank, hostname, slot.hostname)
     host = hostname or "an unknown host"
     rank = partition if partition is not None else -1
-    return rank, (
-        f"the task of partition {partition} on {host}" if rank >= 0 else f"a task on {host}"
-    )
+    who = f"the task of partition {partition} on {host}" if rank >= 0 else f"a task on {host}"
+    return rank, who
 
 
 @dataclass
@@ -409,16 +342,10 @@ class _Peer:
 
 
 class Tracker:
-    """The driver's view of its tasks: when each was last heard from, and who it is.
-
-    Keys are the channel's connections. A task is tracked from its hello until its connection
-    ends, and reported lost at most once.
-    """
+    """When each task (keyed by connection, hello to end) was last heard from; lost at most once."""
 
     def __init__(
-        self,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        self, monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
     ):
         self._monotonic = monotonic
         self._wall = wall
@@ -442,8 +369,7 @@ class Tracker:
     def leave(
         self, key: Hashable, vanished: bool = False, driver_error: BaseException | None = None
     ) -> dict[str, Any] | None:
-        """A task's connection ended; ``vanished``: without its bye; ``driver_error``: because
-        the driver raised it while reading. Then the failure report, if it failed."""
+        """A task's connection ended: its failure report if ``vanished`` or ``driver_error``."""
         with self._lock:
             peer = self._peers.pop(key, None)
             if not (vanished or driver_error) or peer is None:
@@ -455,17 +381,14 @@ class Tracker:
         return vanished_task_report(**where, at=self._wall())
 
     def plan(self, hosts: Sequence[str]) -> None:
-        """The task hosts the run was planned with: they turn partitions into ranks."""
         with self._lock:
             self._plan_hosts = list(hosts)
 
     def lost(self, timeout_s: float) -> list[dict[str, Any]]:
         """Failure reports for the tasks silent for longer than ``timeout_s``; each only once."""
         with self._lock:
-            keys = overdue(
-                {k: p.last_heard for k, p in self._peers.items()}, self._monotonic(), timeout_s
-            )
-            peers = [self._peers.pop(k) for k in keys]
+            last = {k: p.last_heard for k, p in self._peers.items()}
+            peers = [self._peers.pop(k) for k in overdue(last, self._monotonic(), timeout_s)]
             plan_hosts = self._plan_hosts
         return [
             lost_task_report(

@@ -1,26 +1,15 @@
 """The driver's process: one ``LaunchPlan`` from the pickled function to rank 0's result.
 
-``Launch`` checks what can be checked before a task starts (the engine's packages, the task
-slots, a cluster that requires encryption), serves the tasks' channel (``DriverChannel``, with
-Horovod's rendezvous for the horovod engine), runs the barrier stage (or, for ``np < 0``, one
-task in a thread of the driver), watches liveness and progress while the ranks run, and turns
-the first failure into one error naming the rank, its host and its last lines.
-
-The barrier stage is one DataFrame stage, the same on a classic session and through Spark
-Connect (no SparkContext, no RDD), as pyspark's TorchDistributor does since Spark 3.5:
-``spark.range`` gives a row per task, ``mapInArrow(..., barrier=True)`` runs each task's ranks,
-and rank 0's task answers with its pickled result in rows of at most ``CHUNK_BYTES`` (one row
-over Connect's gRPC message limit would fail a run after training). Cancelling is by tag
-(``addTag``/``interruptTag``), which Connect has and job groups are not.
-
-Everything the channel hears is believed only after the run's random token (never logged); a
-connection that says nothing within ``HELLO_TIMEOUT_S``, or sends a message over its cap, is
-closed; both servers listen only on the address executors use to reach the driver.
+``Launch`` checks what it can first, serves the tasks' channel, runs the barrier stage (one
+DataFrame stage, classic or over Spark Connect; ``np < 0``: a driver thread), watches liveness
+and progress, and turns the first failure into one error naming the rank, its host and output.
+Nothing is believed before the run's token (never logged); servers bind the executor address.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -93,8 +82,7 @@ def unpicklable_part(main: Callable[..., Any], kwargs: dict[str, Any]) -> str:
 logger = logging.getLogger(__name__)
 
 _LOCAL_MASTER = re.compile(r"local\[(\d+)(,\d+)?\]$")
-# What Spark's barrier check says when it refuses a stage that asks for more task slots than
-# the cluster has (after spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures checks).
+# What Spark's barrier check says when it refuses a stage for want of task slots.
 SLOTS_REFUSED = "SPARK-24819"
 # How often a refused stage is submitted again while slot_wait_s lasts.
 RESUBMIT_EVERY_S = 1.0
@@ -106,11 +94,7 @@ def refused_for_slots(error: BaseException | str) -> bool:
 
 
 def task_slots(spark) -> int | None:
-    """Tasks the cluster can run at once now (executor cores / spark.task.cpus, summed).
-
-    Through Spark Connect there is no SparkContext to ask: a ``local[N]`` server's master says
-    N; for any other, None (not known here).
-    """
+    """Tasks the cluster can run at once; over Connect only a ``local[N]`` master's, else None."""
     if is_connect(spark):
         local = _LOCAL_MASTER.match(spark.conf.get("spark.master", ""))
         if local is None:
@@ -130,12 +114,8 @@ def task_gpu_amount(conf, resource_name: str) -> float | None:
 def wait_for_slots(
     spark, tasks: int, wait_s: float, asked: str | None = None, setting: str = "np"
 ) -> None:
-    """Fail fast where Spark would re-check a barrier stage without slots for minutes.
-
-    ``asked`` says what needs the ``tasks`` slots (default: ``np=<tasks>``); ``setting`` is the
-    argument to lower. Where the slots cannot be counted (Spark Connect to a cluster), Spark's
-    own barrier check decides (``spark.scheduler.barrier.maxConcurrentTasksCheck.*``).
-    """
+    """Fail fast where Spark would re-check a barrier stage without slots for minutes (``asked``:
+    what needs them; ``setting``: the argument to lower). Uncountable slots are left to Spark."""
     asked = asked or f"np={tasks}"
     deadline = time.monotonic() + wait_s
     while (slots := task_slots(spark)) is not None and slots < tasks:
@@ -158,25 +138,19 @@ def wait_for_slots(
 
 # --- The run's log: the file, the rank logger, the tails ---
 
-# The driver's logger for rank output (``driver_log_verbosity`` chooses which lines reach it).
 rank_logger = logging.getLogger("hvdflow.infra.launcher.runner.ranks")
 
 
 class RunLog:
-    """Where the driver puts the rank output lines its channel receives during one run.
-
-    Every line goes to the run's log file (``driver.log``) and to the user's ``on_log_line``;
-    the lines ``driver_log_verbosity`` selects also go to the driver's ``...runner.ranks``
-    logger. It receives every stream (stdout, stderr and ``log_to_driver`` messages alike);
-    ``log_to_driver`` is the rank-side call that sends one of them.
-    """
+    """Every rank output line of one run goes to ``driver.log`` and the user's ``on_log_line``;
+    those ``driver_log_verbosity`` selects also go to the ``...runner.ranks`` logger."""
 
     def __init__(self, path: str, verbosity: str, consumer):
         self._file = open(path, "a", buffering=1, encoding="utf-8")
         self._lock = threading.Lock()
         self._verbosity = verbosity
         self._consumer = consumer
-        # The last lines of each rank, for an error about a rank that cannot report its own.
+        # Each rank's last lines, for an error about a rank that cannot report its own.
         self._tails: dict[int, collections.deque[str]] = {}
 
     def tail(self, rank: int) -> list[str]:
@@ -210,11 +184,7 @@ CHUNK_BYTES = 1 << 20
 
 def chunks(data: bytes, size: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
     """``data`` as numbered pieces of at most ``size`` bytes (one empty piece for no bytes)."""
-    if not data:
-        yield 0, b""
-        return
-    for seq, start in enumerate(range(0, len(data), size)):
-        yield seq, data[start : start + size]
+    yield from enumerate(data[start : start + size] for start in range(0, len(data) or 1, size))
 
 
 def joined(rows: Iterable[tuple[int, bytes]]) -> bytes | None:
@@ -222,10 +192,9 @@ def joined(rows: Iterable[tuple[int, bytes]]) -> bytes | None:
     ordered = sorted(rows, key=lambda row: row[0])
     if not ordered:
         return None
-    if [seq for seq, _ in ordered] != list(range(len(ordered))):
+    if (seqs := [seq for seq, _ in ordered]) != list(range(len(ordered))):
         raise RuntimeError(
-            f"rank 0's result came back as pieces {[seq for seq, _ in ordered]}: some are "
-            "missing or repeated"
+            f"rank 0's result came back as pieces {seqs}: some are missing or repeated"
         )
     return b"".join(bytes(piece) for _, piece in ordered)
 
@@ -243,10 +212,7 @@ def barrier_batches(spec: _task.TaskSpec, batches):
 
 
 def run_barrier_stage(spark, spec: _task.TaskSpec, tasks: int, tag: str) -> bytes | None:
-    """Run ``tasks`` barrier tasks under ``tag``; rank 0's pickled result (None if it had none).
-
-    Blocks until the stage ends; ``spark.interruptTag(tag)`` from another thread cancels it.
-    """
+    """Run ``tasks`` barrier tasks under ``tag`` (``interruptTag`` cancels); rank 0's result."""
     spark.addTag(tag)
     try:
         rows = (
@@ -261,11 +227,9 @@ def run_barrier_stage(spark, spec: _task.TaskSpec, tasks: int, tag: str) -> byte
 
 # --- The tasks' channel, the driver's end (and Horovod's rendezvous) ---
 
-
-# How long a new connection may take to send its hello: a stranger that connects and says
-# nothing must not hold a server thread for the rest of the run.
+# A silent stranger must not hold a server thread for the rest of the run.
 HELLO_TIMEOUT_S = 10.0
-# Longest hello accepted: a token and a partition number. Nothing bigger is read unauthenticated.
+# A token and a partition number: nothing bigger is read unauthenticated.
 HELLO_MAX_BYTES = 1024
 
 
@@ -281,49 +245,36 @@ class DriverChannel:
         relay: _relay.RelaySpec | None = None,
         slots: int | None = None,
     ):
-        """``rendezvous``: start Horovod's Gloo rendezvous server (the horovod engine's ranks
-        meet there); without it ``rendezvous_port`` is 0. ``relay``: also serve the tasks that
-        reach the driver through the object store (``_relay``); ``slots``: how many rank slots
-        will connect (the relay stops listening once all have, directly)."""
+        """``rendezvous``: start Horovod's (else ``rendezvous_port`` is 0); ``relay``: also serve
+        tasks through the object store until ``slots`` rank slots joined directly."""
         self.bind_host = bind_host
-        self.relay: _relay.DriverRelay | None = None  # started last, below
+        self.relay: _relay.DriverRelay | None = None  # started last
         self.token = secrets.token_hex(16)
         self._on_line = on_line
         self._lock = threading.Lock()
         self._connections: list[_wire.Connection] = []
-        # Connections whose messages are still being read; ``drain`` waits for them to end.
-        self._reading = 0
+        self._reading = 0  # connections still being read; ``drain`` waits for them
         self._drained = threading.Condition(self._lock)
         self.failures: list[dict] = []
         self.failed = threading.Event()
         self._closed = False
-        # When each task was last heard from: a silent one is lost (runner's heartbeat_timeout_s).
-        self.liveness = _decisions.Tracker()
-        # How far each rank has got: a rank that stops stalls the run (runner's stall_timeout_s).
-        self.progress = _decisions.ProgressTracker()
+        self.liveness = _decisions.Tracker()  # heartbeat_timeout_s
+        self.progress = _decisions.ProgressTracker()  # stall_timeout_s
         self.stacks: dict[int, str] = {}
-        # The task hosts of the run's plan, once the first task sent them (every task does).
-        self._plan: list[str] | None = None
-        # The exchange (GATHER): each task's part by partition, and who waits for the whole.
-        self._parts: dict[int, str] = {}
+        self._plan: list[str] | None = None  # the task hosts, from the first task
+        self._parts: dict[int, str] = {}  # GATHER: each task's part by partition
         self._gatherers: list[_wire.Connection] = []
-
-        self._rendezvous = None
-        self._allowed_clients = None  # the rendezvous module's, with the server
+        self._rendezvous = self._allowed_clients = None
         self.rendezvous_port = 0
         self._server = _ChannelServer((bind_host, 0), self._handler_class())
         self.port = self._server.server_address[1]
         servers: list[tuple[socketserver.BaseServer, str]] = [(self._server, "driver-channel")]
         if rendezvous:
-            # Horovod's HTTP server, loaded only where a run uses Horovod (no TensorFlow).
-            from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415
+            # Horovod's HTTP server, loaded only where a run uses Horovod.
+            from hvdflow.infra.launcher import _rendezvous as rdv  # noqa: PLC0415
 
-            self._rendezvous = _rendezvous.RendezvousServer(
-                (bind_host, 0), _rendezvous.GuardedHandler, 0
-            )
-            self._allowed_clients = partial(
-                _rendezvous.allowed_clients, resolve=_rendezvous.addresses_of
-            )
+            self._rendezvous = rdv.RendezvousServer((bind_host, 0), rdv.GuardedHandler, 0)
+            self._allowed_clients = partial(rdv.allowed_clients, resolve=rdv.addresses_of)
             self.rendezvous_port = self._rendezvous.server_address[1]
             servers.append((self._rendezvous, "rendezvous"))
         self._servers = [server for server, _ in servers]
@@ -354,8 +305,7 @@ class DriverChannel:
         self._serve_connection(_wire.Connection(sock), lambda: sock.settimeout(None))
 
     def _serve_connection(self, conn, after_hello: Callable[[], None] = lambda: None) -> None:
-        """One task's messages until its connection ends: a socket's, or a relay's (``conn`` has
-        ``Connection``'s send, receive and close)."""
+        """One task's messages until its connection ends (a socket's or a relay's)."""
         hello = conn.receive(limit=HELLO_MAX_BYTES)
         if not isinstance(hello, dict) or hello.get("type") != _wire.HELLO:
             logger.warning(
@@ -364,13 +314,12 @@ class DriverChannel:
                 HELLO_TIMEOUT_S,
                 HELLO_MAX_BYTES,
             )
-            conn.close()
-            return
+            return conn.close()
         if not secrets.compare_digest(str(hello.get("token", "")), self.token):
             logger.warning("rejected a connection to the driver channel with a wrong token")
-            conn.close()
-            return
+            return conn.close()
         after_hello()
+        hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
         if self.relay is not None:
             if not hello.get("relayed"):
                 self.relay.joined_directly(hello.get("partition"))
@@ -378,40 +327,35 @@ class DriverChannel:
                 logger.info(
                     "rank slot %s on %s reaches the driver through the object store (%s): %s",
                     hello.get("partition"),
-                    str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS],
+                    hostname,
                     self.relay.spec.uri,
                     str(hello.get("relayed"))[:300],
                 )
         with self._lock:
             if self._closed or self.failed.is_set():
-                # A task of a run that already failed: Spark re-running the barrier stage
-                # (spark.task.maxFailures). Its ranks would train beside the training step's
-                # own retry (launcher.retries, which resumes from the checkpoint): refuse it.
+                # Spark re-running the barrier stage (spark.task.maxFailures): its ranks would
+                # train beside the step's own retry, which resumes from the checkpoint.
                 logger.warning(
                     "refused a task of partition %s: this run has already failed (Spark "
                     "re-running the barrier stage); the caller's retry resumes instead",
                     hello.get("partition"),
                 )
-                conn.close()
-                return
+                return conn.close()
             self._connections.append(conn)
             self._reading += 1
         self.liveness.join(conn, hello.get("partition"), hello.get("hostname"))
-        hostname = str(hello.get("hostname", ""))[: _wire.MAX_HOSTNAME_CHARS]
         said_bye, driver_error = False, None
         try:
             while (message := conn.receive()) is not None:
                 said_bye = message.get("type") == _wire.BYE
                 self._dispatch(conn, message, hostname)
         except BaseException as error:
-            # Said here: its thread would end in silence (socketserver prints an exception on
-            # stderr, which may have no reader, and nothing at all for SystemExit).
+            # Said here: socketserver prints to a stderr that may have no reader.
             logger.exception("the driver stopped reading rank slot %s", hello.get("partition"))
             driver_error = error
             raise
         finally:
-            # A task that ends on its own says bye; one that does not died (its executor,
-            # worker or host), unless the driver closed it (abort) or failed reading it.
+            # No bye: the task died, unless the driver closed it (abort) or failed reading it.
             report = self.liveness.leave(
                 conn, vanished=not said_bye and not self._closed, driver_error=driver_error
             )
@@ -422,12 +366,8 @@ class DriverChannel:
                 self._drained.notify_all()
 
     def drain(self, timeout_s: float) -> bool:
-        """Wait until every task has closed its connection, all it sent read; False on timeout.
-
-        A task closes its connection after shipping its rank's last lines and before Spark
-        returns its result, but the result can reach the driver first: closing the channel
-        then would drop those lines. A successful run drains before it closes.
-        """
+        """Wait until every connection ended, all it sent read (Spark's result can arrive before a
+        task's last lines); False on timeout."""
         with self._drained:
             return self._drained.wait_for(lambda: self._reading == 0, timeout_s)
 
@@ -437,19 +377,14 @@ class DriverChannel:
         if kind == _wire.HEARTBEAT:
             if "progress" in message:
                 self.progress.update(message["progress"], hostname)
-            try:
+            with contextlib.suppress(OSError):  # a task gone: its connection ends next
                 conn.send({"type": _wire.HEARTBEAT})
-            except OSError:  # the task is gone: its connection ends next
-                pass
         elif kind == _wire.LINE:
-            line = _wire.LogLine(
-                message["time"], message["rank"], message["stream"], message["text"]
-            )
+            line = _wire.LogLine(*(message[k] for k in ("time", "rank", "stream", "text")))
             try:
                 self._on_line(line)
-            # A consumer's bug must not stop the stream; nor its SystemExit, which in this
-            # thread would end the task's connection, not the process (Rich raises one on a
-            # broken pipe: hvdflow.infra.stdio).
+            # A consumer's bug must not stop the stream; nor its SystemExit (Rich raises one on
+            # a broken pipe), which here would end the task's connection, not the process.
             except (Exception, SystemExit):
                 logger.exception("a rank output consumer failed on %s", line.formatted())
         elif kind == _wire.PLAN:
@@ -465,10 +400,8 @@ class DriverChannel:
                     self.stacks[rank] = text[: _wire.MAX_STACKS_CHARS]
 
     def _accept_plan(self, conn: _wire.Connection, hosts: list[str]) -> None:
-        """Every task sends the plan (the same hosts: its stage's task infos) and starts its
-        ranks once answered. The first starts the run; the answer to each comes after that, so
-        no rank reaches the rendezvous server before it knows the plan. Only a task that
-        presented the token gets here: the plan decides who the rendezvous server answers."""
+        """Every task sends the plan (its stage's task hosts) and starts its ranks once answered.
+        The first starts the run, so no rank reaches the rendezvous before it knows the plan."""
         with self._lock:
             first, planned = self._plan is None, self._plan
             if first:
@@ -481,16 +414,13 @@ class DriverChannel:
                     logger.debug("rendezvous initialised for hosts %s", hosts)
                 self.liveness.plan(hosts)
         if not first and planned != hosts:
-            # Tasks of one stage see the same task infos: left unanswered, the task says the
-            # driver did not accept its plan.
+            # Left unanswered, the task says the driver did not accept its plan.
             logger.error("a task sent the rank plan %s after %s: not accepted", hosts, planned)
             return
         conn.send({"type": _wire.PLAN_OK})
 
     def _gather(self, conn: _wire.Connection, partition: int, tasks: int, part: str) -> None:
-        """The engines' one exchange among the tasks (tf_collective's endpoints, torch's
-        master), as Spark's ``BarrierTaskContext.allGather`` would do it but without its
-        once-a-second wake-up: once every task sent its part, each gets them all."""
+        """The engines' one exchange among tasks: ``allGather`` without Spark's 1 s wake-up."""
         with self._lock:
             self._parts[partition] = part
             self._gatherers.append(conn)
@@ -499,10 +429,8 @@ class DriverChannel:
             parts = [self._parts[p] for p in sorted(self._parts)]
             waiting, self._gatherers = self._gatherers, []
         for waiter in waiting:
-            try:
+            with contextlib.suppress(OSError):  # a task gone: its connection ends next
                 waiter.send({"type": _wire.GATHERED, "parts": parts})
-            except OSError:  # that task is gone: its connection ends next
-                pass
 
     def request_stacks(self) -> None:
         """Ask every task for its rank's Python stacks; they arrive in ``stacks``."""
@@ -510,13 +438,10 @@ class DriverChannel:
             self.stacks.clear()
             connections = list(self._connections)
         for conn in connections:
-            try:
+            with contextlib.suppress(OSError):  # a task gone: its stacks will be missing
                 conn.send({"type": _wire.DUMP_STACKS})
-            except OSError:  # that task is gone: its rank's stacks will be missing
-                pass
 
     def report(self, failure: dict) -> None:
-        """Record a failure report (a task's, or the driver's own about a lost task)."""
         with self._lock:
             self.failures.append(failure)
         self.failed.set()
@@ -524,16 +449,9 @@ class DriverChannel:
     def gather_failures(
         self, expected: int, within_s: float, on_poll: Callable[[], None] = lambda: None
     ) -> None:
-        """After a first failure, wait up to ``within_s`` for the other reports: until
-        ``expected`` came, or no task's connection is still open (none can report any more).
-        ``on_poll`` runs between waits (the runner's check for silent tasks).
-
-        Not only until the Spark job ends: Spark can hear from its master that a host's
-        executor is gone, and end the job, before this channel has read that the host's task
-        connection ended. The report of that lost task is what keeps a peer's "Horovod has
-        been shut down" from being named as the cause (seen in CI: a host lost for good was
-        blamed on a surviving rank, and the run was not resumed on the ranks left).
-        """
+        """After a first failure, wait up to ``within_s`` for ``expected`` reports or no open
+        connection. Spark may end the job before a lost host's connection is seen to end, and
+        without that report a surviving peer would be blamed."""
         deadline = time.monotonic() + within_s
         while len(self.failures) < expected and time.monotonic() < deadline:
             on_poll()
@@ -542,7 +460,6 @@ class DriverChannel:
                 return
 
     def root_failure(self) -> tuple[Mapping | None, list[int]]:
-        """``root_failure`` of the reports received so far."""
         with self._lock:
             failures = list(self.failures)
         return _decisions.root_failure(failures)
@@ -574,8 +491,7 @@ class DriverChannel:
 
 class _ChannelServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
-    # np tasks connect at once; socketserver's default backlog of 5 drops the sixth and later
-    # SYNs, which TCP sends again only after 1 s (as for the rendezvous server).
+    # np tasks connect at once: a backlog of 5 drops later SYNs for TCP's 1 s retry.
     request_queue_size = socket.SOMAXCONN
 
 
@@ -583,28 +499,22 @@ class _ChannelServer(socketserver.ThreadingTCPServer):
 
 Verbosity = Literal["log_callback_only", "all"]
 VERBOSITIES = ("log_callback_only", "all")
-# How long the driver waits for tasks to stop after it cancelled the run.
-_STOP_GRACE_S = 30.0
-# How long to gather the ranks' failure reports before naming the one that caused the others.
-_SETTLE_S = 2.0
+_STOP_GRACE_S = 30.0  # for tasks to stop after a cancel
+_SETTLE_S = 2.0  # to gather failure reports before naming the root one
 _POLL_S = 0.2
-# How long a successful run waits for the tasks' connections to end (their last lines read).
-_DRAIN_S = 5.0
-# How long the driver waits for every rank's stacks after the run stalled.
-_STACKS_WAIT_S = 5.0
+_DRAIN_S = 5.0  # for a successful run's connections to end
+_STACKS_WAIT_S = 5.0  # for every rank's stacks after a stall
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What a face (HorovodRunner, MirroredStrategyRunner, TorchDistributor) decides before the
-    run, frozen: the one thing each face hands the launcher (``Launch``).
+    """What a face (HorovodRunner, MirroredStrategyRunner, TorchDistributor) hands ``Launch``.
 
-    ``np``, ``options`` and ``driver_log_verbosity``: HorovodRunner's arguments, checked here;
-    ``face``: the runner the user called, as errors name it; ``size_argument``: its argument for
-    the number of ranks; ``ignore_ssl_conf``: its Spark conf that allows an encrypted cluster;
-    ``asked``: what errors say was asked for (default: ``np=N``); ``gpu_plan``: how GPUs are
-    handed to ranks; ``layout``: how many ranks each barrier task runs (None: one per task
-    slot, a task holding k GPUs running k; on the driver, all of them).
+    ``np``, ``options``, ``driver_log_verbosity``: HorovodRunner's arguments, checked here;
+    ``face``: the runner called, as errors name it; ``size_argument``: its argument for the number
+    of ranks; ``ignore_ssl_conf``: its Spark conf allowing an encrypted cluster; ``asked``: what
+    errors say was asked (default ``np=N``); ``gpu_plan``: how GPUs go to ranks; ``layout``: ranks
+    per barrier task (None: one per slot, k for a task of k GPUs; on the driver, all).
     """
 
     np: int = 1
@@ -618,8 +528,7 @@ class LaunchPlan:
     layout: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        np = self.np
-        if isinstance(np, bool) or not isinstance(np, int) or np == 0:
+        if isinstance(np := self.np, bool) or not isinstance(np, int) or np == 0:
             raise ValueError(
                 f"np={np!r}: expected a non-zero integer, the number of ranks (np > 0 on the "
                 "Spark cluster, np < 0 for that many processes on the driver; np=0, every task "
@@ -636,6 +545,23 @@ class LaunchPlan:
             )
 
 
+def _in_thread(target: Callable[[], Any], name: str) -> tuple[threading.Event, dict[str, Any]]:
+    """Run ``target`` in a daemon thread; ``done`` is set once ``outcome`` holds what it gave."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["result"] = target()
+        except BaseException as e:
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name=name).start()
+    return done, outcome
+
+
 class Launch:
     """One run of a ``LaunchPlan`` on the driver: the payload out, the tasks watched, rank 0's
     result back. ``log_path`` and ``run_id`` are set as soon as the run starts."""
@@ -646,12 +572,10 @@ class Launch:
         self.run_id: str | None = None
 
     def _name(self) -> str:
-        """How errors name this run: the runner the user called and what was asked of it."""
         return f"{self.plan.face} {self.plan.asked or f'np={self.plan.np}'}"
 
     @property
     def _uses_horovod(self) -> bool:
-        """Whether the driver serves Horovod's rendezvous (the engine's row says)."""
         return _engines.engine(self.plan.options.engine).rendezvous
 
     def run(self, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
@@ -667,8 +591,7 @@ class Launch:
             )
         self.plan.options.horovod.warn_about_costs(self.plan.options.forwarded())
         self.run_id = uuid.uuid4().hex[:12]
-        # The log outlives the run where a user looks for it (not in /tmp, which nothing cleans
-        # and a reboot empties): HVDFLOW_HOME/logs/runs/<date>-<run id>/driver.log.
+        # Not in /tmp, which nothing cleans and a reboot empties.
         log_dir = self.plan.options.log_dir or str(
             hvdflow_home() / "logs" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{self.run_id}"
         )
@@ -678,16 +601,10 @@ class Launch:
             self.log_path, self.plan.driver_log_verbosity, self.plan.options.on_log_line
         ) as sink:
             started = time.monotonic()
-            if self.plan.np < 0:
-                result = self._run_on_driver(payload, sink)
-            else:
-                result = self._run_on_spark(payload, sink)
-            logger.info(
-                "%s finished in %.1f s (log: %s)",
-                self._name(),
-                time.monotonic() - started,
-                self.log_path,
-            )
+            run = self._run_on_driver if self.plan.np < 0 else self._run_on_spark
+            result = run(payload, sink)
+            elapsed = time.monotonic() - started
+            logger.info("%s finished in %.1f s (log: %s)", self._name(), elapsed, self.log_path)
         return cloudpickle.loads(result) if result is not None else None
 
     def _spec(
@@ -713,9 +630,7 @@ class Launch:
         )
 
     def _relay(self) -> _relay.RelaySpec | None:
-        """The object store relay this run offers its tasks (``LaunchOptions.relay``), or None:
-        never with Horovod's rendezvous on the driver, and in ``auto`` only where the
-        environment names an object store."""
+        """Never with Horovod's rendezvous; in ``auto`` only where an object store is named."""
         mode = self.plan.options.relay
         if mode == "never" or self._uses_horovod:
             return None
@@ -724,10 +639,7 @@ class Launch:
         return _relay.relay_spec(self.run_id, always=mode == "always")
 
     def _task_layout(self, conf) -> tuple[int, tuple[int, ...] | None]:
-        """How many barrier tasks run the np ranks, and how many ranks each (None: one).
-
-        One rank per GPU, as Databricks' HorovodRunner: tasks holding k GPUs run k ranks each.
-        """
+        """Barrier tasks for the np ranks, and ranks each (None: one); k per task of k GPUs."""
         gpus = task_gpu_amount(conf, self.plan.gpu_plan.resource_name)
         if self.plan.gpu_plan.per_task is not None or gpus is None or gpus <= 1:
             return self.plan.np, None
@@ -760,9 +672,8 @@ class Launch:
             f"np={self.plan.np}" + (f" ({tasks} tasks of several GPUs)" if ranks_per_task else "")
         )
         wait_for_slots(spark, tasks, self.plan.options.slot_wait_s, asked, self.plan.size_argument)
-        # Where the slots cannot be counted (Spark Connect), or vanished since they were, Spark's
-        # barrier check refuses the stage within seconds: an executor killed moments ago is
-        # coming back. Submit it again while slot_wait_s lasts, as a counted wait would have.
+        # Slots not countable (Connect) or gone since: Spark refuses the stage within seconds,
+        # while an executor killed moments ago comes back. Resubmit while slot_wait_s lasts.
         deadline = time.monotonic() + self.plan.options.slot_wait_s
         refusals = 0
         while True:
@@ -793,7 +704,6 @@ class Launch:
     def _barrier_job(
         self, spark, payload: bytes, sink: RunLog, tasks: int, ranks_per_task
     ) -> bytes | None:
-        """One barrier stage of ``tasks`` tasks running the ranks, and the driver's channel."""
         from hvdflow.infra.spark import client_address  # noqa: PLC0415 (loads Spark)
 
         with DriverChannel(
@@ -805,18 +715,9 @@ class Launch:
         ) as channel:
             spec = self._spec(payload, channel, ranks_per_task)
             tag = f"hvdflow-{self.run_id}"
-            outcome: dict[str, Any] = {}
-            done = threading.Event()
-
-            def job() -> None:
-                try:
-                    outcome["result"] = run_barrier_stage(spark, spec, tasks, tag)
-                except BaseException as e:  # reported by the waiting thread
-                    outcome["error"] = e
-                finally:
-                    done.set()
-
-            threading.Thread(target=job, daemon=True, name="hvdflow-barrier-job").start()
+            done, outcome = _in_thread(
+                lambda: run_barrier_stage(spark, spec, tasks, tag), "hvdflow-barrier-job"
+            )
             logger.info(
                 "%s: %d ranks in %d barrier task(s), Spark job tag %s",
                 self.plan.face,
@@ -842,11 +743,8 @@ class Launch:
         """The ranks as one task on the driver: processes of this machine, no Spark."""
         n = -self.plan.np
         plan = self.plan.gpu_plan
-        gpus = (
-            list(plan.driver_gpus)
-            if plan.driver_gpus is not None
-            else _engines.driver_gpu_addresses()
-        )
+        gpus = plan.driver_gpus
+        gpus = list(gpus) if gpus is not None else _engines.driver_gpu_addresses()
         if plan.per_task is None and 0 < len(gpus) < n:
             logger.warning(
                 "np=%d on a driver with %d GPU(s): ranks share them (one per rank is best)",
@@ -857,20 +755,10 @@ class Launch:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
             layout = self.plan.layout or (None if plan.per_task is not None else (n,))
             spec = self._spec(payload, channel, layout)
-            outcome: dict[str, Any] = {}
-            done = threading.Event()
-
-            def task() -> None:
-                try:
-                    outcome["result"] = _task.run_task(
-                        spec, 0, ["127.0.0.1"], gpus, all_gather=lambda m: [m]
-                    )
-                except BaseException as e:
-                    outcome["error"] = e
-                finally:
-                    done.set()
-
-            threading.Thread(target=task, daemon=True, name="hvdflow-driver-task").start()
+            done, outcome = _in_thread(
+                lambda: _task.run_task(spec, 0, ["127.0.0.1"], gpus, all_gather=lambda m: [m]),
+                "hvdflow-driver-task",
+            )
             self._wait(
                 done, channel, sink, cancel=lambda: None, ended_badly=lambda: "error" in outcome
             )
@@ -883,7 +771,6 @@ class Launch:
 
     def _report_lost(self, channel: DriverChannel, sink: RunLog) -> None:
         for lost in channel.liveness.lost(self.plan.options.heartbeat_timeout_s):
-            # The driver's own report: the output the rank sent before it went silent.
             channel.report({**lost, "tail": sink.tail(lost["rank"])})
 
     def _wait(
@@ -896,13 +783,11 @@ class Launch:
     ) -> None:
         """Wait for the ranks; on a failure, a lost task, a timeout or Ctrl-C stop all, raise."""
         started = time.monotonic()
-        timeout_s = self.plan.options.timeout_s
+        timeout_s, stall_s = self.plan.options.timeout_s, self.plan.options.stall_timeout_s
         try:
             while not done.wait(_POLL_S):
                 self._report_lost(channel, sink)
-                if self.plan.options.stall_timeout_s and channel.progress.stalled(
-                    self.plan.options.stall_timeout_s
-                ):
+                if stall_s and channel.progress.stalled(stall_s):
                     channel.report(self._stall_report(channel))
                 if channel.failed.is_set():
                     break
@@ -917,26 +802,20 @@ class Launch:
             self._stop(done, channel, cancel)
             raise
         if ended_badly() and not channel.failed.is_set():
-            # A task reports its rank's failure before it raises: give the report a moment to
-            # land, so the error names the rank instead of Spark's generic task failure.
+            # A task reports before it raises: let the report land, to name the rank.
             channel.failed.wait(1.0)
         if channel.failed.is_set():
-            # The other ranks usually fail within moments of the first: collect their reports
-            # so that the error names the rank that caused it, not the first to notice.
+            # Collect the others' reports, to name the rank that caused it, not the first.
             channel.gather_failures(
                 abs(self.plan.np), _SETTLE_S, on_poll=lambda: self._report_lost(channel, sink)
             )
             self._stop(done, channel, cancel)
             failure, others = channel.root_failure()
-            # A task that died reported nothing: its rank's last lines are the driver's own.
             lines = failure.get("tail") or sink.tail(failure["rank"])
             tail = "\n".join(lines) or "(it wrote no output)"
             also = f" (then rank(s) {', '.join(map(str, others))} failed too)" if others else ""
-            heading = (
-                errors.STACKS_HEADING
-                if failure.get("cause") == _wire.CAUSE_STALLED
-                else errors.OUTPUT_HEADING
-            )
+            stalled = failure.get("cause") == _wire.CAUSE_STALLED
+            heading = errors.STACKS_HEADING if stalled else errors.OUTPUT_HEADING
             what = _decisions.error_line(lines)
             raise errors.rank_failed(
                 f"{self._name()}: {failure['reason']}{also}{f': {what}' if what else ''}. "
@@ -951,21 +830,20 @@ class Launch:
             )
 
     def _stall_report(self, channel: DriverChannel) -> dict:
-        """Gather every rank's stacks (a few seconds at most), then describe the stall."""
+        """Gather every rank's stacks (seconds at most), then describe the stall."""
         progress, _hosts = channel.progress.snapshot()
+        stall_s = self.plan.options.stall_timeout_s
         logger.warning(
             "ranks %s finished no batch for %g s (stall_timeout_s): collecting their stacks",
-            channel.progress.stalled(self.plan.options.stall_timeout_s),
-            self.plan.options.stall_timeout_s,
+            channel.progress.stalled(stall_s),
+            stall_s,
         )
         channel.request_stacks()
         deadline = time.monotonic() + _STACKS_WAIT_S
         while time.monotonic() < deadline and not set(progress) <= set(channel.stacks):
             time.sleep(0.1)
         progress, hosts = channel.progress.snapshot()
-        return _decisions.stall_report(
-            progress, self.plan.options.stall_timeout_s, dict(channel.stacks), hosts, time.time()
-        )
+        return _decisions.stall_report(progress, stall_s, dict(channel.stacks), hosts, time.time())
 
     def _stop(self, done: threading.Event, channel: DriverChannel, cancel: Callable[[], None]):
         channel.abort()

@@ -1,20 +1,9 @@
-"""The engines and their placement: where each rank runs and what it is told.
+"""The engines, one row each (``ENGINES``), and placement: where each rank runs, what it is told.
 
-Placement is pure functions over plain values: every barrier task computes the same plan from
-the same task list (``getTaskInfos()`` is ordered by partition id), so the tasks agree on ranks
-without talking, and the driver gives the rendezvous the same plan.
-
-The engines, one row each (``ENGINES``): what the driver, each task and each rank do differently
-by engine, read from the row instead of comparing names.
-
-- ``horovod``: Horovod over Gloo; the driver serves Horovod's rendezvous; a rank has joined at
-  ``hvd.init()``.
-- ``tf_collective``: TensorFlow's MultiWorkerMirroredStrategy; the tasks exchange their workers'
-  endpoints for TF_CONFIG; a rank has joined when it creates the strategy.
-- ``torch``: torch.distributed; the tasks agree on rank 0's address for torchrun's variables; a
-  rank has joined at ``init_process_group()``.
-
-Rank-side hooks patch on import: nothing here imports TensorFlow, torch or Horovod.
+Placement is pure functions over plain values: every barrier task computes the same plan from the
+same task list (``getTaskInfos()`` is ordered by partition id), so the tasks agree on ranks
+without talking, and the driver gives the rendezvous the same plan. Rank-side hooks patch on
+import: nothing here imports TensorFlow, torch or Horovod.
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ import re
 import site
 import socket
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,15 +32,10 @@ from hvdflow.infra.ports import hold_port
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """How a run hands out GPUs.
-
-    ``per_task`` None: one rank per GPU, a task holding k GPUs runs k ranks (Databricks'
-    HorovodRunner). A tuple: one worker per task, using that many of its task's GPUs
-    (spark-tensorflow-distributor's MirroredStrategyRunner; 0 hides them).
-    ``resource_name``: the Spark resource the tasks (and the driver) hold GPUs under.
-    ``driver_gpus``: the GPUs ranks on the driver may use; None: CUDA_VISIBLE_DEVICES, else
-    every GPU of the machine.
-    """
+    """How a run hands out GPUs. ``per_task`` None: a task holding k GPUs runs k ranks, one each
+    (HorovodRunner); a tuple: one worker per task using that many of its GPUs (0 hides them).
+    ``resource_name``: the Spark resource GPUs are held under. ``driver_gpus``: those ranks on the
+    driver may use; None: CUDA_VISIBLE_DEVICES, else every GPU of the machine."""
 
     per_task: tuple[int, ...] | None = None
     resource_name: str = "gpu"
@@ -77,17 +62,11 @@ def host_of(task_address: str) -> str:
 
 
 def host_alloc_plan(task_hosts: Sequence[str]) -> list[RankSlot]:
-    """Every slot of these hosts (one per task) in rank order, as Horovod's own
+    """Every slot of these hosts (one per task) in rank order, as Horovod's
     ``get_host_assignments`` allocates them: hosts in order of first appearance, each host's
-    slots numbered consecutively (so ranks on one host are neighbours), and the ``cross`` ranks
-    of a local rank counted over the hosts that have one. Pure Python, so that a run without
-    Horovod (engine ``tf_collective``) plans its ranks the same way; the Horovod rendezvous
-    server reads this same list (it needs only the fields a ``RankSlot`` has).
-    ``tests/infra/launcher/test_placement.py`` checks it against Horovod's where Horovod is
-    installed."""
-    counts: dict[str, int] = {}
-    for host in task_hosts:  # dicts keep first-appearance order: the hosts' order is stable
-        counts[host] = counts.get(host, 0) + 1
+    slots consecutive, the ``cross`` ranks of a local rank counted over the hosts that have one.
+    Pure Python, so that runs without Horovod plan alike (test_placement.py compares)."""
+    counts = Counter(task_hosts)  # first-appearance order, as dicts keep it
     # cross_ranks[local_rank][host]: the host's index among the hosts with that local rank.
     cross_ranks: dict[int, dict[str, int]] = {}
     for host, slots in counts.items():
@@ -114,36 +93,29 @@ def host_alloc_plan(task_hosts: Sequence[str]) -> list[RankSlot]:
 def plan_ranks(task_hosts: Sequence[str]) -> list[RankSlot]:
     """The slot of each task, indexed like ``task_hosts`` (by partition id)."""
     by_host_and_local_rank = {(s.hostname, s.local_rank): s for s in host_alloc_plan(task_hosts)}
-    seen: dict[str, int] = {}
+    seen: Counter[str] = Counter()
     slots = []
     for host in task_hosts:
-        local_index = seen.get(host, 0)
-        seen[host] = local_index + 1
-        slots.append(by_host_and_local_rank[(host, local_index)])
+        slots.append(by_host_and_local_rank[(host, seen[host])])
+        seen[host] += 1
     return slots
 
 
-# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by default) to negotiate the
-# next allreduce. On a CPU rank it wakes on the cores that compute the step: a 10 ms cycle gave
-# two one-thread ranks 11% more images/s here (measured 2026-11-24, in git's BENCHMARKS.md), and an
-# idle rank waiting for its peers burns a twelfth of a core at 1 ms. Ranks with a GPU keep
-# Horovod's default; launcher.horovod.cycle_time_ms or the variable, when set, always wins.
+# Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms (1 by default), on a CPU rank on
+# the cores that compute the step: a 10 ms cycle trained two one-thread ranks 11% faster. GPU
+# ranks keep the default; horovod.cycle_time_ms or the variable, when set, wins.
 CPU_CYCLE_TIME_MS = 10
 # Present on a host with an NVIDIA driver (and in containers given its GPUs).
 NVIDIA_DEVICE = "/dev/nvidiactl"
 
-
-# What Spark puts ahead of site-packages on its Python workers' PYTHONPATH: its own pyspark and
-# py4j, zipped, which every process importing from them compiles again (no bytecode in a zip).
+# Spark's zipped pyspark and py4j, ahead of site-packages on its Python workers' PYTHONPATH.
 _SPARK_ZIPS = re.compile(r"(^|/)(pyspark\.zip|py4j-[^/]*-src\.zip)$")
 
 
 def rank_python_path(python_path: str, has_pyspark: bool) -> str:
     """A rank's PYTHONPATH: its task's, less Spark's zipped pyspark and py4j when this Python has
-    pyspark installed (an empty one, as Python reads it, is unset). A rank never talks to the
-    JVM: it imports pyspark only for the types of a Petastorm schema, which took 0.63-0.65
-    CPU-seconds from the zip and 0.26-0.30 from site-packages. The rest of the path
-    (``--py-files``, the user's own) stays, in order."""
+    pyspark installed (a rank imports it only for Petastorm's schema types, twice as fast from
+    site-packages: a zip holds no bytecode). The rest of the path stays, in order."""
     if not python_path or not has_pyspark:
         return python_path
     kept = [entry for entry in python_path.split(os.pathsep) if not _SPARK_ZIPS.search(entry)]
@@ -151,8 +123,7 @@ def rank_python_path(python_path: str, has_pyspark: bool) -> str:
 
 
 def has_installed_pyspark() -> bool:
-    """Whether this Python's own site-packages hold pyspark (hvdflow requires it, so they do
-    wherever hvdflow is installed)."""
+    """Whether this Python's own site-packages hold pyspark."""
     return any(
         os.path.isfile(os.path.join(folder, "pyspark", "__init__.py"))
         for folder in site.getsitepackages()
@@ -169,28 +140,24 @@ def rank_env(
     run_id: str,
     gpu: str | None = None,
 ) -> dict[str, str]:
-    """The variables one rank process gets on top of its parent's environment: Horovod's, the
-    rank's GPU; on a rank without a GPU a 10 ms Horovod cycle (CPU_CYCLE_TIME_MS) and a share of
-    the host's cores of its own (``cores_for``); and the task's PYTHONPATH without Spark's zips
-    (``rank_python_path``)."""
-    env = dict(options_env)
-    env.update(
-        {
-            c.HOROVOD_RANK: str(slot.rank),
-            c.HOROVOD_SIZE: str(slot.size),
-            c.HOROVOD_LOCAL_RANK: str(slot.local_rank),
-            c.HOROVOD_LOCAL_SIZE: str(slot.local_size),
-            c.HOROVOD_CROSS_RANK: str(slot.cross_rank),
-            c.HOROVOD_CROSS_SIZE: str(slot.cross_size),
-            c.HOROVOD_HOSTNAME: slot.hostname,
-            c.HOROVOD_GLOO_RENDEZVOUS_ADDR: rendezvous_addr,
-            c.HOROVOD_GLOO_RENDEZVOUS_PORT: str(rendezvous_port),
-            c.HOROVOD_CONTROLLER: "gloo",
-            c.HOROVOD_CPU_OPERATIONS: "gloo",
-            c.HOROVOD_GLOO_IFACE: gloo_iface,
-            c.HVDFLOW_RUN_ID: run_id,
-        }
-    )
+    """What one rank gets on top of its parent's environment: Horovod's variables, its GPU; on a
+    CPU rank CPU_CYCLE_TIME_MS and its own cores; the PYTHONPATH without Spark's zips."""
+    env = {
+        **options_env,
+        c.HOROVOD_RANK: str(slot.rank),
+        c.HOROVOD_SIZE: str(slot.size),
+        c.HOROVOD_LOCAL_RANK: str(slot.local_rank),
+        c.HOROVOD_LOCAL_SIZE: str(slot.local_size),
+        c.HOROVOD_CROSS_RANK: str(slot.cross_rank),
+        c.HOROVOD_CROSS_SIZE: str(slot.cross_size),
+        c.HOROVOD_HOSTNAME: slot.hostname,
+        c.HOROVOD_GLOO_RENDEZVOUS_ADDR: rendezvous_addr,
+        c.HOROVOD_GLOO_RENDEZVOUS_PORT: str(rendezvous_port),
+        c.HOROVOD_CONTROLLER: "gloo",
+        c.HOROVOD_CPU_OPERATIONS: "gloo",
+        c.HOROVOD_GLOO_IFACE: gloo_iface,
+        c.HVDFLOW_RUN_ID: run_id,
+    }
     # A choice made in the options wins over the task's GPU: extra_env={"CUDA_VISIBLE_DEVICES":
     # ""} hides the GPUs, on tasks that hold some.
     if gpu is not None and c.CUDA_VISIBLE_DEVICES not in options_env:
@@ -233,19 +200,10 @@ def torch_env(
     run_id: str,
     host_cores: int | None = None,
 ) -> dict[str, str]:
-    """What torchrun sets in each process it starts, for a rank of the torch engine.
-
-    Each barrier task is one torchrun "node": ``local_rank`` is the rank's index among its
-    task's ranks, which share the task's GPUs (CUDA_VISIBLE_DEVICES), so
-    ``torch.cuda.set_device(LOCAL_RANK)`` picks a GPU the rank can see, as under torchrun; two
-    tasks on one host are two nodes, each rank LOCAL_RANK 0, as in pyspark's TorchDistributor.
-    The run id is the launcher's own, unique per run (pyspark's is always 0).
-
-    A CPU rank's OMP_NUM_THREADS is its share of the host's cores (``host_cores`` over the
-    ranks the plan puts on that host), unless set already: torchrun sets 1 only when a node
-    runs several processes, and pyspark's one-process nodes leave it unset, so two ranks on one
-    host each start a thread per core and fight for them.
-    """
+    """What torchrun sets in each process it starts, for a rank of the torch engine. Each barrier
+    task is one torchrun "node" whose ranks share its GPUs, so ``set_device(LOCAL_RANK)`` picks a
+    visible one, as in pyspark's TorchDistributor. A CPU rank's OMP_NUM_THREADS, unless set, is
+    its share of ``host_cores``: unset, as pyspark leaves it, each rank starts a thread per core."""
     env = {
         c.RANK: str(slot.rank),
         c.WORLD_SIZE: str(slot.size),
@@ -270,20 +228,14 @@ def torch_env(
 
 
 def gpu_for_rank(index_in_task: int, gpu_addresses: Sequence[str]) -> str | None:
-    """The one GPU a HorovodRunner rank may see: its own among those its task holds.
-
-    A task holding k GPUs runs k ranks (``ranks_per_task``), the i-th sees the i-th GPU; the
-    driver (np < 0) is one task running every rank over the driver's GPUs.
-    """
-    if not gpu_addresses:
-        return None
-    return gpu_addresses[index_in_task % len(gpu_addresses)]
+    """The one GPU a HorovodRunner rank sees: a task's i-th rank its i-th GPU (the driver, np < 0,
+    is one task running every rank)."""
+    return gpu_addresses[index_in_task % len(gpu_addresses)] if gpu_addresses else None
 
 
 def worker_gpus(count: int, gpu_addresses: Sequence[str], resource_name: str = "gpu") -> str:
-    """CUDA_VISIBLE_DEVICES for a MirroredStrategyRunner worker that uses ``count`` of its task's
-    GPUs: the first ``count`` (the original samples at random; the first are as good and the
-    same on every attempt). 0 hides every GPU, as ``use_gpu=False`` asks."""
+    """CUDA_VISIBLE_DEVICES for a MirroredStrategyRunner worker using ``count`` of its task's
+    GPUs: the first (the original samples, these are the same every attempt); 0 hides them."""
     if count > len(gpu_addresses):
         raise ValueError(
             f"this worker needs {count} GPU(s) but its task holds {len(gpu_addresses)} "
@@ -294,12 +246,9 @@ def worker_gpus(count: int, gpu_addresses: Sequence[str], resource_name: str = "
 
 
 def gpus_owned(visible: str | None, addresses: Sequence[str]) -> list[str]:
-    """The GPUs a task (or the driver) may hand out: the process's CUDA_VISIBLE_DEVICES when
-    the cluster pinned one, else the addresses Spark's resource scheduling assigned.
-
-    spark-tensorflow-distributor decides the same way: where a cluster sets the variable on its
-    executors, Spark's addresses are not the devices this process can see.
-    """
+    """The GPUs a task (or the driver) may hand out: CUDA_VISIBLE_DEVICES where the cluster set
+    it (Spark's addresses are then not what this process sees, as spark-tensorflow-distributor
+    also decides), else the addresses Spark assigned."""
     if visible is not None:
         return [g.strip() for g in visible.split(",") if g.strip()]
     return list(addresses)
@@ -311,23 +260,16 @@ def split_evenly(total: int, parts: int) -> list[int]:
 
 
 def rank_hosts(task_hosts: Sequence[str], ranks_per_task: Sequence[int] | None) -> list[str]:
-    """One host per rank slot: each task's host repeated for the ranks it runs (one each if None).
-
-    A task's slots are consecutive: its first is the number of ranks of the tasks before it.
-    ``plan_ranks`` of this list gives each slot its rank, and the driver knows a rank's
-    connection by its slot.
-    """
+    """One host per rank slot: each task's host repeated for its ranks (one each if None), so a
+    task's slots are consecutive; ``plan_ranks`` of this list gives each slot its rank."""
     if ranks_per_task is None:
         return list(task_hosts)
     return [host for host, n in zip(task_hosts, ranks_per_task, strict=True) for _ in range(n)]
 
 
 def gloo_iface_for(host: str) -> str:
-    """The network interface that carries ``host``'s address on this machine.
-
-    Gloo binds its pairs to one interface; it must be the one whose address the other ranks
-    reach, or the full-mesh connection hangs until HOROVOD_GLOO_TIMEOUT_SECONDS.
-    """
+    """The interface carrying ``host``'s address here: Gloo binds its pairs to one, and any other
+    hangs the full mesh until HOROVOD_GLOO_TIMEOUT_SECONDS."""
     ip = socket.gethostbyname(host)
     for iface, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
@@ -351,14 +293,10 @@ def describe_rank(rank: int, hostname: str, address: str) -> str:
 def hostname_problem(
     plan_hosts: Sequence[str], hostname: str, resolved: str | None, address: str
 ) -> str | None:
-    """Why Gloo cannot span hosts from this one, or None: its name must resolve to a real address.
-
-    Gloo tells its peers to connect to what this host's name resolves to. When the plan spans
-    several hosts and that is a loopback address (Debian maps the hostname to 127.0.1.1 by
-    default) or nothing, the peers on other hosts connect to themselves and the rank aborts in
-    C++ with ``gloo::IoException ... Connection refused``. ``resolved`` is what ``hostname``
-    resolves to here (None: it does not resolve); ``address`` is this executor's address.
-    """
+    """Why Gloo cannot span hosts from this one, or None. Peers connect to what ``hostname``
+    resolves to (``resolved``, None if nothing): a loopback answer (Debian's default 127.0.1.1)
+    makes them connect to themselves and abort with ``gloo::IoException ... Connection refused``.
+    ``address``: this executor's."""
     if len(set(plan_hosts)) <= 1:
         return None
     if resolved is not None:
@@ -389,17 +327,14 @@ def driver_gpu_addresses() -> list[str]:
 
 
 # --- Cores: a CPU rank's share of its host ---
-# mpirun binds each rank to its own cores by default; Spark does not. Two one-thread Horovod
-# ranks bound to a core each trained 5.8% more images/s here than unbound (the TensorFlow
-# engine 3.5%): a rank's Horovod and Gloo threads stay on its core. A rank without a GPU binds
-# itself (HVDFLOW_BIND_TO_CORES=1) before any of its threads start.
+# mpirun binds each rank to its own cores, Spark does not: bound, two one-thread ranks trained
+# 5.8% faster. A CPU rank binds itself (HVDFLOW_BIND_TO_CORES=1) before its threads start.
 
 
 def cores_for(local_rank: int, local_size: int, allowed: Iterable[int]) -> list[int] | None:
-    """The cores of rank ``local_rank`` of the ``local_size`` ranks on a host whose processes may
-    run on ``allowed``: disjoint, contiguous blocks in core order, the later ranks taking one
-    more when the cores do not divide evenly. None when there is nothing to split (one rank) or
-    more ranks than cores (any binding would stack ranks on a core; nothing measured that)."""
+    """Rank ``local_rank``'s cores of ``allowed``, shared by ``local_size`` ranks: disjoint blocks
+    in core order, later ranks taking the remainder. None for one rank, or more ranks than cores
+    (any binding would stack ranks on a core)."""
     cores = sorted(allowed)
     if local_size <= 1 or local_size > len(cores) or not 0 <= local_rank < local_size:
         return None
@@ -419,8 +354,7 @@ def bind_this_rank(environ: Mapping[str, str] = os.environ) -> list[int] | None:
     )
     if cores is None:
         return None
-    # Threads inherit the binding of the thread that starts them; any started before this
-    # (none in a rank today) are bound one by one.
+    # Threads inherit their creator's binding; any started before this are bound one by one.
     for thread_id in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(thread_id), cores)
@@ -430,13 +364,10 @@ def bind_this_rank(environ: Mapping[str, str] = os.environ) -> list[int] | None:
 
 
 # --- TensorFlow's distributed datasets, without autotuning ---
-# A strategy serves each worker's dataset through datasets it builds itself, autotuning on. The
-# deletion of their iterator (at the end of model.fit, and of each epoch's without .repeat())
-# waits for the autotuning thread to wake, which sleeps up to a minute: workers sat idle 12-28 s
-# after their last epoch. Every TensorFlow rank distributes a dataset whose options leave
-# autotuning unset without it (TF 2.15 has no option that reaches those datasets: their builder
-# is wrapped); a dataset whose options set ``autotune.enabled`` keeps what they say.
-
+# A strategy serves each worker through datasets it builds, autotuning on; deleting their iterator
+# (at fit's end, and each epoch's without .repeat()) waits up to a minute for the autotuning
+# thread. So a TensorFlow rank turns autotuning off where a dataset's options leave it unset (TF
+# 2.15 reaches the datasets a strategy builds only through their builder, which is wrapped).
 # Where TensorFlow builds the per-device datasets (TF 2.15's private API: the unit test fails
 # first if a TensorFlow upgrade moves it).
 DEVICE_DATASETS_MODULE = "tensorflow.python.data.ops.multi_device_iterator_ops"
@@ -503,59 +434,56 @@ def device_datasets_without_autotuning() -> None:
 _STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
 # Where torch defines init_process_group (torch.distributed re-exports it).
 _C10D_MODULE = "torch.distributed.distributed_c10d"
-# How long a tf_collective worker that finished waits for the others to finish (the driver's own
-# timeouts stop a run that hangs long before this).
+# A finished tf_collective worker's wait for the others (the driver's timeouts come long before).
 _EXIT_BARRIER_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine's row. ``start_point``: what a rank has reached once it joined the job (the
-    start timeout waits for it); ``rendezvous``: the driver serves Horovod's Gloo rendezvous;
-    ``extra``: the optional install it needs (None: none); ``task_env``: sets each of a task's
-    ranks' variables after one exchange between the tasks (``ranks, all_gather, partition,
-    task_count, run_id``), None where nothing is exchanged; ``in_rank``: installed in the rank
-    before ``main`` loads (reports the join, ...); ``after_main``: run in the rank once
-    ``main`` returned."""
+    """One engine's row. ``start_point``: what a rank reaches once it joined (the start timeout
+    waits for it); ``rendezvous``: the driver serves Horovod's Gloo rendezvous; ``extra``: the
+    optional install it needs; ``task_env``: sets a task's ranks' variables after one exchange
+    between the tasks (None: no exchange); ``in_rank``: installed in the rank before ``main``
+    loads; ``after_main``: run in the rank once ``main`` returned."""
 
     name: str
     start_point: str
-    rendezvous: bool
-    extra: extras.Extra | None
-    task_env: Callable[..., list[socket.socket]] | None
     in_rank: Callable[[], None]
+    rendezvous: bool = False
+    extra: extras.Extra | None = None
+    task_env: Callable[..., list[socket.socket]] | None = None
     after_main: Callable[[], None] | None = None
 
 
 # --- in the rank -------------------------------------------------------------------------
 
 
-def _report_init_reached() -> None:
-    """Wrap Horovod's init so the supervisor knows this rank joined the job (start timeout)."""
-    from horovod.common import basics
-
-    original = basics.HorovodBasics.init
+def _reporting_init(original):
+    """``original`` (an engine's init), sending EVENT_INIT once it returned; wrapped only once."""
     if getattr(original, "_hvdflow_wrapped", False):
-        return
+        return original
 
-    def init(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
+    def init(*args, **kwargs):
+        result = original(*args, **kwargs)
         _wire.emit_event(_wire.EVENT_INIT)
         return result
 
     init._hvdflow_wrapped = True
+    return init
+
+
+def _report_init_reached() -> None:
+    """The horovod engine's start: the rank returned from Horovod's init."""
+    from horovod.common import basics
+
     # Frameworks bind `init = _basics.init` at import, so patch the class before any import.
-    basics.HorovodBasics.init = init
+    basics.HorovodBasics.init = _reporting_init(basics.HorovodBasics.init)
 
 
 def _report_strategy_created() -> None:
-    """The tf_collective engine's start: the rank created its MultiWorkerMirroredStrategy.
-
-    Patched on the base class of ``tf.distribute.MultiWorkerMirroredStrategy`` (and of its
-    deprecated ``experimental`` alias) when TensorFlow loads it, so that any code creating one
-    counts. Not imported here: TensorFlow takes seconds of CPU to import, and a function that
-    never uses it (a launcher check, a GPU-placement probe) should not pay for it.
-    """
+    """The tf_collective engine's start: the rank created a MultiWorkerMirroredStrategy (or its
+    ``experimental`` alias), patched on their base class when TensorFlow loads: its import takes
+    seconds of CPU that a ``main`` never using it should not pay."""
 
     def patch(cars) -> None:
         cls = cars.CollectiveAllReduceStrategy
@@ -571,45 +499,21 @@ def _report_strategy_created() -> None:
 
 
 def _report_process_group_initialised() -> None:
-    """The torch engine's start: the rank returned from ``init_process_group()``.
+    """The torch engine's start: the rank returned from ``init_process_group()``. Patched when
+    torch loads, where it is defined and on ``torch.distributed``, which re-exports it."""
 
-    Patched where torch defines it when torch loads; ``torch.distributed`` re-exports the
-    module's function at import, so the package's name is patched too. Not imported here, for
-    the same reason as TensorFlow above (torch's import takes a second of CPU).
-    """
-
-    def wrap(original):
-        if getattr(original, "_hvdflow_wrapped", False):
-            return original
-
-        def init_process_group(*args, **kwargs):
-            result = original(*args, **kwargs)
-            _wire.emit_event(_wire.EVENT_INIT)
-            return result
-
-        init_process_group._hvdflow_wrapped = True
-        return init_process_group
-
-    def patch_c10d(module) -> None:
-        module.init_process_group = wrap(module.init_process_group)
-
-    def patch_package(module) -> None:
+    def patch(module) -> None:
         if hasattr(module, "init_process_group"):  # absent where torch has no distributed
-            module.init_process_group = wrap(module.init_process_group)
+            module.init_process_group = _reporting_init(module.init_process_group)
 
-    _rank.patch_on_import(_C10D_MODULE, patch_c10d)
-    _rank.patch_on_import("torch.distributed", patch_package)
+    _rank.patch_on_import(_C10D_MODULE, patch)
+    _rank.patch_on_import("torch.distributed", patch)
 
 
 def _wait_for_the_other_tf_workers() -> None:
-    """Hold this tf_collective worker until every worker has returned from main.
-
-    TensorFlow's collectives pull each tensor from the worker that holds it: a worker that has
-    its own result may still be serving a peer's last read. Exiting then fails that peer with
-    "Socket closed" (seen in CI at the final gather). The coordination service's barrier
-    releases the workers together; without a strategy (main made none) there is nothing to wait
-    for. A barrier that fails means a worker failed, and that worker's own exit reports it.
-    """
+    """Hold this tf_collective worker until every worker has returned from main: one done may
+    still serve a peer's last collective read, and exiting fails that peer ("Socket closed"). A
+    failed barrier means a worker failed, and that worker's own exit reports it."""
     if "tensorflow" not in sys.modules:
         return  # main never loaded TensorFlow, so it made no strategy
     from tensorflow.python.eager import context
@@ -632,13 +536,10 @@ def _set_tf_configs(
     task_count: int,
     run_id: str,
 ) -> list[socket.socket]:
-    """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange).
-
-    Each rank's TensorFlow server listens on a port this task holds for it until the ranks end
-    (``hold_port``): the rank binds it seconds later, after TensorFlow's import. A port only
-    picked may be taken meanwhile ("Could not start gRPC server"); spark-tensorflow-distributor
-    takes whatever ``bind(0)`` gives, from the range outgoing connections draw from too.
-    """
+    """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange). The
+    task holds each rank's port until the ranks end (``hold_port``): the rank binds it after
+    TensorFlow's import, and a port only picked may be taken by then ("Could not start gRPC
+    server")."""
     if all_gather is None:
         raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
     held = [hold_port(slot.hostname) for slot, *_ in ranks]
@@ -660,13 +561,9 @@ def _set_torch_envs(
     run_id: str,
 ) -> list[socket.socket]:
     """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
-    (GROUP_RANK its partition), its ranks that node's local processes, and every rank meets at
-    the port rank 0's task reserved (one exchange, as pyspark's TorchDistributor does).
-
-    Rank 0's task holds that port until its ranks end (``hold_port``): rank 0's TCPStore binds
-    it seconds later, after torch's import, and a port only picked was once taken meanwhile
-    ("EADDRINUSE" from rank 0, CI of 2026-11-29). Returns it, for the task to close.
-    """
+    (GROUP_RANK its partition), and every rank meets at the port rank 0's task holds until its
+    ranks end (one exchange, as pyspark's): a port only picked may be taken before rank 0's
+    TCPStore binds it ("EADDRINUSE"). Returns the held port, for the task to close."""
     if all_gather is None:
         raise RuntimeError("the torch engine needs the tasks' all_gather")
     first = ranks[0][0]
@@ -695,16 +592,12 @@ def _set_torch_envs(
 
 def _in_horovod_rank() -> None:
     _report_init_reached()
-    # Keras' fit hands a user's dataset to the default strategy too: each epoch over a dataset
-    # without repeat() would wait up to a minute for tf.data's autotuning thread (see
-    # ``device_datasets_without_autotuning``).
+    # Keras' fit hands a dataset to the default strategy too (autotuning: see above).
     _rank.patch_on_import(STRATEGIES_MODULE, wrap_distributed_datasets)
 
 
 def _in_tf_collective_rank() -> None:
     _report_strategy_created()
-    # fit's end, and each epoch's over a dataset without repeat(), would wait up to a minute
-    # for tf.data's autotuning thread (``device_datasets_without_autotuning``).
     _rank.patch_on_import(DEVICE_DATASETS_MODULE, wrap_device_datasets)
     _rank.patch_on_import(STRATEGIES_MODULE, wrap_distributed_datasets)
 
@@ -717,14 +610,11 @@ ENGINES = {
             start_point="hvd.init()",
             rendezvous=True,
             extra=extras.HOROVOD,
-            task_env=None,
             in_rank=_in_horovod_rank,
         ),
         Engine(
             name=_wire.TF_COLLECTIVE,
             start_point="tf.distribute.MultiWorkerMirroredStrategy()",
-            rendezvous=False,
-            extra=None,
             task_env=_set_tf_configs,
             in_rank=_in_tf_collective_rank,
             after_main=_wait_for_the_other_tf_workers,
@@ -732,8 +622,6 @@ ENGINES = {
         Engine(
             name=_wire.TORCH,
             start_point="torch.distributed.init_process_group()",
-            rendezvous=False,
-            extra=None,
             task_env=_set_torch_envs,
             in_rank=_report_process_group_initialised,
         ),

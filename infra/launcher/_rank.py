@@ -1,16 +1,15 @@
 """The rank process: ``python -m hvdflow.infra.launcher._rank PAYLOAD RESULT``.
 
 PAYLOAD holds the cloudpickled ``(main, kwargs)``; rank 0 writes ``main``'s return value to
-RESULT. An exception prints its traceback to stderr (which the task streams to the driver) and
-exits 1. Before ``main`` loads, the rank asks to die with its task, names itself
-``hvdflow-rankN``, binds to its cores where it has no GPU, and wraps its engine's entry points
-on import (``patch_on_import``: TensorFlow's import costs seconds, so nothing is imported to be
-patched), so that its task hears when the engine started.
+RESULT; an exception prints its traceback to stderr and exits 1. Before ``main`` loads, the rank
+wraps its engine's entry points on import (nothing is imported just to be patched: TensorFlow's
+import costs seconds), so that its task hears when the engine started.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
 import importlib.abc
@@ -32,8 +31,6 @@ from hvdflow.infra.constants import (
 )
 from hvdflow.infra.errors import TransientError
 from hvdflow.infra.launcher import _engines, _task, _wire
-
-# --- Patching a module when something first imports it ---
 
 
 class _ThenPatch(importlib.abc.Loader):
@@ -77,35 +74,22 @@ def patch_on_import(name: str, patch) -> None:
         sys.meta_path.insert(0, _PatchOnImport(name, patch))
 
 
-# --- The rank process ---
-
-# linux/prctl.h: the signal this process gets when the thread that started it exits.
-_PR_SET_PDEATHSIG = 1
-# linux/prctl.h: the name ps, top and /proc/PID/comm show (15 bytes at most).
-_PR_SET_NAME = 15
-# What a rank's process is called there: hvdflow-rank0, hvdflow-rank1, ...
-NAME_PREFIX = "hvdflow-rank"
-# Exit status of a rank that found its supervising task already gone (as if SIGKILLed).
-_ORPHANED_EXIT = 128 + signal.SIGKILL
-# The signal on which the rank writes its Python stacks (the task sends it when the run stalls).
-STACKS_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h: a signal for when the thread that started us exits
+_PR_SET_NAME = 15  # linux/prctl.h: the name ps, top and /proc/PID/comm show (15 bytes at most)
+NAME_PREFIX = "hvdflow-rank"  # hvdflow-rank0, hvdflow-rank1, ...
+_ORPHANED_EXIT = 128 + signal.SIGKILL  # the exit of a rank whose task is already gone
+STACKS_SIGNAL = signal.SIGUSR1  # the rank writes its Python stacks (the task asks on a stall)
 
 
 def _die_with_parent() -> None:
     """Ask for SIGKILL when the supervising task dies, so a killed Spark worker leaves no rank.
-
-    The task cannot set this between fork and exec (``preexec_fn``): that hook is unsafe in a
-    process with threads, and every task has some. So the rank sets it on itself, before it
-    loads main. The task may have died before that: then this process was already re-parented and
-    will never get the signal, so compare the parent with the pid the task passed down, and
-    exit at once if they differ.
-    """
+    (Not in ``preexec_fn``: unsafe with threads.) A task that died before this left the rank
+    re-parented, never to get the signal: hence the parent pid check."""
     expected = os.environ.get(HVDFLOW_PARENT_PID)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            # Not fatal: the task still kills the rank's process group on every way out it
-            # controls; only a SIGKILLed task would leave this rank behind.
+            # Not fatal: the task still kills the rank's group on every way out but SIGKILL.
             print(
                 f"hvdflow: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}",
                 file=sys.stderr,
@@ -115,8 +99,7 @@ def _die_with_parent() -> None:
 
 
 def _name_this_process() -> None:
-    """Call this process hvdflow-rankN, so that top and ps tell the ranks apart (the threads
-    TensorFlow and Horovod start later inherit the name)."""
+    """Call this process hvdflow-rankN for top and ps (later threads inherit the name)."""
     if sys.platform.startswith("linux"):
         name = f"{NAME_PREFIX}{os.environ.get(HOROVOD_RANK, '0')}".encode()[:15]
         ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
@@ -125,9 +108,8 @@ def _name_this_process() -> None:
 def _dump_stacks_on_signal() -> None:
     """Write every thread's Python stack to HVDFLOW_STACKS_FILE on STACKS_SIGNAL.
 
-    faulthandler's handler runs in C, so it answers even while the main thread is stuck inside
-    TensorFlow or a Horovod collective, where a Python signal handler would never run.
-    """
+    faulthandler's handler runs in C: it answers even while the main thread is stuck in
+    TensorFlow or a Horovod collective, where a Python signal handler would never run."""
     path = os.environ.get(HVDFLOW_STACKS_FILE)
     if path:
         stacks = open(path, "w")  # noqa: SIM115 (open for the life of the process)
@@ -150,9 +132,7 @@ def main(argv: list[str]) -> int:
     except BaseException as e:
         traceback.print_exc()
         sys.stderr.flush()
-        # A temporary failure (a TransientError, such as the object store not answering, or a
-        # TensorFlow peer that stopped answering): another attempt may succeed, and the
-        # training step retries it.
+        # A temporary failure: the training step retries it.
         return _wire.EXIT_TEMPFAIL if _transient(e) else 1
     if os.environ.get(HOROVOD_RANK, "0") == "0":
         try:
@@ -174,8 +154,8 @@ def main(argv: list[str]) -> int:
 
 
 def _transient(error: BaseException) -> bool:
-    """Whether ``error``, or an exception it was raised from, is a ``TransientError`` or one of
-    TensorFlow's errors for a peer out of reach (``_tf_peer_out_of_reach``)."""
+    """Whether ``error`` or an exception it was raised from is a ``TransientError`` or a
+    TensorFlow peer out of reach."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, TransientError) or _tf_peer_out_of_reach(error):
@@ -186,14 +166,11 @@ def _transient(error: BaseException) -> bool:
 
 
 def _tf_peer_out_of_reach(error: BaseException) -> bool:
-    """TensorFlow's ``UnavailableError`` and ``DeadlineExceededError``, gRPC's UNAVAILABLE
-    ("most likely a transient condition") and DEADLINE_EXCEEDED: the tf_collective engine's
-    counterparts of a lost Horovod rank, which the training step retries too. The coordination
-    service (on rank 0) raises the first in every worker's collectives once a worker stops
-    sending heartbeats; a worker whose own heartbeats to it get no answer in time (rank 0's
-    host cut off, its process stopped) aborts its collectives with the second (the soak of
-    2026-11-30, seed 62). Looked up in ``sys.modules``: a rank that never imported TensorFlow
-    cannot have raised them."""
+    """TensorFlow's ``UnavailableError`` or ``DeadlineExceededError``: tf_collective's lost rank.
+
+    The coordination service (rank 0) raises the first once a worker stops sending heartbeats; a
+    worker whose heartbeats to rank 0 go unanswered raises the second. Looked up in
+    ``sys.modules``: a rank that never imported TensorFlow cannot have raised them."""
     errors = sys.modules.get("tensorflow.python.framework.errors_impl")
     return errors is not None and isinstance(
         error, (errors.UnavailableError, errors.DeadlineExceededError)
@@ -205,13 +182,10 @@ _HOROVOD_BASICS_MODULES = ("horovod.tensorflow.mpi_ops", "horovod.torch.mpi_ops"
 
 
 def _close_horovod_timeline() -> None:
-    """Write out rank 0's timeline before Horovod shuts down.
+    """Write out rank 0's timeline before Horovod shuts down (a no-op on other ranks).
 
-    Horovod's timeline writer is a thread that drains a queue of events; its shutdown (Horovod's
-    atexit handler) stops that thread at once and drops what is still queued. A main that
-    returns right after its last collective lost its whole timeline that way (an empty file, seen
-    in CI on a busy machine). ``stop_timeline`` instead waits until the writer has drained the
-    queue and closed the file. Only rank 0 writes a timeline; on other ranks this is a no-op.
+    Horovod's atexit shutdown stops its timeline writer thread at once, dropping queued events;
+    ``stop_timeline`` waits until the writer has drained the queue and closed the file.
     """
     if not os.environ.get(HOROVOD_TIMELINE):
         return
@@ -227,22 +201,16 @@ def _close_horovod_timeline() -> None:
 
 
 def _exit_fast(code: int) -> None:
-    """Exit as the interpreter would, minus tearing down every module.
-
-    TensorFlow's module teardown takes about a second per rank, and every run waits for the
-    slowest rank to exit. What users rely on still happens: non-daemon threads are joined,
-    atexit handlers run (Horovod's shutdown, MLflow's end_run), and the streams are flushed.
-    """
+    """Exit as the interpreter would, minus module teardown (TensorFlow's takes a second per
+    rank): non-daemon threads are joined, atexit handlers run, the streams are flushed."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     _close_horovod_timeline()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

@@ -1,26 +1,22 @@
 """The task <-> driver channel through the object store, for executors that cannot reach the
-driver: a Spark Connect client on a laptop behind NAT, a container with no inbound port.
+driver (a Spark Connect client behind NAT, a container with no inbound port).
 
-Both sides already reach the bucket (the ranks read their data and write checkpoints there), so
-the channel's messages (``_wire``: hello, lines, heartbeats, the plan, failures, bye) travel as
-objects instead of over TCP, unchanged. Each rank slot has two mailboxes under the run's key:
+Both sides already reach the bucket, so the ``_wire`` messages travel as objects, unchanged,
+through two mailboxes per rank slot under the run's key:
 
     <prefix>/relay/<run id>/up/<slot>/<seq>     task -> driver, batches of JSON lines
     <prefix>/relay/<run id>/down/<slot>/<seq>   driver -> task, one message each
 
-A reader deletes what it has read, so a listing holds only what is new, and the driver removes
-whatever is left under the run's key when the run ends. A task batches its messages for up to
-``FLUSH_S`` (one object per batch, not per line) and sends the ones that end or begin something
-(hello, plan, failed, bye) at once; each side lists its mailbox every ``POLL_S``. A rank's lines
-reach the driver within about a second and a half.
+A reader deletes what it has read; the driver removes what is left when the run ends.
 
-What the relay cannot do: a killed executor closes no socket here, so the driver names it after
-``heartbeat_timeout_s`` instead of at once; and Horovod's rendezvous server lives on the driver,
-so the horovod engine needs the direct channel (tf_collective and torch need no driver server).
+Limits: a killed executor closes no socket here, so the driver notices it only after
+``heartbeat_timeout_s``; and the horovod engine needs the direct channel, since its rendezvous
+server lives on the driver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -34,16 +30,12 @@ from hvdflow.infra.storage.access import S3Access
 
 logger = logging.getLogger(__name__)
 
-# How long a task holds its messages before it writes them as one object.
-FLUSH_S = 0.5
-# How often each side lists its mailbox.
-POLL_S = 0.5
-# Driver -> task: the driver closed the channel (the run was aborted or is over).
-CLOSE = "relay_close"
-# How long the driver waits, at its close, for the tasks to read what it last sent them (the
-# aborts) before it removes the run's objects.
+FLUSH_S = 0.5  # how long a task holds its messages before it writes them as one object
+POLL_S = 0.5  # how often each side lists its mailbox
+CLOSE = "relay_close"  # driver -> task: the channel is closed (the run was aborted or is over)
+# How long the driver's close waits for the tasks to read its aborts before it removes the run.
 CLOSE_WAIT_S = 5.0
-# Messages sent at once: they begin or end something the other side waits for.
+# Sent at once: they begin or end something the other side waits for.
 _URGENT = frozenset(
     {_wire.HELLO, _wire.PLAN, _wire.PLAN_OK, _wire.GATHER, _wire.GATHERED}
     | {_wire.FAILED, _wire.BYE, CLOSE}
@@ -53,8 +45,8 @@ _END = object()
 
 @dataclass(frozen=True)
 class RelaySpec:
-    """Where a run's relay lives: plain values that travel to the tasks in their closure
-    (``access`` holds the driver's object store credentials, never logged)."""
+    """Where a run's relay lives, as plain values for the closure (``access`` holds the
+    driver's object store credentials, never logged)."""
 
     access: S3Access
     bucket: str
@@ -74,12 +66,7 @@ def relay_spec(run_id: str, always: bool) -> RelaySpec:
     from hvdflow.infra.storage.object_store import ObjectStoreConfig  # noqa: PLC0415
 
     config = ObjectStoreConfig.from_env()
-    return RelaySpec(
-        access=S3Access.from_env(config),
-        bucket=config.bucket,
-        key=config.key("relay", run_id),
-        always=always,
-    )
+    return RelaySpec(S3Access.from_env(config), config.bucket, config.key("relay", run_id), always)
 
 
 def _client(spec: RelaySpec):
@@ -109,24 +96,17 @@ class _Mailbox:
         self._client, self._bucket, self.prefix = client, bucket, prefix
 
     def keys(self) -> list[str]:
-        keys: list[str] = []
         pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self._bucket, Prefix=self.prefix
         )
-        for page in pages:
-            keys.extend(item["Key"] for item in page.get("Contents", []))
-        return sorted(keys)  # zero-padded: the order they were written in, per slot
+        # Zero-padded: sorted is the order they were written in, per slot.
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
 
     def read(self, key: str) -> list[dict]:
         return _decode(self._client.get_object(Bucket=self._bucket, Key=key)["Body"].read())
 
     def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self._bucket, Key=key)
-
-    def take(self, key: str) -> list[dict]:
-        messages = self.read(key)
-        self.delete(key)
-        return messages
 
 
 class _Writer:
@@ -147,8 +127,7 @@ class _Writer:
 
 
 class TaskRelay:
-    """A task's end of the relay, with ``_wire.Connection``'s interface (send, receive, close):
-    ``DriverLink`` uses either."""
+    """A task's end of the relay, with ``_wire.Connection``'s send, receive and close."""
 
     def __init__(self, spec: RelaySpec, slot: int):
         client = _client(spec)
@@ -156,21 +135,16 @@ class TaskRelay:
         self._down = _Mailbox(client, spec.bucket, spec.mailbox("down", slot))
         self._outbox: list[dict] = []
         self._lock = threading.Lock()
-        # Set once the task said bye or the driver said it closed: nothing is written after,
-        # since the driver removes the run's objects once every task has said either.
+        # Set at bye or at the driver's close: nothing is written after, as the driver cleans up.
         self._done = False
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._flush_every, daemon=True, name="hvdflow-relay-up"),
-            threading.Thread(target=self._poll, daemon=True, name="hvdflow-relay-down"),
-        ]
-        for thread in self._threads:
-            thread.start()
+        threading.Thread(target=self._flush_every, daemon=True, name="hvdflow-relay-up").start()
+        threading.Thread(target=self._poll, daemon=True, name="hvdflow-relay-down").start()
 
     def send(self, message: dict) -> None:
-        """Queued; written within FLUSH_S, or now for a message that begins or ends something.
-        Raises OSError when that write fails (the message stays queued for the next flush)."""
+        """Queued for FLUSH_S, or written now if urgent; OSError if that write fails (the
+        message stays queued)."""
         with self._lock:
             self._outbox.append(message)
         if message.get("type") in _URGENT:
@@ -190,22 +164,18 @@ class TaskRelay:
 
     def _flush_every(self) -> None:
         while not self._closed.wait(FLUSH_S):
-            try:
+            # Kept; the driver's silence is what DriverLink.lost() watches.
+            with contextlib.suppress(OSError):
                 self._flush()
-            except OSError:
-                pass  # kept; the driver's silence is what DriverLink.lost() watches
 
     def _poll(self) -> None:
         while not self._closed.wait(POLL_S):
             try:
                 for key in self._down.keys():
                     messages = self._down.read(key)
-                    closing = any(m.get("type") == CLOSE for m in messages)
-                    if closing:
-                        # Stop writing before the driver learns that its close was read (the
-                        # object's removal): it then removes the run's objects, and a batch
-                        # written after would stay in the bucket. The lock waits out a write
-                        # in flight.
+                    if any(m.get("type") == CLOSE for m in messages):
+                        # Stop writing (the lock waits out a write in flight) before the delete
+                        # tells the driver its close was read: a later batch would stay behind.
                         with self._lock:
                             self._done = True
                     self._down.delete(key)
@@ -224,10 +194,8 @@ class TaskRelay:
     def close(self) -> None:
         if self._closed.is_set():
             return
-        try:
+        with contextlib.suppress(OSError):
             self._flush()  # the bye, and any lines before it
-        except OSError:
-            pass
         self._closed.set()
         self._inbox.put(_END)
 
@@ -265,23 +233,22 @@ class DriverPeer:
         """Tell the task the channel is closed (it kills its rank), unless it has ended."""
         if not self._ended.is_set():
             self._ended.set()
-            try:
+            # On failure the task hears nothing, and gives the driver up after its timeout.
+            with contextlib.suppress(Exception):
                 self._writer.write([{"type": CLOSE}])
                 self.told_to_close = True
-            except Exception:
-                pass  # the task hears nothing, and gives the driver up after its timeout
         self._inbox.put(_END)
 
 
 class DriverRelay:
-    """Reads every task's up mailbox and serves each task's messages like a connection:
-    ``serve(peer)`` runs, in a thread of its own, for each slot that writes."""
+    """Reads every task's up mailbox; ``serve(peer)`` runs in a thread for each slot that
+    writes."""
 
     def __init__(
         self, spec: RelaySpec, serve: Callable[[DriverPeer], None], slots: int | None = None
     ):
-        """``slots``: how many rank slots will say hello; once all of them have, directly, the
-        relay stops listing (a listing every POLL_S for a whole run costs requests)."""
+        """``slots``: how many rank slots will say hello; once all have, directly, the relay
+        stops listing (a listing every POLL_S costs requests)."""
         self.spec = spec
         self._client = _client(spec)
         self._serve = serve
@@ -309,10 +276,10 @@ class DriverRelay:
             try:
                 for key in up.keys():
                     slot = int(key[len(up.prefix) :].split("/", 1)[0])
-                    peer = self._peers.get(slot)
-                    if peer is None:
-                        peer = self._peer(slot)
-                    peer.feed(up.take(key))
+                    peer = self._peers.get(slot) or self._peer(slot)
+                    messages = up.read(key)
+                    up.delete(key)
+                    peer.feed(messages)
             except Exception as e:  # the store is away: keep trying, say so once
                 # In auto, before any task needed it, a missing bucket is no one's problem yet.
                 needed = self.spec.always or bool(self._peers)
@@ -331,8 +298,7 @@ class DriverRelay:
         return peer
 
     def close(self) -> None:
-        """Stop reading; give the tasks told to close a moment to read it; remove the run's
-        objects."""
+        """Stop reading, give the tasks told to close a moment to read it, remove the objects."""
         self._stop.set()
         self._thread.join(timeout=10)
         down = _Mailbox(self._client, self.spec.bucket, f"{self.spec.key}/down/")

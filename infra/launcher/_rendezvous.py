@@ -1,7 +1,5 @@
-"""Who may use the Gloo rendezvous store on the driver: the decision (pure) and the server.
-
-The rendezvous server answers only the hosts of the run's plan, and its keys are write-once
-(see ``decide`` and the threat model below). ``_driver.DriverChannel`` starts one per run.
+"""Who may use the Gloo rendezvous store on the driver: the decision (pure, ``decide``) and the
+server ``_driver.DriverChannel`` starts per run. See the threat model below.
 """
 
 from __future__ import annotations
@@ -17,39 +15,25 @@ from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPSer
 
 logger = logging.getLogger(__name__)
 
-# Threat model. The rendezvous server is an HTTP key-value store on the driver. Each rank PUTs its
-# Gloo address under /<scope>/<rank>, GETs its peers' addresses from there, and DELETEs its key to
-# say it has finished the scope (horovod/common/gloo/http_store.cc; the scopes are ``global``,
-# ``local_<host>``, ``cross_<local rank>``, and others for process sets). Whoever can overwrite a
-# key decides whom a rank connects to, and so which gradients it averages; whoever can DELETE keys
-# can make a scope look finished and cleared before its ranks have read it. Gloo's C++ client sends
-# bare GET, PUT and DELETE requests and cannot add a header, so the channel token cannot travel
-# with them. The server therefore:
-#   1. answers only the addresses of the task hosts in the run's plan, and the driver's own. The
-#      plan comes from partition 0 over the channel, after its token; until it arrives nobody is
-#      answered. A stranger anywhere else gets 403 for every request.
-#   2. takes only GET, PUT and DELETE on /<scope>/<key>. (Horovod's handler also inherits HEAD from
-#      SimpleHTTPRequestHandler, which would describe files in the driver's working directory.)
-#   3. keeps keys write-once for the run: a PUT to a key that holds other bytes gets 409, so nothing
-#      can replace a rank's address once the rank wrote it (a rank's retried PUT of the same bytes
-#      succeeds). A process that writes a key before its rank does makes that rank's PUT fail: the
-#      run fails loudly, the rank is never redirected.
+# Threat model. Ranks PUT their Gloo address under /<scope>/<rank>, GET their peers', and DELETE
+# their key when done with a scope. Overwriting a key decides whom a rank connects to (so which
+# gradients it averages); DELETEs can make a scope look finished early. Gloo's C++ client cannot
+# add a header, so the channel token cannot travel with it. The server therefore:
+#   1. answers only the plan's task hosts and the driver: 403 for others, and for all until the
+#      plan arrives over the token-checked channel;
+#   2. takes only GET, PUT and DELETE on /<scope>/<key> (Horovod's inherited HEAD lists files);
+#   3. keeps keys write-once: 409 for other bytes (the same again succeed), so a stranger's PUT
+#      fails the run, never redirects a rank;
 #   4. counts a DELETE only for a rank number within the scope's size, once per run.
-# Not covered: other processes on a planned host (they share the ranks' address; see 3), and an
-# attacker who can forge source addresses on the driver's network.
+# Not covered: other processes on a planned host, and forged source addresses.
 
 RENDEZVOUS_METHODS = ("GET", "PUT", "DELETE")
 # Largest value one PUT may store: a rank's Gloo addresses take tens of bytes per peer.
 RENDEZVOUS_MAX_VALUE_BYTES = 1024 * 1024
-# How long a GET for a key not written yet waits for its PUT before it is answered 404. Gloo's
-# HTTP store asks again 10 ms after each 404 (HTTPStore::wait in horovod/common/gloo/
-# http_store.cc): every rank that reaches hvd.init() before the slowest polls this one Python
-# server at 100 Hz for as long as that rank is late (1,700-1,900 requests for one np=8
-# rendezvous on one host; docs/benchmarks/cluster.md, "Eight hosts"). Held, a missing key
-# costs a request a second and is answered the moment it is written. Gloo's client sets no
-# timeout on a request.
+# How long a GET for a key not written yet waits for its PUT before a 404. Gloo asks again 10 ms
+# after each 404, so early ranks would poll this Python server at 100 Hz; held, a missing key
+# costs a request a second and is answered once written. Gloo sets no request timeout.
 LONG_POLL_S = 1.0
-
 
 # What the driver's warning adds when it refuses a client that is not in the plan.
 NOT_PLANNED_HINT = (
@@ -61,8 +45,7 @@ NOT_PLANNED_HINT = (
 
 @dataclass(frozen=True)
 class Decision:
-    """What the rendezvous server does with one request: applies it, or answers ``status`` and
-    changes nothing (``applied`` False), for ``reason``; ``hint`` is what to do about it."""
+    """Apply one request, or (``applied`` False) answer ``status`` for ``reason`` and ``hint``."""
 
     status: int
     reason: str = ""
@@ -79,20 +62,15 @@ def normalize_address(address: str) -> str:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return address
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
+    return str(ip.ipv4_mapped if ip.version == 6 and ip.ipv4_mapped is not None else ip)
 
 
 def allowed_clients(
     task_hosts: Iterable[str], driver_host: str, resolve: Callable[[str], Iterable[str]]
 ) -> frozenset[str]:
-    """The addresses the rendezvous server answers: those of the plan's task hosts and of the
-    driver's own address (``resolve(host)`` lists a host's addresses)."""
-    found: set[str] = set()
-    for host in sorted({*task_hosts, driver_host}):
-        found.update(normalize_address(address) for address in resolve(host))
-    return frozenset(found)
+    """The addresses of the plan's task hosts and of the driver (``resolve`` lists a host's)."""
+    hosts = sorted({*task_hosts, driver_host})
+    return frozenset(normalize_address(address) for host in hosts for address in resolve(host))
 
 
 def decide(
@@ -106,13 +84,9 @@ def decide(
     body: bytes | None = None,
     counted: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset(),
 ) -> Decision:
-    """Whether the rendezvous server applies one request (see the threat model above).
-
-    ``client``: the address it came from; ``allowed``: ``allowed_clients`` of the plan (empty
-    before the plan). ``scope_sizes``: ranks per planned scope. For a PUT, ``stored`` is what the
-    key holds now and ``body`` the new value (``None``: not read yet). ``counted``: the
-    (scope, key) DELETEs already counted in this run.
-    """
+    """Whether the server applies one request. ``allowed``: empty before the plan; ``scope_sizes``:
+    ranks per scope; for a PUT, ``stored`` is the key's value and ``body`` the new one (None: not
+    read yet); ``counted``: the (scope, key) DELETEs already counted."""
     client = normalize_address(client)
     if client not in allowed:
         if not allowed:
@@ -155,12 +129,10 @@ def addresses_of(host: str) -> list[str]:
 
 
 class RendezvousServer(RendezvousHTTPServer):
-    # Horovod's own RendezvousServer binds every interface on a random port; this one binds the
-    # executor-facing address only, on a port the OS picks, and answers only the plan's hosts.
+    # Unlike Horovod's (every interface), binds only the executor-facing address.
     daemon_threads = True
-    # Every Gloo request is a connection of its own, and np ranks open theirs at once: with
-    # socketserver's default backlog of 5, the sixth and later SYNs are dropped and sent again
-    # after TCP's 1 s timeout, once per rendezvous scope (6 s of hvd.init() at np=8 here).
+    # Each Gloo request is its own connection, np at once: a backlog of 5 drops later SYNs for
+    # TCP's 1 s retry, once per scope.
     request_queue_size = socket.SOMAXCONN
 
     def __init__(self, address, handler, verbose):
@@ -169,18 +141,17 @@ class RendezvousServer(RendezvousHTTPServer):
         self.counted: set[tuple[str, str]] = set()
         self.counted_lock = threading.Lock()
         self._warned: set[tuple[str, int]] = set()
-        # Signalled (under the store's own lock) whenever a key is written: held GETs wake.
+        # Notified (under the store's lock) when a key is written: held GETs wake.
         self.key_written = threading.Condition(self.cache_lock)
 
     def start_run(self, plan, allowed: frozenset[str]) -> None:
-        """Horovod's ``init`` with the run's plan, and the addresses it may answer."""
         self.init(plan)
         with self.counted_lock:
             self.counted.clear()
         self.allowed = allowed
 
     def refused(self, client: str, method: str, path: str, decision: Decision) -> None:
-        """Log a refusal: the first per client and status as a warning, the rest at debug."""
+        """The first refusal per client and status is a warning, the rest debug."""
         key = (client, decision.status)
         with self.cache_lock:
             first = key not in self._warned
@@ -240,8 +211,7 @@ class GuardedHandler(RendezvousHandler):
             return self._refuse("PUT", Decision(411, "no Content-Length", False))
         if not 0 <= length <= RENDEZVOUS_MAX_VALUE_BYTES:
             return self._refuse(
-                "PUT",
-                Decision(413, f"{length} bytes (RENDEZVOUS_MAX_VALUE_BYTES)", False),
+                "PUT", Decision(413, f"{length} bytes (RENDEZVOUS_MAX_VALUE_BYTES)", False)
             )
         try:
             value = self.rfile.read(length)

@@ -2,23 +2,16 @@
 its rank processes (one per GPU where the task holds several), streams their output to the
 driver, and stops them when told.
 
-A rank is a new interpreter in its own process group, so that Horovod and the user's imports
-get a process of their own and the task can kill it as a whole; the rank asks to die with its
-task (PR_SET_PDEATHSIG, ``_rank``), so a killed Spark worker leaves no rank behind. A task that
-hears nothing from the driver for ``heartbeat_timeout_s`` (a cut network closes nothing) kills
-its rank too.
-
-A rank's output arrives on three pipes, a thread each: stdout (with ``log_to_driver`` messages
-in order among its lines), stderr, and the event pipe (``init``, ``progress``). A function
-written for spark-tensorflow-distributor may call ``BarrierTaskContext.get()`` inside the rank:
-the task serves the rank's ``barrier`` and ``allGather`` from its own context
-(``TaskContextServer``), where the task runs one rank.
+A rank is a new interpreter in its own process group, which the task kills as a whole; it asks
+to die with its task (``_rank``). A task that hears nothing from the driver for
+``heartbeat_timeout_s`` (a cut network closes nothing) kills its rank too.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import re
@@ -46,14 +39,10 @@ from hvdflow.infra.constants import (
 )
 from hvdflow.infra.launcher import _decisions, _engines, _rank, _relay, _wire, errors
 
-# --- A rank's folder on its executor ---
-# The payload, the result, the stacks file and the rank's TMPDIR. It goes when the task ends; a
-# task killed with its executor cannot remove it, so each new task removes the folders of tasks
-# whose process has ended, named by pid *and* host (a container has process numbers of its own).
-
+# A rank's folder goes with its task; one killed with its executor cannot remove it, so each
+# new task removes those of ended tasks, by pid *and* host (a container has pids of its own).
 PREFIX = "hvdflow-rank"
-# tempfile's random part: 8 characters of [a-z0-9_].
-_OWNER = re.compile(rf"^{PREFIX}\d+-pid(\d+)@(.+)-[a-z0-9_]{{8}}$")
+_OWNER = re.compile(rf"^{PREFIX}\d+-pid(\d+)@(.+)-[a-z0-9_]{{8}}$")  # tempfile's random part
 
 
 @contextlib.contextmanager
@@ -65,8 +54,7 @@ def rank_workdir(rank: int) -> Iterator[str]:
 
 
 def remove_orphans(base: str | None = None) -> list[str]:
-    """Removes the rank folders in ``base`` (the temporary folder) whose task process has
-    ended; the paths removed."""
+    """Remove the rank folders in ``base`` (the temporary folder) of ended tasks; the paths."""
     base = base or tempfile.gettempdir()
     here = socket.gethostname()
     removed = []
@@ -84,12 +72,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # another user's process
+    except PermissionError:  # another user's process
+        pass
     return True
 
-
-# --- A rank's output, read while it runs ---
 
 # ship(stream, text, at=None): one line to the driver, stamped ``at`` or when it was read.
 Ship = Callable[..., None]
@@ -130,15 +116,13 @@ def _pump_stdout(pipe, ship: Ship) -> None:
 
 
 def _pump_stderr(pipe, ship: Ship) -> None:
-    """Ship each line of ``pipe``; a line over MAX_LINE_BYTES goes cut, with a marker."""
     while (line := _wire.read_line(pipe, _wire.MAX_LINE_BYTES)) is not None:
         ship(_wire.STDERR, _wire.line_text(*line))
     pipe.close()
 
 
 class Reached(threading.Event):
-    """Set when the rank reached its engine's start; ``at``: when (``time.monotonic``), so that
-    the start timeout is judged by when that happened, not by when a poll noticed it."""
+    """Set when the rank reached its engine's start; ``at``: when (monotonic), not when polled."""
 
     at: float | None = None
 
@@ -171,12 +155,9 @@ def _pump_events(fd: int, init_reached: threading.Event, note_progress: NoteProg
                 )
 
 
-# --- BarrierTaskContext inside a rank ---
-# The task answers its rank's ``barrier`` and ``allGather`` with the same call on its own
-# context, in the rank's order; the rank's fixed answers (partitionId, getTaskInfos, resources,
-# ...) come from a snapshot. Where a task runs several ranks, no context is served: their calls
-# could not be told apart in barrier mode (Databricks' ranks under mpirun have none either).
-
+# BarrierTaskContext in a rank (spark-tensorflow-distributor's functions call it): the task makes
+# the rank's ``barrier`` and ``allGather`` calls on its own context; the rest is a snapshot. A
+# task of several ranks serves none: barrier mode could not tell their calls apart.
 BARRIER, ALL_GATHER = "barrier", "allGather"
 _TASKCONTEXT_MODULE = "pyspark.taskcontext"
 
@@ -203,17 +184,13 @@ class TaskContextServer:
         self._snapshot = json.dumps(snapshot(ctx))
 
     def start(self) -> tuple[dict[str, str], int, _Pair]:
-        """The rank's variables, the fd to pass it, and the pair (``rank_started`` once the
-        rank process exists, ``close`` when it has ended)."""
         task_end, rank_end = socket.socketpair()
         threading.Thread(
             target=self._serve, args=(task_end,), daemon=True, name="hvdflow-task-context"
         ).start()
-        env = {
-            HVDFLOW_TASK_CONTEXT_FD: str(rank_end.fileno()),
-            HVDFLOW_TASK_CONTEXT: self._snapshot,
-        }
-        return env, rank_end.fileno(), _Pair(task_end, rank_end)
+        fd = rank_end.fileno()
+        env = {HVDFLOW_TASK_CONTEXT_FD: str(fd), HVDFLOW_TASK_CONTEXT: self._snapshot}
+        return env, fd, _Pair(task_end, rank_end)
 
     def _serve(self, sock: socket.socket) -> None:
         conn = _wire.Connection(sock)
@@ -235,8 +212,7 @@ class TaskContextServer:
 
 
 class _Pair:
-    """Both ends of a rank's socket pair: the task closes its copy of the rank's end once the
-    rank has it, and its own end when the rank has ended."""
+    """A rank's socket pair: ``rank_started`` once the rank has its end, ``close`` after."""
 
     def __init__(self, task_end: socket.socket, rank_end: socket.socket):
         self._task_end, self._rank_end = task_end, rank_end
@@ -246,18 +222,12 @@ class _Pair:
 
     def close(self) -> None:
         for end in (self._rank_end, self._task_end):
-            try:
+            with contextlib.suppress(OSError):
                 end.close()
-            except OSError:
-                pass
 
 
 def install_in_rank(patch_on_import) -> None:
-    """In the rank: serve ``BarrierTaskContext.get()`` where the task passed a context.
-
-    ``patch_on_import(module_name, patch)`` runs ``patch(module)`` when the module is first
-    imported (``_rank.patch_on_import``), so pyspark is loaded only by code that uses it.
-    """
+    """In the rank: serve ``BarrierTaskContext.get()`` once pyspark is imported, if passed one."""
     fd = os.environ.get(HVDFLOW_TASK_CONTEXT_FD)
     info = os.environ.get(HVDFLOW_TASK_CONTEXT)
     if not fd or not info:
@@ -298,8 +268,7 @@ class _RankLink:
 
 
 def _context_class(taskcontext):
-    """A ``BarrierTaskContext`` subclass of the imported module's class, answering from
-    ``values`` and asking the task through ``link``."""
+    """A factory of contexts that answer from ``values`` and ask the task through ``link``."""
     from pyspark.resource import ResourceInformation  # noqa: PLC0415, TID253 (pyspark is loaded)
 
     class RankBarrierTaskContext(taskcontext.BarrierTaskContext):
@@ -337,22 +306,15 @@ def _context_class(taskcontext):
     return create
 
 
-# --- The task ---
-
-# The rank process's entry point, run as ``python -m``.
 RANK_MODULE = "hvdflow.infra.launcher._rank"
-# How long a task waits to connect to the driver's channel.
+# How long a task waits to connect to the driver; RELAY_AFTER_S with a relay to fall back on.
 CONNECT_TIMEOUT_S = 30.0
-# How long it waits when the run offers the object store relay to fall back on.
 RELAY_AFTER_S = 5.0
-# How long a task waits for the driver to accept the plan before giving up.
+# How long a task waits for the driver to accept the plan, and for the exchange's parts.
 PLAN_TIMEOUT_S = 60.0
-# How long a task waits for the other tasks' parts of the exchange (they start together: a
-# barrier stage's tasks are launched at once).
 GATHER_TIMEOUT_S = 300.0
 _POLL_S = 0.1
-# How long a task gives its rank's faulthandler to write the stacks before it reads them.
-STACKS_WAIT_S = 1.0
+STACKS_WAIT_S = 1.0  # for the rank's faulthandler to write its stacks before they are read
 
 
 @dataclass(frozen=True)
@@ -370,31 +332,21 @@ class TaskSpec:
     start_timeout_s: float
     heartbeat_timeout_s: float = _wire.DEFAULT_HEARTBEAT_TIMEOUT_S
     engine: str = _wire.HOROVOD
-    # How many ranks each task runs, by partition: a task holding k GPUs runs k ranks, one per
-    # GPU (Databricks' HorovodRunner on GPU clusters). None: one rank per task.
+    # Ranks per task, by partition: a task holding k GPUs runs k. None: one rank per task.
     ranks_per_task: tuple[int, ...] | None = None
-    # How many of its task's GPUs each task's one worker uses (MirroredStrategyRunner: num_slots
-    # GPUs spread over the tasks; 0 hides them). None: each rank gets one GPU of its task.
+    # GPUs each task's one worker uses (MirroredStrategyRunner; 0 hides them). None: one per rank.
     gpus_per_task: tuple[int, ...] | None = None
-    # The Spark resource name the tasks hold their GPUs under.
-    gpu_resource_name: str = "gpu"
-    # The channel through the object store, for a task that cannot reach the driver (None: the
-    # run offers none).
-    relay: _relay.RelaySpec | None = None
+    gpu_resource_name: str = "gpu"  # the Spark resource the tasks hold their GPUs under
+    relay: _relay.RelaySpec | None = None  # None: the run offers no object store relay
 
 
 class DriverLink:
-    """This task's connection to the driver; a close from the driver means abort.
-
-    Sends a heartbeat every HEARTBEAT_INTERVAL_S and notes when it last heard from the driver
-    (``lost()``), since a cut network closes nothing.
-    """
+    """This task's connection to the driver; a close from the driver means abort. It sends a
+    heartbeat every HEARTBEAT_INTERVAL_S and notes when it last heard the driver (``lost()``)."""
 
     def __init__(self, spec: TaskSpec, slot: int):
-        # The rank's progress (rank, begun, finished, watch), sent with every heartbeat once
-        # the rank has reached hvd.init(); None before.
+        # The rank's progress, sent with every heartbeat once it has reached hvd.init().
         self.progress: dict | None = None
-        # Set when the driver asks for the rank's Python stacks (the run stalled).
         self.stacks_requested = threading.Event()
         self.conn, relayed = _connect(spec, slot)
         self.aborted = threading.Event()
@@ -405,12 +357,10 @@ class DriverLink:
         hello = {
             "type": _wire.HELLO,
             "token": spec.token,
-            # The rank slot's index in the plan: the task's partition where each task runs
-            # one rank, which is how the driver's reports name a rank before it has one.
+            # The rank slot's index in the plan: how the driver names a rank before it has one.
             "partition": slot,
             "hostname": socket.gethostname()[: _wire.MAX_HOSTNAME_CHARS],
-            # Why this task came through the relay: the driver logs it.
-            **({"relayed": relayed} if relayed else {}),
+            **({"relayed": relayed} if relayed else {}),  # why, for the driver's log
         }
         try:
             self.conn.send(hello)
@@ -473,8 +423,7 @@ class DriverLink:
         return list(reply["parts"])
 
     def _reply(self, kind: str, what: str, timeout_s: float, setting: str) -> dict:
-        """The driver's reply of type ``kind``; RankFailed if the driver closes first or the
-        reply takes longer than ``timeout_s`` (``setting``, in this module)."""
+        """The driver's reply of type ``kind``; RankFailed if it closes or ``timeout_s`` passes."""
         deadline = time.monotonic() + timeout_s
         with self._reply_ready:
             while (
@@ -504,16 +453,13 @@ class DriverLink:
 
 
 def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | _relay.TaskRelay, str | None]:
-    """This slot's connection to the driver: the direct one, else the relay (``_relay``) where
-    the run offers one; and why the relay, if it is used."""
+    """The direct connection, else the relay where the run offers one; and why the relay."""
     relay = spec.relay
     if relay is not None and relay.always:
-        return _relay.TaskRelay(
-            relay, slot
-        ), "the run asked for the relay (LaunchOptions relay='always')"
+        why = "the run asked for the relay (LaunchOptions relay='always')"
+        return _relay.TaskRelay(relay, slot), why
     address = (spec.driver_host, spec.driver_port)
-    # With a relay to fall back on, give the direct channel less time: a firewall that drops
-    # the connection makes the task wait this long before every run.
+    # With a relay, give the direct channel less time: a firewall that drops it costs every run.
     timeout_s = CONNECT_TIMEOUT_S if relay is None else RELAY_AFTER_S
     try:
         sock = socket.create_connection(address, timeout=timeout_s)
@@ -534,14 +480,11 @@ def _connect(spec: TaskSpec, slot: int) -> tuple[_wire.Connection | _relay.TaskR
             "LaunchOptions relay='auto' (the tf_collective and torch engines)"
         ) from None
     sock.settimeout(None)
-    # A send still stuck after heartbeat_timeout_s means the driver read nothing for that
-    # long: give it up (lost()) rather than block a thread, and the lock it holds, forever.
+    # A send stuck for heartbeat_timeout_s gives the driver up (lost()) rather than block a
+    # thread, and its lock, forever.
     seconds = spec.heartbeat_timeout_s
-    sock.setsockopt(
-        socket.SOL_SOCKET,
-        socket.SO_SNDTIMEO,
-        struct.pack("ll", int(seconds), int(seconds % 1 * 1e6)),
-    )
+    timeval = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
     return _wire.Connection(sock), None
 
 
@@ -556,9 +499,8 @@ def run_task(
     """Run this partition's ranks to their end; rank 0's pickled result, else None.
 
     ``gpu_addresses``: the GPUs this task holds (``_engines.gpus_owned``).
-    ``all_gather(message)``: every task's message, in partition order; the tf_collective
-    engine exchanges its workers' endpoints with it, the torch engine its master. By default
-    the exchange goes through the driver (``DriverLink.all_gather``).
+    ``all_gather(message)``: every task's message, in partition order (tf_collective's worker
+    endpoints, torch's master); by default through the driver (``DriverLink.all_gather``).
     ``task_context``: serves ``BarrierTaskContext`` to the rank, where the task runs one.
     """
     hosts = _engines.rank_hosts(task_hosts, spec.ranks_per_task)
@@ -568,9 +510,7 @@ def run_task(
     links = [DriverLink(spec, index) for index in range(first, first + count)]
     held = []
     try:
-        # No rank starts before the rendezvous server knows the plan: every task waits for the
-        # driver to accept it. (Spark's BarrierTaskContext.barrier() would order it too, but a
-        # task waiting in it looks once a second: a second of every launch.)
+        # No rank starts before the driver accepts the plan (Spark's barrier() polls: 1 s).
         links[0].request_plan(hosts)
         plan = _engines.plan_ranks(hosts)
         hostname = socket.gethostname()
@@ -599,10 +539,9 @@ def run_task(
         task_env = _engines.engine(spec.engine).task_env
         if task_env is not None:
             if all_gather is None:
-
-                def all_gather(part: str) -> list[str]:
-                    return links[0].all_gather(part, partition, len(task_hosts))
-
+                all_gather = functools.partial(
+                    links[0].all_gather, partition=partition, tasks=len(task_hosts)
+                )
             held = task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
@@ -636,12 +575,8 @@ def _rank_gpus(
 
 
 def _supervise_together(ranks: list, spec: TaskSpec) -> bytes | None:
-    """Supervise a task's ranks at once, one thread each (a task holding several GPUs).
-
-    Each rank asks to die with the thread that started it (``_rank``), and that thread
-    supervises it to its end. The first failure is raised; the driver, told by every rank,
-    names the one that caused the others and stops the rest.
-    """
+    """Supervise a task's ranks at once, one thread each: a rank dies with the thread that
+    started it. The first failure is raised; the driver names the one that caused the others."""
     results: dict[int, bytes | None] = {}
     errors: dict[int, BaseException] = {}
 
@@ -665,11 +600,8 @@ def _supervise_together(ranks: list, spec: TaskSpec) -> bytes | None:
 
 
 def barrier_task(spec: TaskSpec, _rows):
-    """One Spark barrier task: runs its ranks; rank 0's task yields the pickled result.
-
-    Lives here, not with the driver code, so executors import neither pydantic nor the
-    driver's servers.
-    """
+    """One Spark barrier task: runs its ranks; rank 0's task yields the pickled result. (Here,
+    not with the driver, so executors import neither pydantic nor the driver's servers.)"""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -678,13 +610,7 @@ def barrier_task(spec: TaskSpec, _rows):
     gpus = _engines.gpus_owned(
         os.environ.get(CUDA_VISIBLE_DEVICES), resource.addresses if resource else ()
     )
-    result = run_task(
-        spec,
-        ctx.partitionId(),
-        hosts,
-        gpus,
-        task_context=TaskContextServer(ctx),
-    )
+    result = run_task(spec, ctx.partitionId(), hosts, gpus, task_context=TaskContextServer(ctx))
     if result is not None:
         yield result
 
@@ -728,15 +654,10 @@ def _supervise(
             HVDFLOW_PARENT_PID: str(os.getpid()),
             HVDFLOW_STACKS_FILE: stacks_path,
             "PYTHONUNBUFFERED": "1",
-            # The rank's temporary files (TensorFlow's AutoGraph modules, MLflow's staging)
-            # go in this folder, under the task's own TMPDIR, and go with it when the rank
-            # ends, killed or not: a killed rank's atexit clean-up never runs.
-            "TMPDIR": workdir,
+            "TMPDIR": workdir,  # goes with the folder: a killed rank's atexit never runs
         }
-        # A new interpreter in its own session (its own process group: _kill_group stops all
-        # of it). No preexec_fn: it is unsafe in a process with threads. The rank sets
-        # PR_SET_PDEATHSIG on itself; the signal fires when this thread exits, and this thread
-        # supervises the rank to its end.
+        # Its own session, for _kill_group. No preexec_fn (unsafe with threads): the rank sets
+        # PR_SET_PDEATHSIG itself, which fires when this thread, its supervisor, exits.
         proc = subprocess.Popen(
             [sys.executable, "-m", RANK_MODULE, payload_path, result_path],
             env=env,
@@ -757,13 +678,8 @@ def _supervise(
             while proc.poll() is None:
                 if link.stacks_requested.is_set():
                     link.stacks_requested.clear()
-                    link.send(
-                        {
-                            "type": _wire.STACKS,
-                            "rank": rank,
-                            "text": _dump_stacks(proc, stacks_path),
-                        }
-                    )
+                    text = _dump_stacks(proc, stacks_path)
+                    link.send({"type": _wire.STACKS, "rank": rank, "text": text})
                 stopped = _decisions.stop_reason(
                     aborted=link.aborted.is_set(),
                     driver_silent=link.lost(),
@@ -790,10 +706,8 @@ def _supervise(
                 context.close()
 
         if reason is None and proc.returncode != 0:
-            reason, cause = (
-                _decisions.exit_reason(proc.returncode),
-                _decisions.exit_cause(proc.returncode),
-            )
+            reason = _decisions.exit_reason(proc.returncode)
+            cause = _decisions.exit_cause(proc.returncode)
         if reason is not None:
             message = f"{who} {reason}"
             _report_failure(link, rank, message, list(tail), exited_at, cause)
@@ -839,7 +753,6 @@ def _dump_stacks(proc: subprocess.Popen, path: str) -> str:
 
 
 def _resolve(hostname: str) -> str | None:
-    """The IPv4 address ``hostname`` resolves to here, or None."""
     try:
         return socket.gethostbyname(hostname)
     except OSError:
@@ -847,11 +760,8 @@ def _resolve(hostname: str) -> str | None:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the rank's process group, then SIGKILL what is left after a short grace.
-
-    SIGCONT follows SIGTERM, as systemd and Kubernetes do: a stopped process (SIGSTOP, a
-    debugger, a frozen cgroup) would keep SIGTERM pending through its grace and die by SIGKILL
-    without cleaning up; woken, it handles SIGTERM at once."""
+    """SIGTERM the rank's process group, then SIGKILL what is left after a short grace. SIGCONT
+    follows SIGTERM: a stopped process would otherwise die by SIGKILL without cleaning up."""
     for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -859,14 +769,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
                 os.killpg(proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             return
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
             return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _format_tail(tail: Sequence[str]) -> str:
-    if not tail:
-        return " (it wrote no output)"
-    return f". {errors.OUTPUT_HEADING}\n" + "\n".join(tail)
+    return f". {errors.OUTPUT_HEADING}\n" + "\n".join(tail) if tail else " (it wrote no output)"

@@ -1,20 +1,11 @@
 """The launcher's two contracts, imported by both ends of each: one JSON object per line.
 
-Driver <-> task, over TCP (or through the object store, ``_relay``): a task sends ``hello``
-(the run's token, its partition, its host's name), ``plan`` (partition 0; the driver answers
-``plan_ok`` once the rendezvous knows the plan), ``gather``, ``line`` (rank output), ``failed``
-(a rank ended badly, with the tail of its output) and a ``heartbeat`` every
-``HEARTBEAT_INTERVAL_S``, which the driver answers. The driver closes the connections to abort
-a run. A cut network closes nothing, so each side gives the other up after
-``heartbeat_timeout_s`` without a message (``_decisions``); a rank that stops progressing keeps
-its heartbeats going, so the driver asks for its stacks (``dump_stacks``) and fails the run.
+Driver <-> task, over TCP (or through the object store, ``_relay``): the message types below.
+The driver closes the connections to abort a run. A cut network closes nothing, so each side
+gives the other up after ``heartbeat_timeout_s`` without a message (``_decisions``).
 
-Rank -> task, over an inherited pipe: ``init`` (the engine started) and ``progress`` (batches
-begun and finished). A ``log_to_driver()`` message goes on the rank's stdout instead
-(``LOG_LINE_MARKER``), in order with what it printed.
-
-Lines and messages are capped (``MAX_LINE_BYTES``, ``MAX_MESSAGE_BYTES``): a rank printing one
-huge line cannot exhaust its task's or the driver's memory.
+Rank -> task, over an inherited pipe: ``EVENT_*``. A ``log_to_driver()`` message goes on the
+rank's stdout instead (``LOG_LINE_MARKER``), in order with what it printed.
 """
 
 from __future__ import annotations
@@ -36,23 +27,21 @@ from hvdflow.infra.constants import HVDFLOW_EVENT_FD
 logger = logging.getLogger(__name__)
 
 # --- Driver <-> task message types ---
-HELLO = "hello"
-PLAN = "plan"
+HELLO = "hello"  # the run's token, the task's partition, its host's name
+PLAN = "plan"  # from partition 0; the driver answers PLAN_OK once the rendezvous knows it
 PLAN_OK = "plan_ok"
-# task -> driver: this task's part of the run's one exchange (``tasks`` parts in all); the driver
-# answers every task with ``gathered``, the parts in partition order, once all have come.
+# This task's part of the run's one exchange; once all have come, the driver answers every task
+# with GATHERED, the parts in partition order.
 GATHER = "gather"
 GATHERED = "gathered"
-LINE = "line"
-FAILED = "failed"
-# task -> driver, last: the task ends on its own; a connection that ends without it lost its task.
+LINE = "line"  # a line of rank output
+FAILED = "failed"  # a rank ended badly, with the tail of its output
+# The task's last message: a connection that ends without it lost its task.
 BYE = "bye"
-# Sent by each task every HEARTBEAT_INTERVAL_S, and answered by the driver: proof of life both ways.
-# A task's heartbeat also carries its rank's training progress (``progress``, see EVENT_PROGRESS),
-# from which the driver tells a stalled rank (HorovodRunner stall_timeout_s).
+# Each task's, every HEARTBEAT_INTERVAL_S, answered by the driver: proof of life both ways. It
+# carries the rank's progress (EVENT_PROGRESS), from which the driver tells a stalled rank.
 HEARTBEAT = "heartbeat"
-# Driver -> every task, when the run stalled: dump your rank's Python stacks. Each task answers
-# with ``stacks`` (its rank and the text faulthandler wrote).
+# Driver -> every task, when the run stalled; each answers STACKS (its rank, faulthandler's text).
 DUMP_STACKS = "dump_stacks"
 STACKS = "stacks"
 
@@ -60,19 +49,16 @@ STACKS = "stacks"
 HEARTBEAT_INTERVAL_S = 2.0
 # The shortest heartbeat_timeout_s accepted, in intervals: one late heartbeat must not fail a run.
 MIN_HEARTBEATS_PER_TIMEOUT = 3
-# The default HorovodRunner heartbeat_timeout_s: long enough to ride out a driver's pause or a
-# busy executor; a host that is really gone costs this long before the run fails.
+# The default heartbeat_timeout_s: rides out a driver's pause or a busy executor.
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60.0
-# Longest host name a task reports in its hello: Linux's HOST_NAME_MAX. Escaped as JSON, the
-# worst such name still fits the driver's cap on a hello (_driver.HELLO_MAX_BYTES).
+# Longest host name in a hello: Linux's HOST_NAME_MAX; escaped, it fits _driver.HELLO_MAX_BYTES.
 MAX_HOSTNAME_CHARS = 64
 
 # --- Engines: what the ranks synchronise with (named in infra.constants) ---
 HOROVOD, TF_COLLECTIVE, TORCH = c.HOROVOD, c.TF_COLLECTIVE, c.TORCH
 
 # --- Rank -> task events, on the pipe named by HVDFLOW_EVENT_FD ---
-# The rank returned from hvd.init(), or created its MultiWorkerMirroredStrategy: the task's start
-# timeout (start_timeout_s) no longer applies.
+# The rank joined (returned from hvd.init(), created its strategy, ...): start_timeout_s is over.
 EVENT_INIT = "init"
 # Training progress: batches ``begun`` and ``finished`` so far, and whether the stall watch
 # applies (``watch`` is false outside the batch loop, e.g. while rank 0 uploads the model).
@@ -89,14 +75,13 @@ CAUSE_STOPPED = "stopped"
 CAUSE_HOST = "host"
 # The rank exited with EX_TEMPFAIL: a service it needs (the object store) was unreachable.
 CAUSE_UNAVAILABLE = "unavailable"
-# The driver itself failed while reading a task's messages (a full disk under its log, no
-# memory): the rank is not to blame, and a new attempt gets a new channel.
+# The driver failed reading a task's messages (full disk, no memory): not the rank's fault.
 CAUSE_DRIVER = "driver"
 TRANSIENT_CAUSES = frozenset(
     {CAUSE_SIGNAL, CAUSE_LOST, CAUSE_STALLED, CAUSE_UNAVAILABLE, CAUSE_DRIVER}
 )
-# sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"): the status of a
-# rank whose main raised an exception with a true ``transient`` attribute.
+# sysexits.h's EX_TEMPFAIL: the status of a rank whose main raised an exception with a true
+# ``transient`` attribute.
 EXIT_TEMPFAIL = 75
 # Longest stack dump a task ships per rank, in characters (the tail of a longer one is dropped).
 MAX_STACKS_CHARS = 16 * 1024
@@ -105,21 +90,19 @@ MAX_STACKS_CHARS = 16 * 1024
 STDOUT = "stdout"
 STDERR = "stderr"
 CALLBACK = "log"
-# A log_to_driver() message travels on the rank's stdout, as one line that starts with this
-# marker and holds JSON (``{"text": ..., "time": ...}``): on the same pipe as the rank's prints,
-# it reaches the driver in the order they were written. Pure ASCII (JSON's escapes), so the
-# longest message (``LOG_TO_DRIVER_CHARS``, 12 bytes a character at worst) fits
-# MAX_LINE_BYTES.
+# A log_to_driver() message travels on the rank's stdout, in order with its prints, as one line:
+# this marker, then JSON (``{"text": ..., "time": ...}``). Pure ASCII (JSON's escapes), so the
+# longest message (LOG_TO_DRIVER_CHARS, 12 bytes a character at worst) fits MAX_LINE_BYTES.
 LOG_LINE_MARKER = "\x00hvdflow-log\x00"
+_LOG_LINE_MARKER_BYTES = LOG_LINE_MARKER.encode()
 
-# Longest line of rank output shipped whole, in bytes without the newline. The rest of a longer
-# line is read and dropped, never held: TRUNCATED (with the line's full length) marks the cut.
+# Longest line of rank output shipped whole, in bytes without the newline: a rank printing one huge
+# line cannot exhaust memory. The rest is read and dropped; TRUNCATED (the full length) marks it.
 MAX_LINE_BYTES = 64 * 1024
 TRUNCATED = " [... line truncated: {total} bytes]"
 # Longest message the driver (and a task) accepts, newline included; a longer one closes that
-# connection. JSON escaping turns a byte of text into at most 6 bytes (\u0000) and a character
-# into at most 12 (a surrogate pair): a line message (MAX_LINE_BYTES of text) and a failure report
-# (TAIL_LINES lines of TAIL_LINE_CHARS characters) both stay well under this.
+# connection. JSON escaping makes a character at most 12 bytes: a line message and a failure
+# report (TAIL_LINES of TAIL_LINE_CHARS) stay well under this.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Lines of output, and characters of each, a failure report carries for the error message.
 TAIL_LINES = 40
@@ -133,10 +116,8 @@ def log_line(text: str, at: float) -> str:
 
 def split_log_line(raw: bytes) -> tuple[bytes, tuple[str, float] | None]:
     """A line of a rank's stdout as (what the rank printed, the ``log_line`` message or None).
-
-    The message may follow output the rank left without a newline (a progress bar's ``\\r``).
-    A cut or stray line with the marker is output, shown as it is.
-    """
+    The message may follow output left without a newline (a progress bar's ``\\r``); a cut or
+    stray line with the marker is output, shown as it is."""
     at = raw.find(_LOG_LINE_MARKER_BYTES)
     if at < 0:
         return raw, None
@@ -145,9 +126,6 @@ def split_log_line(raw: bytes) -> tuple[bytes, tuple[str, float] | None]:
         return raw[:at], (str(message["text"]), float(message["time"]))
     except (ValueError, TypeError, KeyError):
         return raw, None
-
-
-_LOG_LINE_MARKER_BYTES = LOG_LINE_MARKER.encode()
 
 
 class MessageTooLarge(ValueError):
@@ -177,11 +155,8 @@ class LogLine:
 
 
 def read_line(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> tuple[bytes, int] | None:
-    """The next line without its newline, cut to ``limit`` bytes, and its full length in bytes.
-
-    None at the end of the stream. The part of a longer line past ``limit`` is read in chunks and
-    dropped, so memory stays bounded whatever the other side writes.
-    """
+    """The next line without its newline, cut to ``limit`` bytes, and its full length in bytes;
+    None at the end. The rest of a longer line is read in chunks and dropped."""
     raw = stream.readline(limit + 1)
     if not raw:
         return None
@@ -223,11 +198,8 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def read_message(stream: BinaryIO, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
-    """The next message, or None when the other side closed the connection.
-
-    Raises MessageTooLarge for a message over ``limit`` bytes (newline included), having read no
-    more than ``limit + 1`` bytes of it.
-    """
+    """The next message, or None when the other side closed the connection. MessageTooLarge for
+    one over ``limit`` bytes (newline included), having read no more than ``limit + 1`` of it."""
     raw = stream.readline(limit + 1)
     if not raw:
         return None
@@ -250,11 +222,8 @@ class Connection:
             self.sock.sendall(data)
 
     def receive(self, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
-        """The next message; None when the connection ended, timed out or broke the contract.
-
-        A message over ``limit`` bytes closes the connection: what follows it cannot be trusted
-        to start at a message boundary, and reading it whole is what the limit prevents.
-        """
+        """The next message; None when the connection ended, timed out or broke the contract. One
+        over ``limit`` bytes closes it: what follows may not start at a message boundary."""
         try:
             return read_message(self.reader, limit)
         except MessageTooLarge as e:
@@ -292,10 +261,7 @@ def _event_pipe():
 
 
 def emit_event(event: str, **fields) -> bool:
-    """Send one event (``EVENT_*``) to the supervising task; False outside a rank.
-
-    Never raises.
-    """
+    """Send one event (``EVENT_*``) to the supervising task; False outside a rank. Never raises."""
     with _lock:
         try:
             pipe = _event_pipe()
@@ -304,8 +270,7 @@ def emit_event(event: str, **fields) -> bool:
             pipe.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
             return True
         except (OSError, ValueError):
-            # Shipping logs is best effort: a closed pipe must never fail training.
-            return False
+            return False  # best effort: a closed pipe must never fail training
 
 
 # Databricks' log_to_driver: "If message length is greater than 4000, it will be truncated."
@@ -317,8 +282,7 @@ def log_to_driver(message: str) -> None:
     """Show ``message`` on the driver, tagged with this rank, whatever the log verbosity.
 
     As Databricks' ``sparkdl.horovod.log_to_driver``: a message over 4,000 characters is cut
-    there and ends with ``...(truncated)``. It reaches the driver after what the rank printed
-    before it (it travels on stdout, ``LOG_LINE_MARKER``).
+    there and ends with ``...(truncated)``. It arrives after what the rank printed before it.
     """
     text = str(message)
     if len(text) > LOG_TO_DRIVER_CHARS:
@@ -343,8 +307,7 @@ def _write_to_stdout(text: str) -> bool:
 def report_progress(begun: int, finished: int, watch: bool = True) -> None:
     """Tell the stall watch how many batches this rank has begun and finished so far.
 
-    ``watch=False`` says the rank left the batch loop (its last batch is done; it evaluates,
-    saves or exits): no progress is expected from it until it reports with ``watch=True`` again.
-    A no-op outside a HorovodRunner rank. Cheap enough for every batch.
+    ``watch=False``: the rank left the batch loop (it evaluates, saves or exits), so no progress
+    is expected until it reports with ``watch=True``. A no-op outside a rank; cheap per batch.
     """
     emit_event(EVENT_PROGRESS, begun=int(begun), finished=int(finished), watch=bool(watch))

@@ -1,8 +1,6 @@
 """What the runners raise, as classes a user can catch (``from hvdflow import RankFailed``), and
-the one-line texts they carry.
-
-The originals raise a plain ``Exception`` or ``RuntimeError`` where these say which failure it
-was; each is a ``RuntimeError``, so code written for the originals catches them unchanged.
+the one-line texts they carry. Each is a ``RuntimeError``, so code written for the originals
+(a plain ``Exception`` or ``RuntimeError``) catches them unchanged.
 """
 
 from __future__ import annotations
@@ -14,11 +12,8 @@ from hvdflow.infra.launcher import _wire
 
 
 class RankFailed(RuntimeError):
-    """A rank exited non-zero, timed out at start, stalled, was lost or was stopped.
-
-    ``cause`` says which (one of ``_wire``'s ``CAUSE_*``); ``transient`` whether running again
-    may succeed (a killed process, a lost host, a stall) rather than fail the same way.
-    """
+    """A rank exited non-zero, timed out at start, stalled, was lost or was stopped: ``cause``
+    says which (``_wire.CAUSE_*``), ``transient`` whether running again may succeed."""
 
     cause: str | None = None
 
@@ -39,19 +34,16 @@ class EncryptionRequired(RuntimeError):
 
 
 class GpuSchedulingNotEnabled(RuntimeError):
-    """``use_gpu=True`` on a cluster without ``spark.task.resource.<name>.amount`` (the
-    original raises a plain ``Exception`` here: this is one, and says more)."""
+    """``use_gpu=True`` on a cluster without ``spark.task.resource.<name>.amount``."""
 
 
-# The headings of what follows the first line of a rank's failure: its last lines of output,
-# or every rank's Python stacks after a stall.
+# Headings of what follows a rank failure's first line.
 OUTPUT_HEADING = "Last lines of its output:"
 STACKS_HEADING = "Python stacks of every rank:"
 
 
 def headline(error: BaseException) -> str:
-    """The first line of ``error``'s message without the heading of the lines after it: what a
-    one-line record of the failure shows ("training attempt 1 of 3 failed (...)")."""
+    """The first line of ``error``'s message, without the heading of the lines after it."""
     lines = str(error).splitlines()
     first = lines[0] if lines else type(error).__name__
     for heading in (OUTPUT_HEADING, STACKS_HEADING):
@@ -61,16 +53,13 @@ def headline(error: BaseException) -> str:
 
 
 def rank_failed(message: str, cause: str | None) -> RankFailed:
-    """A ``RankFailed`` with its ``cause``, set as an attribute so that the exception still
-    pickles (Spark carries a task's exception back to the driver)."""
+    """``cause`` is set as an attribute so that the error still pickles (Spark carries it)."""
     error = RankFailed(message)
     error.cause = cause
     return error
 
 
 # --- A failed Spark job's error, in one line a user can act on ---
-# Spark wraps a task's Python error in py4j's Java traceback; the line that says what went wrong
-# is deep inside.
 
 
 def first_line(error: BaseException) -> str:
@@ -79,10 +68,8 @@ def first_line(error: BaseException) -> str:
     if "cancelled" in text.lower():
         return "it was cancelled"
     lines = text.splitlines()
-    # A Python error inside a task: its last traceback line names it. Spark 3 writes
-    # "PythonException: Traceback ..."; Spark 4 (classic and Connect) "PythonException:
-    # [PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback ...", after
-    # a barrier stage's own first line, which says only that a task failed.
+    # A task's Python error: its traceback's last line names it ("PythonException: ... Traceback",
+    # in Spark 4 after the barrier stage's own first line).
     for i, line in enumerate(lines):
         if "PythonException:" in line and "Traceback" in line:
             for follow in lines[i + 1 :]:
@@ -102,9 +89,8 @@ def hint(error_line: str) -> str:
 
 
 # --- A cluster that requires encryption ---
-# Gloo's and TensorFlow's collectives carry gradients unencrypted: a cluster with
-# spark.ssl.enabled is refused, as the originals refuse it, unless its owner set the face's
-# override conf to true.
+# Gloo's and TensorFlow's collectives are unencrypted: refuse spark.ssl.enabled, as the originals
+# do, unless the face's override conf is true.
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,9 @@
 """The runners' options beyond the originals' arguments, as typed, frozen objects.
 
-``LaunchOptions``: how hvdflow launches and watches the ranks (engine, timeouts, logs, the
-variables they get). ``HorovodOptions``: Horovod's knobs, turned into each rank's environment.
-``launch_settings``: LaunchOptions' fields as a pydantic model with the same types, defaults and
-checks, for parameters that take them as data (the pipeline's ``launcher``). Both runners take
-the options as ``options=``, so that their own arguments read as Databricks and
-spark-tensorflow-distributor document them::
+``LaunchOptions``: how hvdflow launches and watches the ranks. ``HorovodOptions``: Horovod's
+knobs, as each rank's environment. ``launch_settings``: LaunchOptions' fields as a pydantic
+model, for parameters that take them as data. The runners take them as ``options=``, so that
+their own arguments read as the originals document them::
 
     HorovodRunner(np=2, options=LaunchOptions(stall_timeout_s=120, horovod=HorovodOptions(
         cycle_time_ms=10)))
@@ -24,21 +22,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model,
 
 from hvdflow.infra import constants as c
 from hvdflow.infra.launcher import _wire
-from hvdflow.infra.secrets import (
-    SECRET_NAME_PATTERN,
-    SECRET_URL_PATTERN,
-    check_reference,
-    resolve,
-)
+from hvdflow.infra.secrets import SECRET_NAME_PATTERN, SECRET_URL_PATTERN, check_reference, resolve
 
 logger = logging.getLogger(__name__)
 
 
 class HorovodOptions(BaseModel):
-    """Settings passed to every rank as the environment variables Horovod reads at ``hvd.init()``.
-
-    Unset fields leave Horovod's own defaults in place.
-    """
+    """Settings passed to every rank as the environment variables Horovod reads at ``hvd.init()``;
+    unset fields leave Horovod's own defaults."""
 
     # extra_env may hold secrets: a validation error never repeats the input.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
@@ -56,9 +47,8 @@ class HorovodOptions(BaseModel):
     gloo_timeout_s: Annotated[int, Field(gt=0)] | None = None
     fp16_compression: bool = Field(
         default=False,
-        description="send gradients as float16 in the allreduce (half the bytes on the wire, "
-        "Horovod 0.16's compression); read by the training function, not an environment "
-        "variable",
+        description="send gradients as float16 in the allreduce (half the bytes on the wire); "
+        "read by the training function, not an environment variable",
     )
     extra_env: dict[str, str] = Field(
         default_factory=dict,
@@ -82,10 +72,8 @@ class HorovodOptions(BaseModel):
         return extra_env
 
     def to_env(self) -> dict[str, str]:
-        """The environment variables for these settings, exactly as each rank gets them.
-
-        Resolves ``extra_env``'s references (see ``hvdflow.infra.secrets``): call it only to launch.
-        """
+        """The variables exactly as each rank gets them, ``extra_env``'s references resolved
+        (``hvdflow.infra.secrets``): call it only to launch."""
         env: dict[str, str] = {}
         if self.timeline_path:
             env[c.HOROVOD_TIMELINE] = self.timeline_path
@@ -101,9 +89,8 @@ class HorovodOptions(BaseModel):
             env[c.HOROVOD_CYCLE_TIME] = f"{self.cycle_time_ms:g}"
         if self.gloo_timeout_s is not None:
             env[c.HOROVOD_GLOO_TIMEOUT_SECONDS] = str(self.gloo_timeout_s)
-        env.update(
-            {name: resolve(value, f"extra_env[{name!r}]") for name, value in self.extra_env.items()}
-        )
+        for name, value in self.extra_env.items():
+            env[name] = resolve(value, f"extra_env[{name!r}]")
         return env
 
     def warn_about_costs(self, forwarded: Mapping[str, str] | None = None) -> None:
@@ -123,18 +110,15 @@ RELAY_MODES = ("auto", "always", "never")
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
-    """How hvdflow launches, watches and logs the ranks; every field has a default.
-
-    Checked when created: a bad value raises ValueError naming the field.
+    """How hvdflow launches, watches and logs the ranks; every field has a default. Checked when
+    created: a bad value raises ValueError naming the field.
 
     Args:
-        engine: ``"horovod"`` (Gloo rendezvous on the driver) or ``"tf_collective"``: each rank
-            gets TF_CONFIG naming every rank's endpoint, for TensorFlow's
-            MultiWorkerMirroredStrategy; rank r is its worker r, rank 0 its chief
-            (``MirroredStrategyRunner`` always uses it); or ``"torch"``: each rank gets the
-            environment torchrun gives its processes (RANK, WORLD_SIZE, LOCAL_RANK,
-            MASTER_ADDR, MASTER_PORT, ...), so ``torch.distributed.init_process_group()``
-            needs no arguments (``TorchDistributor`` always uses it).
+        engine: ``"horovod"`` (Gloo rendezvous on the driver); ``"tf_collective"``: each rank
+            gets TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy, rank r its worker r,
+            rank 0 its chief (``MirroredStrategyRunner``'s); or ``"torch"``: each rank gets
+            torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), so
+            ``init_process_group()`` needs no arguments (``TorchDistributor``'s).
         horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
         spark: the session to run on; default: the active one, else ``hvdflow.get_spark()``.
         start_timeout_s: a rank that has not reached ``hvd.init()`` (or created its strategy,
@@ -145,9 +129,8 @@ class LaunchOptions:
             the driver for this long kills its rank. At least 6 s (3 heartbeats).
         stall_timeout_s: a rank that finishes no batch for this long after ``hvd.init()``
             fails the run, named, with every rank's Python stacks in the error. Ranks report
-            batches with ``report_progress`` (``hvdflow.training.callbacks.ProgressCallback``
-            does it in Keras); None (the default) turns the watch off, for a ``main`` that
-            reports none.
+            batches with ``report_progress`` (Keras: ``training.callbacks.ProgressCallback``);
+            None (the default) turns the watch off, for a ``main`` that reports none.
         timeout_s: optional limit for the whole run.
         log_dir: where the run's log file goes; default: a new folder under
             ``$HVDFLOW_HOME/logs/runs/`` (``~/.hvdflow``), named by the time and the run id.
@@ -156,9 +139,8 @@ class LaunchOptions:
             (default: the standard AWS and MLflow variables and hvdflow's own).
         relay: how the tasks reach the driver. ``"auto"`` (the default): directly, and through
             the object store (``AWS_ENDPOINT_URL``, ``HVDFLOW_BUCKET``) for a task that cannot
-            connect within 5 s, as when the driver is a Spark Connect client no executor can
-            reach; ``"always"``: through the object store only; ``"never"``: directly only.
-            The horovod engine's rendezvous is on the driver: it needs the direct channel.
+            connect within 5 s (a Spark Connect client no executor reaches); ``"always"``: the
+            object store only (not with engine horovod); ``"never"``: directly only.
     """
 
     engine: str = c.HOROVOD
@@ -215,8 +197,10 @@ def relay_engine_error(relay: str, engine: str, where: str = "") -> str | None:
     return None
 
 
+# Each ``*_error``: why ``value`` is no valid setting of that name; None if it is.
+
+
 def heartbeat_timeout_error(value: Any) -> str | None:
-    """Why ``value`` is no valid ``heartbeat_timeout_s``; None if it is."""
     shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= shortest:
         return (
@@ -228,7 +212,6 @@ def heartbeat_timeout_error(value: Any) -> str | None:
 
 
 def stall_timeout_error(value: Any) -> str | None:
-    """Why ``value`` is no valid ``stall_timeout_s``; None if it is (None turns the watch off)."""
     if value is None:
         return None
     shortest = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
@@ -241,21 +224,18 @@ def stall_timeout_error(value: Any) -> str | None:
 
 
 def engine_error(value: Any) -> str | None:
-    """Why ``value`` is no valid ``engine``; None if it is."""
     if value not in c.ENGINES:
         return f"engine={value!r}: expected one of {', '.join(c.ENGINES)}"
     return None
 
 
 def relay_error(value: Any) -> str | None:
-    """Why ``value`` is no valid ``relay``; None if it is."""
     if value not in RELAY_MODES:
         return f"relay={value!r}: expected one of {', '.join(RELAY_MODES)}"
     return None
 
 
 def horovod_error(value: Any) -> str | None:
-    """Why ``value`` is no valid ``horovod``; None if it is."""
     if not isinstance(value, HorovodOptions):
         return f"horovod={value!r}: expected a HorovodOptions (from hvdflow import HorovodOptions)"
     return None
@@ -274,9 +254,8 @@ def _seconds_error(name: str, none_ok: bool) -> Callable[[Any], str | None]:
     return error
 
 
-# Each field's own check, in the order LaunchOptions makes them (relay's fit to the engine comes
-# right after relay's): the one place a launcher option is checked, by the runners and by the
-# parameters that take the options as data (``launch_settings``).
+# Each field's own check, in the order LaunchOptions makes them (relay_engine_error right after
+# relay's): the one place a launcher option is checked, for the runners and ``launch_settings``.
 FIELD_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "engine": engine_error,
     "relay": relay_error,
@@ -291,8 +270,7 @@ FIELD_CHECKS: dict[str, Callable[[Any], str | None]] = {
 
 class _LaunchSettings(BaseModel):
     def launch_options(self, **run: Any) -> LaunchOptions:
-        """These settings as ``LaunchOptions``, with what ``run`` gives (its Spark session, log
-        folder, ...) added or put in their place."""
+        """These settings as ``LaunchOptions``, what ``run`` gives (its session, ...) winning."""
         names = {f.name for f in dataclasses.fields(LaunchOptions)}
         given = {name: getattr(self, name) for name in type(self).model_fields if name in names}
         return LaunchOptions(**{**given, **run})
@@ -300,11 +278,9 @@ class _LaunchSettings(BaseModel):
 
 def launch_settings(*names: str, **defaults: Any) -> type[_LaunchSettings]:
     """A pydantic model of the ``LaunchOptions`` fields ``names``, for parameters that take them as
-    data (a flow's YAML, JSON or form): the fields' types, defaults and checks
-    (``FIELD_CHECKS``) are LaunchOptions', but for ``defaults`` (a value, or a function that
-    gives it). ``launch_options()`` makes the ``LaunchOptions`` of a model's values. The check
-    of two fields together (``relay_engine_error``) is the parameters' own, where they can name
-    their settings."""
+    data (YAML, JSON, a form), with LaunchOptions' types, defaults (but for ``defaults``: a value
+    or a function giving it) and ``FIELD_CHECKS``; ``launch_options()`` makes the LaunchOptions.
+    ``relay_engine_error`` is left to the parameters, which can name their settings."""
     hints = typing.get_type_hints(LaunchOptions)
     found = {f.name: f for f in dataclasses.fields(LaunchOptions)}
     fields: dict[str, Any] = {}

@@ -1,28 +1,7 @@
-"""The launcher's public faces, each the API of the runner it replaces, over one core
-(``_driver.Launch``): each face checks its arguments, builds one frozen ``LaunchPlan``, runs it.
-
-``HorovodRunner``: Databricks' ``sparkdl.HorovodRunner``::
-
-    def train(learning_rate):
-        import horovod.tensorflow.keras as hvd
-        hvd.init()
-        ...
-        return model.get_weights()
-
-    weights = HorovodRunner(np=2).run(train, learning_rate=0.1)
-
-``np > 0`` runs one barrier task per rank on the cluster; ``np < 0`` runs ``-np`` rank
-processes on the driver, for local debugging. hvdflow's own settings (the engine, Horovod's
-knobs, timeouts, logs) are one ``LaunchOptions``: ``HorovodRunner(np=2,
-options=LaunchOptions(stall_timeout_s=120))``.
-
-``MirroredStrategyRunner``: spark-tensorflow-distributor's (``num_slots``, ``local_mode``,
-``use_gpu``, ``gpu_resource_name``, ``use_custom_strategy``): each barrier task one worker of a
-``MultiWorkerMirroredStrategy``.
-
-``TorchDistributor``: pyspark's ``pyspark.ml.torch.distributor.TorchDistributor``
-(``num_processes``, ``local_mode``, ``use_gpu``; ``run(function, *args)`` or ``run("train.py",
-"--lr=1e-3")``): each process gets torchrun's environment.
+"""The launcher's public faces, each the API of the runner it replaces (Databricks'
+``HorovodRunner``, spark-tensorflow-distributor's ``MirroredStrategyRunner``, pyspark's
+``TorchDistributor``), over one core (``_driver.Launch``): each face checks its arguments, builds
+one frozen ``LaunchPlan``, runs it.
 
 Code written for the originals moves here by changing one import. On top of them: the ranks'
 output streams to the driver with rank prefixes, a rank that dies or hangs fails the run naming
@@ -48,25 +27,10 @@ from hvdflow.infra.constants import (
     TORCHELASTIC_RESTART_COUNT,
 )
 from hvdflow.infra.launcher import _wire
-from hvdflow.infra.launcher._driver import (
-    Launch,
-    LaunchPlan,
-    Verbosity,
-    task_gpu_amount,
-)
-from hvdflow.infra.launcher._engines import (
-    GpuPlan,
-    gpus_owned,
-    split_evenly,
-)
-from hvdflow.infra.launcher.errors import (
-    GpuSchedulingNotEnabled,
-    RankFailed,
-    headline,
-)
+from hvdflow.infra.launcher._driver import Launch, LaunchPlan, Verbosity, task_gpu_amount
+from hvdflow.infra.launcher._engines import GpuPlan, gpus_owned, split_evenly
+from hvdflow.infra.launcher.errors import GpuSchedulingNotEnabled, RankFailed, headline
 from hvdflow.infra.launcher.options import LaunchOptions, checked_options
-
-# --- HorovodRunner ---
 
 logger = logging.getLogger(__name__)
 
@@ -80,23 +44,23 @@ def face_options(options: LaunchOptions | None, **fixed: Any) -> LaunchOptions:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
 
         spark = get_spark()
-    options = dataclasses.replace(options, spark=spark, **fixed)
-    return options
+    return dataclasses.replace(options, spark=spark, **fixed)
+
+
+# --- HorovodRunner ---
 
 
 class HorovodRunner:
     """Runs ``main`` as ``np`` Horovod ranks and returns rank 0's return value.
 
     Args:
-        np: number of ranks. ``np > 0``: Spark barrier tasks on the active (or default) Spark
-            session, one rank per task slot, which maps to a GPU on a GPU cluster: where each
+        np: number of ranks. ``np > 0``: Spark barrier tasks, one rank per task slot; where a
             task holds k GPUs (``spark.task.resource.gpu.amount``), ``ceil(np / k)`` tasks run
-            up to k ranks each, every rank seeing one GPU. ``np < 0``: ``-np`` processes on
-            the driver, without Spark, one GPU of the driver each where it has some.
+            up to k ranks, one GPU each. ``np < 0``: ``-np`` processes on the driver, without
+            Spark, one of its GPUs each where it has some.
         driver_log_verbosity: ``"log_callback_only"`` shows only ``log_to_driver`` messages in
-            the driver's log; ``"all"`` shows every line the ranks write. Every line always
-            goes to the run's log file (``log_path`` after ``run``) and to
-            ``options.on_log_line``.
+            the driver's log, ``"all"`` every line the ranks write; every line always goes to
+            the run's log file (``log_path``) and to ``options.on_log_line``.
         options: what hvdflow adds to Databricks' two arguments (``LaunchOptions``: the engine,
             Horovod's knobs, timeouts and liveness, where the log goes, the Spark session).
 
@@ -136,13 +100,10 @@ class HorovodRunner:
 
 # --- MirroredStrategyRunner ---
 
-
 # The original's override for clusters with spark.ssl.enabled.
 MIRRORED_IGNORE_SSL = "tensorflow.spark.distributor.ignoreSsl"
-
-
 # How errors name this face, its size argument and its SSL override (the launcher refuses an
-# encrypted cluster before any task starts).
+# encrypted cluster before any task starts); likewise TORCH_PLAN.
 MIRRORED_PLAN = LaunchPlan(
     face="MirroredStrategyRunner", size_argument="num_slots", ignore_ssl_conf=MIRRORED_IGNORE_SSL
 )
@@ -164,13 +125,11 @@ class MirroredStrategyRunner:
         gpu_resource_name: the Spark resource name the GPUs are scheduled under.
         use_custom_strategy: ``train_fn`` creates its own strategy; otherwise the runner creates
             a MultiWorkerMirroredStrategy and calls ``train_fn`` inside its scope.
-        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``start_timeout_s``,
-            ``stall_timeout_s``, ``log_dir``, ``on_log_line``, ...); its ``engine`` is always
-            ``tf_collective`` here.
+        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``stall_timeout_s``,
+            ``log_dir``, ...); its ``engine`` is always ``tf_collective`` here.
 
-    Inside ``train_fn``, ``pyspark.BarrierTaskContext.get()`` answers as in the Spark task that
-    runs the worker (``allGather``, ``barrier``, ``partitionId``, ``getTaskInfos``,
-    ``resources``), as in the original; in local mode there is no barrier task, as there.
+    Inside ``train_fn``, ``pyspark.BarrierTaskContext.get()`` answers as in the worker's Spark
+    task (``allGather``, ``barrier``, ``getTaskInfos``, ...), as in the original; not locally.
 
     Attributes:
         sc: the SparkContext the runner trains on (the active session's, as the original).
@@ -238,20 +197,15 @@ class MirroredStrategyRunner:
         """``train_fn(**kwargs)`` on every worker; the chief's (worker 0's) return value, or in
         local mode the one worker's."""
         main = partial(_in_strategy, train_fn, self.use_custom_strategy)
-        if self.local_mode:
-            self._runner = self._local_runner()
-        else:
-            self._runner = self._cluster_runner()
+        self._runner = self._local_runner() if self.local_mode else self._cluster_runner()
         return self._runner.run(main, kwargs)
 
     def _cluster_runner(self) -> Launch:
         tasks = self._num_tasks
         per_task = split_evenly(self.num_slots, tasks) if self.use_gpu else [0] * tasks
-        plan = dataclasses.replace(
-            MIRRORED_PLAN,
-            gpu_plan=GpuPlan(per_task=tuple(per_task), resource_name=self.gpu_resource_name),
-            asked=f"num_slots={self.num_slots} ({tasks} Spark tasks)",
-        )
+        gpus = GpuPlan(per_task=tuple(per_task), resource_name=self.gpu_resource_name)
+        asked = f"num_slots={self.num_slots} ({tasks} Spark tasks)"
+        plan = dataclasses.replace(MIRRORED_PLAN, gpu_plan=gpus, asked=asked)
         logger.info(
             "MirroredStrategyRunner: %d worker(s) as Spark barrier tasks, %s",
             tasks,
@@ -277,13 +231,11 @@ class MirroredStrategyRunner:
                     "engine='tf_collective') runs n CPU workers on the driver)"
                 )
             owned, per_task = [], 0
-        plan = dataclasses.replace(
-            MIRRORED_PLAN,
-            gpu_plan=GpuPlan(
-                per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
-            ),
-            asked=f"num_slots={self.num_slots} (local mode)",
+        gpus = GpuPlan(
+            per_task=(per_task,), resource_name=self.gpu_resource_name, driver_gpus=tuple(owned)
         )
+        asked = f"num_slots={self.num_slots} (local mode)"
+        plan = dataclasses.replace(MIRRORED_PLAN, gpu_plan=gpus, asked=asked)
         return Launch(dataclasses.replace(plan, np=-1, options=self._options))
 
     def _driver_gpus(self) -> list[str]:
@@ -314,15 +266,10 @@ def _in_strategy(train_fn, use_custom_strategy: bool, **kwargs: Any) -> Any:
 
 # --- TorchDistributor ---
 
-
-# The original's override for clusters with spark.ssl.enabled.
+# pyspark's override for clusters with spark.ssl.enabled.
 TORCH_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"
 # The Spark resource name the original schedules GPUs under (it has no argument for another).
 GPU_RESOURCE = "gpu"
-
-
-# How errors name this face, its size argument and its SSL override (the launcher refuses an
-# encrypted cluster before any task starts).
 TORCH_PLAN = LaunchPlan(
     face="TorchDistributor", size_argument="num_processes", ignore_ssl_conf=TORCH_IGNORE_SSL
 )
@@ -334,26 +281,20 @@ class TorchDistributor:
 
     Args:
         num_processes: processes that train together; at least 1. On GPUs, one per GPU.
-        local_mode: run every process on the driver (the original's default); with
-            ``use_gpu``, at most as many as the driver has GPUs (more are cut to that, with a
-            warning, as the original does).
-        use_gpu: train on GPUs (Spark's GPU-aware scheduling must be on for the tasks,
-            ``spark.driver.resource.gpu`` for local mode); False hides every GPU
-            (CUDA_VISIBLE_DEVICES="").
+        local_mode: run every process on the driver (the original's default); with ``use_gpu``,
+            at most one per driver GPU (more are cut, with a warning, as in the original).
+        use_gpu: train on GPUs (Spark's GPU-aware scheduling on for the tasks, or
+            ``spark.driver.resource.gpu`` locally); False hides every GPU (CUDA_VISIBLE_DEVICES="").
         max_restarts: hvdflow's addition, torchrun's ``--max-restarts``: how many times a run
             whose process was killed or whose host was lost (``RankFailed.transient``) starts
-            again, every process anew, with TORCHELASTIC_RESTART_COUNT counting the restarts;
-            ``train_fn`` resumes from its own checkpoint, as under torchrun. A process that
-            raised is not restarted: it would fail the same way. pyspark's never restarts
-            (SPARK-25161).
-        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``start_timeout_s``,
-            ``stall_timeout_s``, ``heartbeat_timeout_s``, ``log_dir``, ``on_log_line``, ...);
-            its ``engine`` is always ``torch`` here.
+            again, every process anew (TORCHELASTIC_RESTART_COUNT counts), resuming from its own
+            checkpoint. A process that raised is not restarted: it would fail the same way.
+        options: what hvdflow adds (``LaunchOptions``: ``spark``, ``stall_timeout_s``,
+            ``log_dir``, ...); its ``engine`` is always ``torch`` here.
 
     Attributes:
         spark: the SparkSession the processes run on (the active one, as the original).
-        num_tasks: the number of Spark tasks that train (``num_processes`` in local mode, as
-            the original reports it).
+        num_tasks: the number of Spark tasks that train (``num_processes`` in local mode).
     """
 
     def __init__(
@@ -401,12 +342,11 @@ class TorchDistributor:
     def _get_num_tasks(self) -> int:
         """Spark tasks that train: ``num_processes`` on CPU and in local mode; with GPUs,
         ``ceil(num_processes / spark.task.resource.gpu.amount)``. Checks the GPU set-up."""
-        conf = self.spark.conf
         if not self.use_gpu:
             return self.num_processes
         if not self.local_mode:
             key = f"spark.task.resource.{GPU_RESOURCE}.amount"
-            amount = task_gpu_amount(conf, GPU_RESOURCE)
+            amount = task_gpu_amount(self.spark.conf, GPU_RESOURCE)
             if amount is None or amount < 1:
                 raise GpuSchedulingNotEnabled(
                     f"'{key}' was unset, so gpu usage is unavailable: set it (and the "
@@ -494,14 +434,11 @@ class TorchDistributor:
     def _cluster_runner(self, restart: int) -> Launch:
         tasks = self.num_tasks
         layout = tuple(split_evenly(self.num_processes, tasks))
-        plan = dataclasses.replace(
-            TORCH_PLAN,
-            layout=layout,
-            # Every process of a task sees the task's GPUs, as torchrun's processes see their
-            # node's; LOCAL_RANK tells each which to take. 0 hides them.
-            gpu_plan=GpuPlan(per_task=layout if self.use_gpu else (0,) * tasks),
-            asked=f"num_processes={self.num_processes} ({tasks} Spark tasks)",
-        )
+        # Every process of a task sees the task's GPUs, as torchrun's processes see their node's;
+        # LOCAL_RANK tells each which to take. 0 hides them.
+        gpus = GpuPlan(per_task=layout if self.use_gpu else (0,) * tasks)
+        asked = f"num_processes={self.num_processes} ({tasks} Spark tasks)"
+        plan = dataclasses.replace(TORCH_PLAN, layout=layout, gpu_plan=gpus, asked=asked)
         logger.info(
             "TorchDistributor: %d process(es) in %d Spark barrier task(s), %s",
             self.num_processes,
@@ -512,14 +449,9 @@ class TorchDistributor:
 
     def _local_runner(self, restart: int) -> Launch:
         n = self.num_processes
-        plan = dataclasses.replace(
-            TORCH_PLAN,
-            layout=(n,),
-            gpu_plan=GpuPlan(
-                per_task=(n if self.use_gpu else 0,), driver_gpus=tuple(self._driver_gpus)
-            ),
-            asked=f"num_processes={n} (local mode)",
-        )
+        gpus = GpuPlan(per_task=(n if self.use_gpu else 0,), driver_gpus=tuple(self._driver_gpus))
+        asked = f"num_processes={n} (local mode)"
+        plan = dataclasses.replace(TORCH_PLAN, layout=(n,), gpu_plan=gpus, asked=asked)
         return self._launcher(-n, restart, plan)
 
     def _launcher(self, np: int, restart: int, plan: LaunchPlan) -> Launch:

@@ -1,13 +1,11 @@
-"""The checks that preprocessing's and scoring's parameters make alike, when they are built
-(at the flow's entry): an image size within bounds, and inputs and outputs that are a local path
-or ``s3://bucket/prefix``."""
+"""The checks that preprocessing's and scoring's parameters make alike: an image size within
+bounds, and inputs and outputs that are a local path or ``s3://bucket/prefix``."""
 
 from __future__ import annotations
 
 from hvdflow.infra.storage.uris import parse_uri
 
-# Image sides a preprocessing or scoring run accepts: 8x8 digits up to large photos; beyond this
-# a typo (an extra zero) would make every executor run out of memory.
+# 8x8 digits up to large photos; beyond, a typo (an extra zero) runs every executor out of memory.
 IMAGE_SIDE_RANGE = (2, 4096)
 
 

@@ -1,11 +1,9 @@
 """One input's bytes to records: ``Good`` (the image, upright, in 8 bits, fitted to the size asked)
 or ``Bad`` (why it cannot be used).
 
-An image file is decoded once with ``hvdflow.serving.images``, the code the registered model
-carries (EXIF orientation, CMYK polarity, 16-bit grayscale); the records of an IDX range are
-fitted the same way. A bad *file* becomes a ``Bad`` record with a reason a person can act on,
-so one corrupt image never fails a job; a file that is no image says what it is (sniff.py: an
-HTML page left by a failed download, a JSON error response).
+Images are decoded with ``hvdflow.serving.images``, the code the registered model carries. A bad
+file becomes a ``Bad`` record with a reason a person can act on (sniff.py names a file that is
+no image), so one corrupt image never fails a job.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ class Bad(NamedTuple):
 
 
 def decode_image(source: str, label: str, data: bytes, image_size, color_mode, max_pixels):
-    """One image file's bytes to a Good record, or a Bad one saying why not (the registered
-    model decodes with the same ``hvdflow.serving.images.decode``)."""
+    """One image file's bytes to a Good record, or a Bad one saying why not."""
     try:
         return Good(source, label, decode(data, image_size, color_mode, max_pixels))
     except UnreadableImage as e:

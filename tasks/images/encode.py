@@ -1,17 +1,13 @@
-"""Images into the bytes a dataset stores (``data.image_encoding``).
-
-PNG, encoded exactly as Petastorm's ``CompressedImageCodec("png")`` encodes it (OpenCV, RGB
-swapped to OpenCV's BGR), so that Petastorm's reader, the pyarrow reader and ``serving.images``
-all read back the same pixels, whether or not Petastorm is installed where the dataset was
-written. Or raw pixels, which cost no decoding (docs/benchmarks/data.md, "Stored image formats").
+"""Images into the bytes a dataset stores (``data.image_encoding``): PNG, encoded exactly as
+Petastorm's ``CompressedImageCodec("png")`` does (OpenCV, BGR), so every reader gets the same
+pixels whether or not Petastorm wrote them; or raw pixels, which cost no decoding.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# Petastorm passes a JPEG quality to every encoder; PNG ignores it. Passed too, for the same
-# call and so the same bytes.
+# Petastorm passes a JPEG quality to every encoder (PNG ignores it): the same call, same bytes.
 _PETASTORM_QUALITY = 80
 
 

@@ -1,15 +1,12 @@
 """Executor side: the bytes of listed items, read by one ``Fetcher`` per task, and decoded.
 
-A task's ``Fetcher`` reads local files, or ``s3://`` objects through the task's one boto3 client
-with FETCH_AHEAD GETs in flight while the previous images decode; record ranges of IDX files
-(a gzipped object fetched and unpacked once per task); and the rows of a Parquet row group (one
-at a time, none in flight beside it: each may be tens of MB). Preprocessing and scoring read and
-decode their inputs with it alike.
+A task's ``Fetcher`` reads local files; ``s3://`` objects through the task's one boto3 client,
+FETCH_AHEAD GETs in flight while earlier images decode; IDX record ranges (a gzipped object
+unpacked once per task); and Parquet row groups, one at a time (each may be tens of MB).
 
-A bad *file* becomes a ``Bad`` record (decode.py). An *environment* problem is not a bad file:
-an input folder this executor does not see, or an object store it cannot reach, raises
-``InputUnreadableError`` naming the host and the path, and fails the job instead of
-quarantining every input; on the driver, ``executor_errors`` turns it back into that message.
+A bad *file* becomes a ``Bad`` record. An *environment* problem (an input folder this executor
+does not see, an object store it cannot reach) raises ``InputUnreadableError`` naming the host
+and path, and fails the job instead of quarantining every input.
 """
 
 from __future__ import annotations
@@ -74,9 +71,8 @@ def fetch_ahead(
     pool: ThreadPoolExecutor | None,
     alone: Callable[[object], bool] | None = None,
 ) -> Iterator[tuple]:
-    """(item, fetch(item)) for every item, in order. With a ``pool``, up to FETCH_AHEAD fetches
-    are in flight while the caller decodes; an item ``alone`` says yes to is fetched in order
-    with none in flight beside it (one that takes much memory)."""
+    """(item, fetch(item)) for every item, in order; with a ``pool``, up to FETCH_AHEAD in
+    flight, except an item ``alone`` says yes to (one that takes much memory)."""
     if pool is None:
         for item in items:
             yield item, fetch(item)
@@ -99,8 +95,7 @@ def fetch_ahead(
 
 
 def file_bytes(source: str, path: str, get: Callable[[str], bytes | None]):
-    """The bytes of a local file or (through ``get``, e.g. get_object) an object, or a Bad
-    saying why they cannot be read."""
+    """The bytes of a local file or (through ``get``) an object, or a Bad saying why not."""
     if not is_s3(path):
         try:
             with open(path, "rb") as f:
@@ -146,13 +141,9 @@ def get_object(
 
 
 class Fetcher:
-    """Reads and decodes the listed items of one task, in order.
-
-    ``access``: the object store of ``s3://`` inputs, None for local ones (then nothing is
-    fetched ahead: threads would only compete with decoding). ``client``: the task's boto3
-    client, if it has one already (made from ``access`` when first needed otherwise). Close it
-    (or use it in a ``with`` block) to stop the fetches still in flight.
-    """
+    """Reads and decodes the listed items of one task, in order; close it to stop the fetches
+    in flight. ``access``: the object store of ``s3://`` inputs; None for local ones, fetched
+    none ahead (threads would compete with decoding). ``client``: the task's boto3 client."""
 
     def __init__(self, access: S3Access | None, client=None):
         self._access = access
@@ -182,8 +173,7 @@ class Fetcher:
             yield from self.decode(item, fetched, image_size, color_mode, max_pixels)
 
     def fetch_all(self, items: Iterable[Item]):
-        """(item, fetched) in order; from object storage with up to FETCH_AHEAD in flight, a
-        row group alone."""
+        """(item, fetched) in order: see ``fetch_ahead``."""
         if self._access is not None and self._pool is None:
             self._pool = ThreadPoolExecutor(FETCH_AHEAD, thread_name_prefix="hvdflow-fetch")
         yield from fetch_ahead(items, self.fetch, self._pool, alone=_is_row_group)

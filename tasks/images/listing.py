@@ -1,10 +1,9 @@
 """What to read, listed on the driver: a class-folder tree (local or ``s3://``), or MNIST IDX
-files, each as the items the executors fetch and decode.
+files, as the items the executors fetch and decode.
 
-Listing reads only names, sizes and versions (modification times of local files, ETags of
-objects), so that preprocessing's fingerprint can say "nothing changed, reuse the dataset"
-before Spark decodes anything. An ``s3://`` input is listed with paginated ListObjectsV2 calls:
-no request per object on the driver; the executors fetch the bytes (fetch.py).
+Listing reads only names, sizes and versions (mtimes, ETags), so that preprocessing's fingerprint
+can reuse a dataset before Spark decodes anything; ``s3://`` is listed with paginated
+ListObjectsV2 calls, no request per object.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ class Item:
     index: int | None = None  # first IDX record
     count: int = 1  # IDX records in this item
     labels_path: str | None = None
-    # Why the listing already knows it is unusable (a broken link, a named pipe): it is
-    # quarantined with this reason, never read.
+    # Why the listing knows it is unusable (a broken link, a named pipe): quarantined, never read.
     problem: str | None = None
     row_group: int | None = None  # of the Parquet file at ``path``: its (source, image) rows
 
@@ -60,14 +58,10 @@ class Listing:
 
 
 def list_class_folders(root: str) -> Listing:
-    """A Caltech101-style tree: ``root/<class>/<image>``; files at the top level are ignored.
-
-    Entries that cannot be images (broken or looping links, unlistable folders, named pipes:
-    walk.py) are listed as items with a ``problem``, to be quarantined. A class folder without
-    a single file to decode is left out of the classes, with a warning: a class with no
-    examples would only be a dead output of the model. The classes that remain are numbered
-    in name order, 0 to n-1.
-    """
+    """A Caltech101-style tree: ``root/<class>/<image>``; top-level files are ignored. Entries
+    that cannot be images (walk.py) are items with a ``problem``. A class folder with no file to
+    decode is left out, with a warning (a dead output of the model); the rest are numbered in
+    name order."""
     base = Path(root)
     if not base.is_dir():
         raise ValueError(f"input {root!r} is not a directory of class sub-folders")
@@ -93,11 +87,8 @@ def list_class_folders(root: str) -> Listing:
 
 
 def list_s3_class_folders(uri: str, access: S3Access) -> Listing:
-    """The same tree under an ``s3://bucket/prefix/``: ``<prefix>/<class>/<...>/<image>``.
-
-    Objects directly under the prefix, folder markers and names starting with a dot (at any
-    level) are ignored, as they are in a local tree.
-    """
+    """The same tree under an ``s3://bucket/prefix/``; objects directly under the prefix,
+    folder markers and names starting with a dot (at any level) are ignored."""
     bucket, prefix = split_s3(uri)
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
     entries = []

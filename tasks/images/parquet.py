@@ -1,9 +1,5 @@
-"""Parquet files of images: the rows of a row group read back (scoring a dataset that
-preprocessing wrote), and a task's part file written as Arrow tables come (a dataset's split,
-scoring's predictions).
-
-Both work on a local path or an ``s3://`` object the same way: a row group is read with ranged
-requests through s3fs, a part file is written whole or not at all (storage.open_for_write).
+"""Parquet files of images, local or ``s3://``: a row group read back with ranged requests, and
+a task's part file written as Arrow tables come, whole or not at all (storage.open_for_write).
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ def open_input(path: str, access: S3Access | None):
 
 @functools.lru_cache(maxsize=4)
 def _s3fs(access: S3Access):
-    """One s3fs filesystem per store and credentials in this process (it keeps a connection
-    pool and an event loop thread)."""
+    """One s3fs filesystem per store and credentials (it keeps a pool and an event loop thread)."""
     import s3fs
 
     client_kwargs = {"region_name": access.region}

@@ -1,9 +1,5 @@
-"""Image work spread over Spark tasks: consecutive listed items to each partition, balanced by
-the records they hold, and the name of each partition's part files.
-
-A part file is named by its partition's number, so a task that Spark retries rewrites the same
-files (each appears only once complete: storage.open_for_write) instead of adding new ones.
-"""
+"""Image work spread over Spark tasks, and each partition's part file name: by its number, so a
+task that Spark retries rewrites the same files instead of adding new ones."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The quarantine: every input that could not be used, with its reason, in one sorted report.
-
-Each task writes its unusable inputs as ``quarantine/part-NNNNN.csv`` in the attempt's folder
-(``write_quarantine_part``); the driver merges them into the attempt's one ``quarantine.csv``
-(``write_quarantine``) and fails the run when too many inputs were unusable
-(``check_quality``: ``max_bad_fraction``).
-"""
+"""The quarantine: every input that could not be used, with its reason. Each task writes
+``quarantine/part-NNNNN.csv``; the driver merges them into one sorted ``quarantine.csv`` and fails
+the run above ``max_bad_fraction``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """What a file that no image reader accepts really is, from its first bytes.
 
-A download that failed or was rate limited leaves an HTML page, or a JSON or XML error
-response, under the name the image was to have; "not an image" alone sends the user looking
-for a codec problem. ``what_it_is`` names the kind of document instead, for the quarantine
-report. It looks at the first bytes only (after a byte order mark and white space) and never
+A failed or rate-limited download leaves an HTML page or an error response under the image's
+name; "not an image" alone sends the user looking for a codec problem. ``what_it_is`` never
 fails: None means it does not know.
 """
 

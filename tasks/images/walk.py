@@ -1,14 +1,9 @@
 """Walking one local class folder: every file once, and what cannot be read, with the reason.
 
-A tree assembled by hand holds more than image files: symbolic links whose target was moved
-(broken), links that lead back to themselves or to a folder that contains them (loops),
-folders this process may not list, named pipes (opening one to read waits forever). The walk
-lists each of these as a problem, which the job quarantines with its reason, instead of failing
-the listing or, for a folder cycle, never ending.
-
-Links to files and folders that exist are followed. A folder reached a second time (two links
-to it) is listed once, under the first path. The order is ``os.walk``'s with sorted names: a
-folder's files, then its sub-folders, depth first. Names starting with a dot are skipped.
+Broken links, link loops and folder cycles, unlistable folders and named pipes (opening one
+waits forever) are listed as problems to quarantine, instead of failing the listing or never
+ending. Links that resolve are followed; a folder reached twice is listed once, under its first
+path. Order: ``os.walk``'s with sorted names, depth first; names starting with a dot are skipped.
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ def walk_class_folder(folder: str, root: str) -> list[Found]:
 
 
 def _entries(path: str, found: list[Found]) -> list[str]:
-    """The sorted paths in a folder that do not start with a dot ([] and a problem in
-    ``found`` when it cannot be listed)."""
+    """The sorted paths in a folder, not dotted ([] and a problem in ``found`` if unlistable)."""
     try:
         names = os.listdir(path)
     except PermissionError:

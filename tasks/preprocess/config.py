@@ -37,10 +37,9 @@ class DataParams(BaseModel):
     color_mode: Literal["L", "RGB"] = "L"
     image_encoding: Literal["png", "raw"] = Field(
         default="png",
-        description="how the dataset stores each image: 'png' (lossless and compact; a rank "
-        "decodes about 1,000 224x224x3 images per CPU-second, so a GPU rank needs one to two "
-        "cores to decode) or 'raw' (the uint8 pixels: nothing to decode, 1.9x PNG's bytes at "
-        "224x224x3 and 2x at 28x28; read by the pyarrow reader only, Petastorm's cannot)",
+        description="how the dataset stores each image: 'png' (lossless and compact; a GPU rank "
+        "needs one to two cores to decode it) or 'raw' (the uint8 pixels: nothing to decode, "
+        "about 2x PNG's bytes; read by the pyarrow reader only, Petastorm's cannot)",
     )
     val_fraction: float = Field(default=0.2, ge=0.0, lt=1.0)
     max_bad_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
@@ -87,17 +86,15 @@ class DataParams(BaseModel):
         return self
 
     def preprocess_config(self, ranks: int = 1) -> PreprocessConfig:
-        """The preprocessing step's config for training with ``ranks`` ranks (every rank needs a
-        row group of each split); empty paths mean HVDFLOW_HOME's."""
+        """The preprocessing step's config for training with ``ranks`` ranks."""
         return PreprocessConfig(**self.model_dump(), np=abs(ranks))
 
 
 class PreprocessConfig(DataParams):
-    """The data parameters as the preprocessing step runs them: paths resolved (empty ones are
-    HVDFLOW_HOME's), and what the run adds, the ranks it serves and a decoding bound."""
+    """The data parameters as the preprocessing step runs them: empty paths are HVDFLOW_HOME's;
+    plus the ranks it serves and a decoding bound."""
 
-    # The most ranks that will read the dataset (the launcher's |np|): every split needs at least
-    # one row group per rank. Splits are cut into ``row_groups`` where they have the rows.
+    # The most ranks that will read the dataset (the launcher's |np|).
     np: int = Field(default=1, ge=1)
     max_pixels: int = Field(default=50_000_000, gt=0)  # a decompression bomb is quarantined
 
@@ -119,8 +116,8 @@ class PreprocessConfig(DataParams):
 
     @property
     def row_groups(self) -> int:
-        """Row groups each split is cut into at least (where it has the rows): one per rank,
-        and never fewer than MIN_ROW_GROUPS, so one dataset serves every np up to that."""
+        """Row groups each split gets at least (where it has the rows): one per rank, and never
+        fewer than MIN_ROW_GROUPS, so one dataset serves every np up to that."""
         return max(MIN_ROW_GROUPS, self.np)
 
     def params(self) -> dict:
@@ -128,8 +125,7 @@ class PreprocessConfig(DataParams):
         values = self.model_dump(exclude={"input", "output", "np", "split_seed"})
         if values["image_encoding"] == "png":  # PNG datasets keep the fingerprints they had
             del values["image_encoding"]
-        # Under the names they had before: ``seed``, and the row groups as the files per split
-        # they once counted (np <= 8 keeps the fingerprints that earlier versions wrote).
+        # Under their old names, so np <= 8 keeps the fingerprints earlier versions wrote.
         values["seed"] = self.split_seed
         values["files_per_split"] = self.row_groups
         return values
@@ -137,9 +133,8 @@ class PreprocessConfig(DataParams):
 
 @dataclass(frozen=True)
 class DatasetManifest:
-    # The dataset's folder, holding train/, val/, labels.json and quarantine.csv (a local path
-    # or s3:// URI): the published attempt, inside the version folder <output>/<fingerprint[:16]>
-    # that holds manifest.json.
+    # The published attempt's folder (train/, val/, labels.json, quarantine.csv), inside the
+    # version folder <output>/<fingerprint[:16]> that holds manifest.json.
     path: str
     fingerprint: str
     train_url: str

@@ -2,10 +2,8 @@
 records out.
 
 ``decode_records`` reads and decodes the items with the task's ``Fetcher``
-(``hvdflow.tasks.images.fetch``: local reads, or ``s3://`` GETs on the partition's one boto3
-client, FETCH_AHEAD in flight while the previous images decode), then gives each usable image
-its label index and split key and PNG-encodes it as Petastorm stores it (a ``Row``). Unusable
-inputs come out as ``Bad`` records, with their reason, to be quarantined.
+(``hvdflow.tasks.images.fetch``), gives each usable image its label index and split key and
+encodes it as the dataset stores it (a ``Row``); unusable inputs come out as ``Bad`` records.
 """
 
 from __future__ import annotations

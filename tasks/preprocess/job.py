@@ -9,24 +9,14 @@ sees, or an ``s3://`` prefix)::
         train/_common_metadata        the executors; its metadata by the driver, after them
         val/...                     the same for validation
         labels.json                 class name -> label index
-        quarantine.csv              source,reason for every input that was left out (merged
-                                    from the executors' quarantine/part-NNNNN.csv)
+        quarantine.csv              source,reason for every input that was left out
 
-Publication is atomic: readers open the URLs in ``manifest.json`` and nothing else, and it is
-written (one rename, or one object PUT) only after every file of its attempt is complete. A run
-that dies leaves an attempt folder no manifest names; the next run writes a new attempt from
-scratch, so no file of a failed attempt is ever read, and removes stale attempts once its own
-is published. The same fingerprint reuses the published version without touching Spark.
-
-The driver lists the inputs (names, sizes, versions; no request per object), decides the split
-from the listing and plans every partition's row groups (plan.py); one Spark stage decodes
-every image once and writes it in Arrow row groups (stage.py, write.py); the driver then
-publishes the attempt (publish.py). The driver holds the listing and
-numbers per class and per partition, never an image or a row: no shuffle, no collect of the
-records, and image bytes never pass through the JVM. (The stage is a plain ``mapPartitions``
-over the planned items, not ``mapInArrow``: with nothing but paths going in and a few tuples
-coming out, a DataFrame would only add query planning and Arrow conversions in the JVM, which
-measured 10-13% slower on studies/preprocess_throughput.py.)
+A run that dies leaves an attempt no manifest names (publish.py); the same fingerprint reuses
+the published version without touching Spark. The driver lists the inputs and plans the split
+and row groups (plan.py); one Spark stage decodes and writes every image (stage.py, write.py).
+The driver never holds an image or a row: no shuffle, no collect. The stage is a plain
+``mapPartitions``, not ``mapInArrow``: with paths in and a few tuples out, a DataFrame only adds
+JVM planning and Arrow conversions (10-13% slower).
 """
 
 from __future__ import annotations
@@ -70,11 +60,8 @@ def list_inputs(config: PreprocessConfig, access: S3Access | None = None) -> Lis
 
 
 def preprocess_reported(start_spark, config: PreprocessConfig, report) -> DatasetManifest:
-    """``preprocess_images`` with what a person follows in an orchestrator's log: what is read
-    and written, Spark's progress, and the dataset made or reused. ``start_spark``: a function
-    that returns the Spark session, called only when there is a dataset to make (a published
-    one is found from the listing alone: no JVM starts). ``report``: a logger (the orchestrator's
-    run logger)."""
+    """``preprocess_images`` logged to ``report`` (the orchestrator's run logger).
+    ``start_spark`` is called only when there is a dataset to make: a reuse starts no JVM."""
     report.info("preprocessing %s (%s) into %s", config.input, config.input_format, config.output)
     manifest = preprocess_images(start_spark, config, progress=report)
     report.info(
@@ -94,10 +81,8 @@ def preprocess_images(
     """Decode, convert and resize the input images into a train/val Petastorm dataset.
 
     ``spark``: the Spark session, or a function that returns it when there is work for it.
-    ``store`` (an ObjectStore) gives the endpoint for ``s3://`` input and output; by default
-    the AWS variables do. ``progress``: a logger that follows the Spark stage. Fails before any
-    Spark work when the inputs cannot give each of ``config.np`` ranks a row group of each
-    split.
+    ``store`` (an ObjectStore): the endpoint for ``s3://`` paths (default: the AWS variables).
+    ``progress``: a logger that follows the Spark stage.
     """
     uses_s3 = is_s3(config.input) or is_s3(config.output)
     access = S3Access.from_env(store) if uses_s3 else None

@@ -1,6 +1,5 @@
 """The driver's plan, from the listing alone: the split, the checks that fail before any Spark
-work, and which task decodes what into which row groups. Pure functions of the listing and the
-config (``plan_split`` reads the records of listed MNIST IDX files, nothing else)."""
+work, and which task decodes what into which row groups."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from hvdflow.tasks.preprocess.sources import listed_records
 from hvdflow.tasks.preprocess.split import choose_boundaries, is_val, split_key
 from hvdflow.tasks.preprocess.write import SPLITS, plan_row_groups, row_groups_for
 
-# Decoded image bytes (raw) per task: bigger inputs get more waves of tasks, so that a failed
-# task redoes a bounded share (a task streams its rows: its memory does not depend on this).
+# Decoded bytes per task: bigger inputs get more waves, so a failed task redoes a bounded share.
 PARTITION_BYTES = 1 << 30
 
 
@@ -47,8 +45,8 @@ def plan_split(config: PreprocessConfig, listing: Listing, access) -> SplitPlan:
 
 
 def check_ranks(config: PreprocessConfig, train: int, val: int) -> None:
-    """Every one of ``np`` ranks needs a non-empty row group of each split to read: a split
-    needs at least ``np`` listed records (one row group can hold no fewer than one)."""
+    """Every one of ``np`` ranks needs a non-empty row group of each split: at least ``np``
+    listed records."""
     short = [
         (split, rows)
         for split, rows in (("train", train), ("val", val))
@@ -70,8 +68,7 @@ def check_ranks(config: PreprocessConfig, train: int, val: int) -> None:
 
 
 def check_reused(config: PreprocessConfig, manifest: DatasetManifest) -> None:
-    """A published dataset serves ``np`` ranks only if each split has a row group per rank
-    (one built for fewer ranks from a small input may have fewer than ``np``)."""
+    """A published dataset serves ``np`` ranks only if each split has a row group per rank."""
     for split, groups in (("train", manifest.train_row_groups), ("val", manifest.val_row_groups)):
         if split == "val" and not manifest.val_rows:
             continue
@@ -98,9 +95,8 @@ def check_listed(config: PreprocessConfig, listing: Listing) -> None:
 
 
 def partition_count(slots: int, listing: Listing, config: PreprocessConfig) -> int:
-    """One wave of tasks (a multiple of the ``slots``), more only to keep each task's share of
-    decoded images under PARTITION_BYTES. Every task costs a round trip to a Python worker, so
-    more tasks than slots cost time and buy nothing; row groups are planned apart from them."""
+    """One wave of tasks (``slots``), more only to keep each task's decoded share under
+    PARTITION_BYTES: every task costs a round trip to a Python worker."""
     slots = max(1, slots)
     rows = sum(item.count for item in listing.items)
     nbytes = rows * math.prod(image_shape(config.image_size, config.color_mode))

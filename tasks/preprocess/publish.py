@@ -1,10 +1,9 @@
 """Publishing a dataset version: the splits' descriptions (and Petastorm's metadata, where it is
-installed) and reports written after the tasks,
-then the manifest, the one write that makes an attempt the dataset; and reading it back.
+installed) and reports, then the manifest; and reading it back.
 
 Publication is atomic: readers open the URLs in ``manifest.json`` and nothing else, and it is
 written (one rename, or one object PUT) only after every file of its attempt is complete. A
-published dataset whose files went missing reads as none, and is built again.
+published dataset whose files went missing or changed reads as none, and is built again.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ FILES_KEY = "files"
 
 
 def finish(config, fingerprint, version, attempt, label_index, report):
-    """On the driver, once the part files exist: the JSON description of each split, and
-    Petastorm's metadata where Petastorm is installed; reports, the manifest."""
+    """On the driver, once the part files exist: split descriptions, reports, the manifest."""
     attempt_url = version.join(attempt)
     files, done = report.files, report.rows
     fields = image_fields(config.image_size, config.color_mode, config.image_encoding)
@@ -79,8 +77,7 @@ def finish(config, fingerprint, version, attempt, label_index, report):
 
 
 def read_manifest(version: Location) -> DatasetManifest | None:
-    """The dataset published in ``version``; None when there is none, or when files it needs
-    are gone (deleted by hand, or by a bucket's lifecycle rule): that one is built again."""
+    """The dataset published in ``version``; None when there is none or its files are gone."""
     data = version.read_bytes(MANIFEST)
     if data is None:
         return None
@@ -104,8 +101,7 @@ def read_manifest(version: Location) -> DatasetManifest | None:
         return None
     changed = sorted(name for name, was in recorded.items() if present.get(name, was) != was)
     if changed:
-        # Rewritten after publication (by hand, a faulty copy, a bit rot repair): rows read
-        # from it could be other rows or fail to decode in a rank. Built again instead.
+        # Rewritten after publication: its rows could be other rows, or fail to decode.
         logger.warning(
             "dataset %s: %d of its files changed since it was published (e.g. %s): it will be "
             "built again",
@@ -118,11 +114,8 @@ def read_manifest(version: Location) -> DatasetManifest | None:
 
 
 def missing_files(attempt: Location, present: dict | set | None = None) -> list[str]:
-    """What a published attempt lacks of its reports, of each split's JSON description, of the
-    part files that description names, and, where Petastorm is installed here (and so may read
-    it), of each split's ``_common_metadata``: one listing (or ``present``, the names listed),
-    and a read of each description. A dataset written without Petastorm is built again by a
-    Python that has it."""
+    """The reports, split descriptions, part files and (where Petastorm is installed here, so may
+    read it) ``_common_metadata`` that a published attempt lacks; ``present``: the names listed."""
     present = attempt.files() if present is None else present
     missing = [name for name in ATTEMPT_FILES if name not in present]
     with_petastorm = extras.installed(extras.PETASTORM)
@@ -157,8 +150,7 @@ def publish(version: Location, attempt: str, manifest: DatasetManifest, config) 
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     record.pop("reused")
-    # What each file's bytes were at publication, to tell a file rewritten since (a reuse
-    # compares them with one listing).
+    # Each file's signature at publication, to tell one rewritten since.
     record[FILES_KEY] = Location(manifest.path, version.access).signatures()
     version.write_bytes(MANIFEST, json.dumps(record, indent=2).encode())
     # Not a younger attempt: it may be a run that started with this one and is still writing.

@@ -1,11 +1,6 @@
 """The fields of hvdflow's image datasets, as plain values, and the Petastorm Unischema built
-from them.
-
-``image_fields`` is the one source: ``image_schema`` (the Unischema Petastorm pickles into
-``_common_metadata``) and the split's JSON description (``hvdflow.training.parquet_reader``,
-read by ranks without Petastorm) are both built from it, so they cannot drift. Petastorm and
-Spark are imported only by ``image_schema``.
-"""
+from them. ``image_fields`` is the one source of both the Unischema and the split's JSON
+description (``hvdflow.training.parquet_reader``), so they cannot drift."""
 
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ def image_fields(
 
 
 def image_schema(image_size: tuple[int, int], color_mode: str) -> Unischema:
-    """The Petastorm Unischema of ``image_fields``."""
-    # Lazy: only the Unischema needs Petastorm and Spark; the JSON description does not.
+    """The Petastorm Unischema of ``image_fields`` (the one place Petastorm and Spark load)."""
     from petastorm.codecs import CompressedImageCodec, ScalarCodec  # noqa: PLC0415
     from petastorm.unischema import Unischema, UnischemaField  # noqa: PLC0415
     from pyspark.sql.types import IntegerType, StringType  # noqa: PLC0415

@@ -1,9 +1,7 @@
 """What preprocessing makes of a listing (``hvdflow.tasks.images.listing``): the labels of its
-records, the bundled digits as a tree to list, and the dataset fingerprint.
-
-The fingerprint is a hash of the listing (names, sizes and versions: no image is read), the
-parameters and the code, so an unchanged input reuses the published dataset before Spark
-decodes anything.
+records, the bundled digits as a tree to list, and the dataset fingerprint: a hash of the
+listing (no image is read), the parameters and the code, so an unchanged input reuses the
+published dataset before Spark decodes anything.
 """
 
 from __future__ import annotations
@@ -22,13 +20,9 @@ from hvdflow.tasks.images.listing import Listing, open_idx
 
 
 def listed_records(listing: Listing, label_index: dict[str, int], access: S3Access | None):
-    """A function giving (item position, label index, source) for every listed record.
-
-    Files: one record per item, its label from its folder. IDX ranges: one per image, its label
-    from the labels file, read once here (one byte per image; a GET per labels object).
-    Records whose label is not a class, and items the listing found unusable, are left out:
-    the executors quarantine them.
-    """
+    """A function giving (item position, label index, source) for every listed record: one
+    per file, or per image of an IDX range (its labels file read once here). Records whose
+    label is not a class, and unusable items, are left out: the executors quarantine them."""
     labels_of: dict[str, bytes] = {}
     for item in listing.items:
         if item.index is not None and item.labels_path not in labels_of:
@@ -108,10 +102,8 @@ def fingerprint(listing: Listing, params: dict, code: str | None = None) -> str:
 
 @functools.cache
 def code_version() -> str:
-    """hvdflow's version and the sha256 of the preprocessing modules' source (this package's
-    ``*.py``, and the image inputs' room it reads and decodes with), computed once: an upgrade
-    that changes how images become rows fingerprints every dataset anew, so none written by the
-    old code is reused."""
+    """hvdflow's version and the sha256 of this package's and ``hvdflow.tasks.images``' source:
+    an upgrade that changes how images become rows reuses no dataset of the old code."""
     try:
         release = version("hvdflow")
     except PackageNotFoundError:  # run from a checkout that was never installed

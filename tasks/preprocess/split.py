@@ -1,20 +1,15 @@
 """The train/val split: stratified by class, chosen by a seeded hash, decided before decoding.
 
 Every class keeps ``round(n * val_fraction)`` of its ``n`` listed inputs for validation: the
-ones whose ``sha256(f"{seed}:{source}")`` is smallest. An input that turns out unusable is
-quarantined from the split it was chosen for (so a class with bad files has that many fewer
-rows there); a usable image never changes split because another file is corrupt. Same inputs
-and seed, same split; a new image moves at most one other image of its class between splits.
+ones whose ``sha256(f"{seed}:{source}")`` is smallest. An unusable input is quarantined from
+the split it was chosen for; a usable image never changes split because another is corrupt.
 
-The rule needs only the listing, so the driver decides it before any Spark work, in memory that
-does not grow with the rows: one pass over the listed records makes a histogram of keys per
-class (BUCKETS numbers per class), which gives the bucket holding each class's last validation
-record; a second pass keeps the keys in those buckets only (about n / BUCKETS per class), which
-give that record exactly: the class's ``Boundary``. Executors then put a record in validation
-when its (key, source) is at or below its class's Boundary: no shuffle, nothing collected.
-A key is the hash's first 63 bits (it orders like the full hex digest), ties broken by the
-source. ``stratified_val_sources`` is the same rule over an in-memory list: the reference the
-two-pass version is tested against.
+The driver decides it from the listing in memory that does not grow with the rows: one pass
+makes a histogram of keys per class (BUCKETS per class), which gives the bucket holding each
+class's last validation record; a second keeps only the keys in those buckets, which give that
+record exactly: the class's ``Boundary``. Executors then put a record in validation when its
+(key, source) is at or below its Boundary. ``stratified_val_sources`` is the same rule over an
+in-memory list, the reference the two-pass version is tested against.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The Spark stage: every planned partition decoded and written by one task, the tasks'
-reports checked on the driver, then the attempt published or discarded.
-
-Image bytes never pass through the JVM: the tasks get small pickled listing items and return a
-few tuples each (part files, row counts, quarantined inputs by kind).
-"""
+reports checked on the driver, then the attempt published or discarded."""
 
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ from hvdflow.tasks.preprocess.write import SPLITS, WritePlan, write_partition
 
 
 def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, attempt: str):
-    """Decode and write every image in one Spark stage, check what the tasks reported, and
-    publish the attempt (``publish.finish``); a failed check discards the attempt."""
+    """Decode and write every image in one Spark stage, check the tasks' reports, and publish
+    the attempt; a failed check discards it."""
     partitions = partition_count(default_parallelism(spark), listing, config)
     planned_items = plan_partitions(listing, split, partitions, config)
     plan = WritePlan(
@@ -50,8 +46,7 @@ def run_stage(spark, config, listing, split: SplitPlan, fingerprint, version, at
     def write(planned):
         return write_partition(planned, plan)
 
-    # One (partition, items) pair per task. The items travel as small pickled values; decoded
-    # images never pass through the JVM.
+    # One (partition, items) pair per task: small pickled values, no image through the JVM.
     planned = list(enumerate(planned_items.items))
     with executor_errors(), _disk_full_said(version, attempt):
         written = map_slices(
@@ -119,8 +114,7 @@ class Report:
 
 @contextmanager
 def _disk_full_said(version: Location, attempt: str):
-    """A task that found the output's disk full fails the stage as a DiskFullError that says where,
-    that nothing was published, and how to make room; the attempt's folder is removed."""
+    """A full disk fails the stage as a DiskFullError; the attempt's folder is removed."""
     try:
         yield
     except Exception as e:

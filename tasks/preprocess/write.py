@@ -1,23 +1,14 @@
 """Writing a dataset: Parquet part files from the executors, Petastorm metadata from the driver.
 
-``write_partition`` is the one Spark stage of preprocessing: each task gets the input items the
-driver planned for its partition (paths, not bytes), decodes each image once (decode.py), puts
-it in the split its class's Boundary says, and appends it to that split's Arrow row group; full
-row groups go straight to the attempt's folder (a shared local path or ``s3://``):
-``train/part-NNNNN.parquet`` and ``val/part-NNNNN.parquet`` in the row groups the driver planned
-from the listing, and ``quarantine/part-NNNNN.csv`` with its unusable inputs. Image bytes never
-reach the JVM or the driver; a task sends back a few ``Written`` tuples. File names are the
-partition's number, so a task that Spark retries rewrites the same files; each appears only
-once complete (storage.open_for_write).
+``write_partition`` is the one Spark stage of preprocessing: each task decodes the items the
+driver planned for its partition (decode.py), puts each image in its split and writes the
+planned row groups to ``train/`` and ``val/part-NNNNN.parquet``, its unusable inputs to
+``quarantine/part-NNNNN.csv``. File names are the partition's number, so a task Spark retries
+rewrites the same files; each appears only once complete (storage.open_for_write).
 
-Then the driver adds what Petastorm's ``make_reader`` needs, with Petastorm's own utilities
-(what ``materialize_dataset`` does after a Spark write): the pickled Unischema and the row
-groups of every file in ``_common_metadata``, and checks that Petastorm sees every row group.
-Beside it, the same fields and row groups as plain JSON (``write_split_description``), which a
-rank reads with pyarrow alone, unpickling nothing (``hvdflow.training.parquet_reader``).
-
-The part files and the quarantine report are written as scoring writes its own
-(``hvdflow.tasks.images``: ``parquet.ParquetPart``, ``quarantine``).
+Then the driver writes ``_common_metadata`` with Petastorm's own utilities (what
+``materialize_dataset`` does), and beside it the same fields and row groups as plain JSON, which
+a rank reads with pyarrow alone (``hvdflow.training.parquet_reader``).
 """
 
 from __future__ import annotations
@@ -45,12 +36,10 @@ from hvdflow.training.parquet_reader import SCHEMA_FILE, FieldDescription, Split
 from hvdflow.training.reader import filesystem_for
 
 SPLITS = ("train", "val")
-# Row groups hold at most about this much (what materialize_dataset(row_group_size_mb=64) gave
-# before): big enough for sequential reads, small enough for a reader worker's memory.
+# Big enough for sequential reads, small enough for a reader worker's memory.
 ROW_GROUP_BYTES = 64 << 20
-# Test hook, read on the executors only: the number of the partition whose write task dies
-# (os._exit, as a killed executor would) right after its first file is complete. Set it in the
-# executors' environment (Spark's executorEnv) to cause a real crash in the middle of a write.
+# Test hook (executorEnv): the partition whose write task dies (os._exit, as a killed executor
+# would) right after its first file is complete.
 CRASH_AFTER_FIRST_FILE_ENV = "HVDFLOW_TEST_CRASH_PARTITION_AFTER_FIRST_FILE"
 # Distinct kinds of reasons a task reports for its unusable inputs (the rest: "other").
 MAX_REASON_KINDS = 20
@@ -63,12 +52,8 @@ def row_groups_for(rows: int, nbytes: int, shards: int) -> int:
 
 
 def plan_row_groups(counts: list[int], groups: int) -> list[list[int]]:
-    """Row-group sizes for each partition's file of one split.
-
-    ``counts`` are the split's rows in each partition. When their sum is at least ``groups``,
-    the result has at least ``groups`` row groups, none empty, as even in size as partition
-    boundaries allow (a partition's share of ``groups`` is proportional to its rows).
-    """
+    """Row-group sizes for each partition's file of one split (``counts``: its rows per
+    partition): at least ``groups`` where the rows allow, none empty, as even as possible."""
     total = sum(counts)
     if total == 0:
         return [[] for _ in counts]
@@ -113,8 +98,7 @@ def arrow_schema():
     )
 
 
-# Parquet options: the images are PNG already, so compressing, dictionary-encoding or taking
-# min/max statistics of them again costs time and gives nothing.
+# The images are encoded already: compressing, dictionaries or statistics of them buy nothing.
 PARQUET_OPTIONS = {
     "compression": {"image": "NONE", "label": "SNAPPY", "source": "SNAPPY", "split": "SNAPPY"},
     "use_dictionary": ["label", "source", "split"],
@@ -123,12 +107,9 @@ PARQUET_OPTIONS = {
 
 
 class _SplitFile:
-    """One partition's Parquet file of one split, cut into the planned row groups.
-
-    The plan counts every listed record, and some turn out unusable. So that they cannot cost
-    a row group (a rank its data), the file holds back one row for each planned group still to
-    come: it ends with ``min(planned groups, rows)`` row groups, the last ones shorter.
-    """
+    """One partition's Parquet file of one split, cut into the planned row groups. So that
+    unusable inputs cannot cost a row group (a rank its data), it holds back one row for each
+    planned group still to come: it ends with ``min(planned groups, rows)`` row groups."""
 
     def __init__(self, url: str, split: str, sizes: list[int], access, client):
         self.split, self.sizes = split, list(sizes)
@@ -183,9 +164,9 @@ def _crash_for_tests(partition: int) -> None:
 
 
 class Written(NamedTuple):
-    """What a write task reports: a part file (kind train, val or quarantine: its name, rows
-    and row groups), or its unusable inputs of one kind (kind "reason": name is the kind, rows
-    how many) and up to three of them (kind "example": name is "source\\0reason")."""
+    """What a write task reports: a part file (kind train, val or quarantine), its unusable
+    inputs of one kind (kind "reason": name is the kind, rows how many), or up to three of them
+    (kind "example": name is "source\\0reason")."""
 
     kind: str
     name: str
@@ -269,9 +250,8 @@ def write_empty_split(split_url: str, schema, access) -> str:
 
 
 def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, int]) -> int:
-    """``_common_metadata`` with the pickled Unischema and the row groups per file, written
-    with Petastorm's utilities through the filesystem its reader uses; returns the row groups
-    Petastorm then sees (checked against ``row_groups``)."""
+    """``_common_metadata`` with the pickled Unischema and the row groups per file, through the
+    filesystem Petastorm's reader uses; returns the row groups Petastorm then sees."""
     import pyarrow.parquet as pq
     from petastorm.etl.dataset_metadata import (
         ROW_GROUPS_PER_FILE_KEY,
@@ -308,8 +288,7 @@ def write_petastorm_metadata(split_url: str, unischema, row_groups: dict[str, in
 def write_split_description(
     split_url: str, fields: tuple[FieldDescription, ...], row_groups: dict[str, int], access
 ) -> str:
-    """``_hvdflow_schema.json`` in the split: its fields and the row groups of each part file
-    (what ``_common_metadata`` holds, as JSON); returns its URL."""
+    """``_hvdflow_schema.json``: the split's fields and row groups per part file; its URL."""
     url = join(split_url, SCHEMA_FILE)
     with open_for_write(url, access) as f:
         f.write(SplitDescription(tuple(fields), dict(row_groups)).to_json())

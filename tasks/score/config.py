@@ -1,8 +1,5 @@
-"""What a scoring run reads, with which model, and where its predictions go.
-
-``ModelRef`` names a registered model and one of its aliases or versions; ``ScoreConfig`` is the
-scoring step's config (paths resolved), built once from the flow's parameters.
-"""
+"""What a scoring run reads, with which model (``ModelRef``), and where its predictions go
+(``ScoreConfig``, built once from the flow's parameters)."""
 
 from __future__ import annotations
 
@@ -16,9 +13,8 @@ from hvdflow.infra.tracking import CHAMPION
 from hvdflow.tasks.config import DEFAULT_REGISTERED_MODEL
 from hvdflow.tasks.images.checks import check_image_size, check_output, check_s3_uri
 
-# "images": a folder or s3:// prefix of image files (any sub-folders); "dataset": Parquet files
-# with an `image` column of PNG/JPEG bytes and a `source` column, such as a dataset that
-# preprocessing wrote (a split folder, or the folder holding its manifest.json).
+# "images": a folder or s3:// prefix of image files (any depth); "dataset": Parquet files with
+# `image` (encoded bytes) and `source` columns, such as a split or version preprocessing wrote.
 ScoreInputFormat = Literal["images", "dataset"]
 
 

@@ -1,15 +1,10 @@
 """Executor side of scoring: units of work in (Arrow batches), prediction files written out.
 
-``score_partition`` is the function of the job's ``mapInPandas``: its input batches are rows
-of (source, path, row_group), planned on the driver; it fetches and decodes every image as
-preprocessing does (``hvdflow.tasks.images.fetch.Fetcher``: the same reads, resizing, colours
-and quarantine reasons), predicts ``batch_size`` images at a time with the process's cached
-model, and writes the partition's predictions straight to the attempt folder
-(``predictions/part-NNNNN.parquet``, local or ``s3://``) and its unusable inputs to
-``quarantine/part-NNNNN.csv``. Predictions never reach the JVM or the driver: the task returns
-a few report rows (``REPORT_SCHEMA``). File names are the partition's number, so a task that
-Spark retries rewrites the same files, each of which appears only once complete
-(storage.open_for_write).
+``score_partition`` is the job's ``mapInPandas`` function: it fetches and decodes every planned
+image as preprocessing does (``Fetcher``), predicts ``batch_size`` at a time with the process's
+cached model, and writes ``predictions/part-NNNNN.parquet`` and ``quarantine/part-NNNNN.csv``
+to the attempt folder. Predictions never reach the JVM or the driver: the task returns a few
+report rows (``REPORT_SCHEMA``). Files are named by partition, so a retried task rewrites them.
 """
 
 from __future__ import annotations
@@ -93,8 +88,7 @@ def _score(batches, plan: ExecutorPlan, partition: int, threads: int) -> list[tu
     uses_s3 = is_s3(plan.root) or is_s3(plan.attempt_url)
     client = plan.access.client(connections=FETCH_AHEAD) if uses_s3 else None
     out = _PredictionFile(join(plan.attempt_url, "predictions", part_name(partition)), plan, client)
-    # Fetched ahead from object storage only: for local files, threads would only compete
-    # with decoding.
+    # Fetched ahead from object storage only (locally, threads would compete with decoding).
     fetcher = Fetcher(plan.access if is_s3(plan.root) else None, client)
     counts: Counter = Counter()
     bad: list[tuple[str, str]] = []
@@ -167,9 +161,8 @@ def _report(plan, partition, out, counts, bad, timing, client, generated) -> lis
         "host": host(),
         "pid": os.getpid(),
         "loads": model_cache.loads(),
-        # Whether scoring loaded Horovod.
         "horovod": "horovod" in sys.modules,
-        # AutoGraph's modules in this process, and how many of their files are still in /tmp.
+        # AutoGraph's modules in this process, and how many of their files are left in /tmp.
         "autograph_modules": generated[0],
         "autograph_files_left": generated[1],
     }

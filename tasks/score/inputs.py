@@ -1,11 +1,9 @@
 """What to score, listed on the driver: image files, or the row groups of a Parquet dataset.
 
-Image folders are listed the way preprocessing lists them (``hvdflow.tasks.images.listing``:
-names starting with a dot are skipped, entries that cannot be images are listed with the
-reason, an ``s3://`` prefix is listed with paginated ListObjectsV2 calls), plus the files at the
-top level, since images to score need no class folders. A dataset is listed by its Parquet
-footers: one unit of work per row group, so the executors read only their share. No image is
-read on the driver, except one when a dataset does not say its image shape.
+Image folders are listed as preprocessing lists them (``hvdflow.tasks.images.listing``), plus
+the files at the top level: images to score need no class folders. A dataset is listed by its
+Parquet footers, one unit of work per row group. No image is read on the driver, except one
+when a dataset does not say its image shape.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ class Unit:
     path: str  # a local path or an s3:// URI
     row_group: int = WHOLE_FILE
     rows: int = 1
-    # Why the listing already knows it is unusable (a broken link, a named pipe:
-    # hvdflow.tasks.images.walk): it is quarantined with this reason, never read.
+    # Why the listing knows it is unusable (hvdflow.tasks.images.walk): quarantined, never read.
     problem: str | None = None
 
 

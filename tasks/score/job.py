@@ -1,12 +1,10 @@
 """Batch scoring with a registered model on Spark (inputs and model in, published output out).
 
-The driver lists the inputs (names only), checks that the model fits them, ships the model once
-(``SparkContext.addArchive``: every executor fetches and unpacks it once) and runs one Spark
-stage: a ``mapInPandas`` over Arrow batches of (source, path, row_group) rows, planned so that
-each task gets an even share of images. Each executor process loads the model once and keeps
-it for every batch and task (model_cache.py); the tasks write the predictions themselves
-(executor.py) and return a few report rows. The driver then checks what was written, merges
-the quarantine report and publishes the attempt (publish.py).
+The driver lists the inputs, checks that the model fits them, ships the model once
+(``addArchive``) and runs one ``mapInPandas`` stage over (source, path, row_group) rows, an even
+share of images per task. Each executor process keeps the model loaded (model_cache.py); the
+tasks write the predictions (executor.py) and return report rows, which the driver checks before
+it publishes the attempt (publish.py).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ from hvdflow.tasks.score.model import ScoringModel, image_settings
 
 logger = logging.getLogger(__name__)
 
-# Images per task at most: bigger inputs get more waves of tasks, so that a failed task redoes
-# a bounded share. The model is loaded once per executor process, not once per task.
+# Images per task at most: bigger inputs get more waves, so a failed task redoes a bounded share.
 PARTITION_IMAGES = 20_000
 # Model archives this driver already gave Spark: (application id, cache key) -> archive name.
 _shipped: dict[tuple[str, tuple[str, str]], str] = {}
@@ -164,8 +161,7 @@ def _manifest(config, model: ScoringModel, image_size, color_mode, result) -> di
 
 
 def partitions_for(images: int, units: int, slots: int) -> int:
-    """One wave of tasks (a multiple of the task slots), more only to keep each task under
-    PARTITION_IMAGES; never more tasks than units."""
+    """One wave of tasks, more only to keep each under PARTITION_IMAGES; at most ``units``."""
     waves = max(1, math.ceil(images / PARTITION_IMAGES / max(1, slots)))
     return max(1, min(units, max(1, slots) * waves))
 
@@ -180,8 +176,7 @@ def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
     def score(batches):
         return score_partition(batches, plan)
 
-    # Every task gets the units planned for it, which go through Arrow in batches to the
-    # function that scores them: one stage, on a classic session or through Spark Connect.
+    # One stage over the planned units, on a classic session or through Spark Connect.
     frame = slices_frame(spark, planned, INPUT_SCHEMA).mapInPandas(score, REPORT_SCHEMA)
     job_description(spark, f"hvdflow score: {listing.rows} images from {config.input}")
     try:
@@ -192,8 +187,8 @@ def _run(spark, listing: ScoreInput, plan, config: ScoreConfig) -> list:
 
 
 def ship_model(spark, model: ScoringModel) -> str:
-    """The model's archive name on the executors; zipped and added to Spark once per
-    application (classic: ``sc.addArchive``) or per Spark Connect session (``addArtifacts``)."""
+    """The model's archive name on the executors; zipped and added once per application
+    (``sc.addArchive``) or Spark Connect session (``addArtifacts``)."""
     connect = is_connect(spark)
     key = (spark.session_id if connect else spark.sparkContext.applicationId, model.cache_key)
     if key in _shipped:

@@ -1,12 +1,10 @@
 """The model a scoring run uses, found on the driver: registry version, label map, shapes.
 
-``fetch_model`` resolves ``models:/<name>@<alias>`` (or a version number) in the MLflow registry,
-downloads that version once to the driver and reads its input shape and class names: from the
-model itself (an ``ImageClassifier`` pyfunc, ``hvdflow.serving``, carries them in its MLmodel
-metadata), or for versions registered before it (a bare Keras model) from the logged signature
-and the training run's ``dataset/labels.json`` artifact. The result is a ``ScoringModel`` of
-plain values that travels to the executors. ``check_*`` compare it with the data before any
-Spark work, so a model that cannot score these inputs fails in seconds with what to change.
+``fetch_model`` resolves a ``ModelRef`` in the MLflow registry, downloads that version once and
+reads its input shape and class names: from its MLmodel metadata (an ``ImageClassifier``,
+``hvdflow.serving``), or for a bare Keras model from the logged signature and the training run's
+``dataset/labels.json``. ``check_*`` compare the resulting ``ScoringModel`` with the data before
+any Spark work, so a model that cannot score these inputs fails in seconds.
 """
 
 from __future__ import annotations
@@ -151,8 +149,7 @@ def labels_in_order(label_index: dict[str, int], what: str) -> list[str]:
 
 
 def download_model(name: str, version: str, tracking_uri: str, workdir: str) -> str:
-    """The version's files in ``workdir/model``: downloaded beside it, then renamed into place,
-    so that a folder there is always complete."""
+    """The version's files in ``workdir/model``, renamed into place so they are always complete."""
     import mlflow.artifacts
 
     target = os.path.join(workdir, "model")
@@ -173,8 +170,7 @@ def download_model(name: str, version: str, tracking_uri: str, workdir: str) -> 
 
 
 def carried_labels(local_dir: str) -> list[str] | None:
-    """The class names an ImageClassifier carries (its MLmodel metadata); None for a bare
-    Keras model."""
+    """The class names an ImageClassifier carries; None for a bare Keras model."""
     from mlflow.models import Model
 
     meta = Model.load(os.path.join(local_dir, "MLmodel"))
@@ -183,9 +179,8 @@ def carried_labels(local_dir: str) -> list[str] | None:
 
 
 def describe(local_dir: str) -> tuple[str, tuple[int | None, ...], int]:
-    """(model_uuid, input shape without the batch axis, outputs) of a downloaded model: what an
-    ImageClassifier carries; for a bare Keras model, its logged signature, else the model
-    itself (loaded once on the driver)."""
+    """(model_uuid, input shape without the batch axis, outputs) of a downloaded model: carried,
+    or from its logged signature, else the Keras model itself."""
     from mlflow.models import Model
 
     meta = Model.load(os.path.join(local_dir, "MLmodel"))
@@ -245,8 +240,7 @@ def image_settings(
     stored_shape: tuple[int, ...] | None = None,
 ) -> tuple[tuple[int, int], str]:
     """(image_size, color_mode) the inputs are decoded to: the model's input, checked against
-    what was asked for (``image_size``, ``color_mode``) and what a dataset holds
-    (``stored_shape``, e.g. (8, 8) or (224, 224, 3)). ValueError names both sides."""
+    what was asked and what a dataset holds (``stored_shape``, e.g. (224, 224, 3))."""
     shape = model.input_shape
     if len(shape) != 3 or shape[2] not in CHANNELS:
         raise ValueError(
@@ -263,7 +257,7 @@ def image_settings(
     if (
         image_size is not None
         and None not in (height, width)
-        and (tuple(image_size) != (height, width))
+        and tuple(image_size) != (height, width)
     ):
         raise ValueError(
             f"image_size {tuple(image_size)} does not fit model {model.uri}, which takes "

@@ -1,16 +1,12 @@
 """The model in each executor process: loaded once, kept for every later batch and task.
 
 PySpark reuses its Python workers between tasks, so a module-level cache lives as long as the
-worker: the first batch of the first task loads the model (from the archive Spark unpacked on
-this executor), every later batch and task of that worker reuses it. Keyed by the model's URI
-(name and version) and its MLmodel id, so a version registered again elsewhere under the same
-number is not mistaken for the one cached. Only TensorFlow and MLflow are imported: never
-horovod, which a serving process does not need.
+worker. Keyed by the model's URI and its MLmodel id, so a version registered again elsewhere
+under the same number is not mistaken for the cached one. Never imports horovod.
 
-What is cached is the model's ``probabilities`` function (prepared batch in, class
-probabilities out): the registered ImageClassifier's own (``hvdflow.serving.classifier``), so
-that a batch prediction is computed as a served one is, or a bare Keras model's
-``predict_on_batch`` for versions registered before it.
+What is cached is the model's ``probabilities`` function: the registered ImageClassifier's own
+(``hvdflow.serving.classifier``), so a batch prediction is computed as a served one is, or a bare
+Keras model's ``predict_on_batch``.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ from hvdflow.training.threads import use_threads
 
 logger = logging.getLogger(__name__)
 
-# Models kept per process: the newest few, so that a long-lived worker scoring version after
-# version does not keep every one of them in memory.
+# The newest few: a long-lived worker scoring version after version keeps not every one.
 KEEP = 2
 
 _models: OrderedDict[tuple[str, str], object] = OrderedDict()
@@ -40,8 +35,7 @@ def loads() -> int:
 
 
 def cached_model(key: tuple[str, str], archive: str, threads: int):
-    """The ``probabilities`` function of the model ``key``; loaded from the Spark archive
-    ``archive`` the first time."""
+    """The ``probabilities`` function of the model ``key``, loaded from ``archive`` once."""
     global _loads
     model = _models.get(key)
     if model is not None:
@@ -72,8 +66,8 @@ def load_probabilities(local_dir: str):
 
 
 def _limit_threads(threads: int) -> None:
-    """TensorFlow gets the task's cores (``spark.task.cpus``), not every core of the host:
-    the executor runs that many tasks side by side. Only possible before TensorFlow's first op."""
+    """TensorFlow gets the task's cores (``spark.task.cpus``), not the host's: the executor runs
+    tasks side by side. Only possible before TensorFlow's first op."""
     global _threads_set
     if _threads_set:
         return
@@ -86,11 +80,9 @@ def _limit_threads(threads: int) -> None:
 
 
 def forget_generated_sources() -> tuple[int, int]:
-    """Removes the module files AutoGraph wrote for this process (Keras' predict function, once
-    in each process): AutoGraph removes them only in an atexit hook, and PySpark's workers end
-    with os._exit, which runs none. The registered ImageClassifier removes its own as it
-    predicts; this covers a bare Keras model's. Returns how many such modules the process holds
-    and how many of their files are still on disk."""
+    """Removes the module files AutoGraph wrote for this process: it removes them only in an
+    atexit hook, and PySpark's workers end with os._exit (an ImageClassifier removes its own;
+    this covers a bare Keras model's). Returns (modules held, files still on disk)."""
     names = autograph_modules()
     forget_sources(names)
     left = sum(os.path.isfile(getattr(sys.modules.get(n), "__file__", None) or "") for n in names)

@@ -9,11 +9,9 @@ Layout of an output folder (local, every executor sees it, or an ``s3://`` prefi
         predictions/_SUCCESS              by the executors, the marker by the driver after them
         quarantine.csv                  source,reason of every input that could not be scored
 
-Readers open the ``predictions_url`` that manifest.json names, and nothing else: it is written
-(one rename, or one object PUT) only after every file of its attempt is complete, so a run that
-dies leaves an attempt no manifest names. Publishing removes the attempt the previous manifest
-named, and unnamed attempts older than a day (left by runs that died): see
-``hvdflow.infra.storage.attempts``.
+Readers open only the ``predictions_url`` manifest.json names, written after every file of its
+attempt is complete. Publishing removes the attempt the previous manifest named, and unnamed
+attempts older than a day (``hvdflow.infra.storage.attempts``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What MLflow keeps of a scoring run: which model version scored what, and what it found.
-
-Every scoring run is an MLflow run (experiment ``hvdflow-scoring`` by default) with the model's
-name, version and URI, the input and the output as params, the images scored, quarantined and
-per class as metrics, and the output's manifest as an artifact. The model version gets tags
-naming its latest scoring run and output, so the registry page of a version says where it was
-last used.
+"""What MLflow keeps of a scoring run: the model version, input and output as params, the
+images scored, quarantined and per class as metrics, the summary as an artifact; and tags on
+the model version naming its latest scoring run and output.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""A scoring run's summary: which version scored what, where the predictions are, per class.
-
-Written once for every face (each orchestrator's folder under ``hvdflow.flows``): its scoring
-run returns this, and ``hvdflow score`` prints it.
-"""
+"""A scoring run's summary, written once for every face: each orchestrator's scoring run
+returns it, and ``hvdflow score`` prints it."""
 
 from __future__ import annotations
 
@@ -22,9 +19,9 @@ def scoring_summary(
     asked: str,
     origin_run_id: str | None = None,
 ) -> dict:
-    """``result`` of scoring ``config.input`` as plain values; ``model``: the version scored
-    with, ``asked``: the model URI the user named (an alias, say); ``recorded``: the MLflow
-    run's (id, experiment id) (``record_scoring``); ``origin_run_id``: the orchestrator's run."""
+    """``result`` as plain values; ``asked``: the model URI the user named (an alias, say);
+    ``recorded``: (run id, experiment id) from ``record_scoring``; ``origin_run_id``: the
+    orchestrator's run."""
     run_id, experiment_id = recorded
     base = redact_url(tracking_uri).rstrip("/")
     http = base.startswith("http")

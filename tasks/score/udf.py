@@ -1,13 +1,9 @@
 """Scoring any DataFrame: a column expression, as Spark's ``predict_batch_udf`` gives.
 
-``score_udf("models:/hvdflow-classifier@champion")`` returns a pandas UDF that a user applies to
-a column of their own DataFrame: image file bytes (``spark.read.format("binaryFile")``, a Delta
-table, a join with metadata) or file paths every executor can read. Each row gets a struct of
-``class_name``, ``class_index``, ``probability`` and ``error`` (why that row's image could not be
-read; one bad image never fails the job). The pieces are ``hvdflow score``'s: the version is
-fetched once on the driver and shipped as a Spark archive, each executor process loads it once
-and keeps it (``model_cache``), batches arrive through Arrow, and every image is decoded by
-``hvdflow.serving.images`` as preprocessing decoded the training images.
+Each row of image bytes or paths gets a struct of ``class_name``, ``class_index``,
+``probability`` and ``error`` (why that row's image could not be read; one bad image never fails
+the job). The pieces are ``hvdflow score``'s: the model shipped once as a Spark archive, kept per
+executor process (``model_cache``), images decoded by ``hvdflow.serving.images``.
 """
 
 from __future__ import annotations
@@ -45,9 +41,8 @@ def score_udf(
         scored = images.withColumn("prediction", score_udf()("content"))
         scored.select("path", "prediction.class_name", "prediction.probability")
 
-    For many small files, a column of paths is faster than a ``binaryFile`` read, which Spark
-    packs as if each file cost ``spark.sql.files.openCostInBytes`` (4 MB): dozens of tasks for
-    a few thousand images.
+    For many small files, a column of paths is faster: Spark packs a ``binaryFile`` read as if
+    each file cost ``spark.sql.files.openCostInBytes`` (4 MB), dozens of tasks for a few thousand.
     """
     from pyspark.sql import SparkSession
     from pyspark.sql.functions import pandas_udf

@@ -1,11 +1,9 @@
 """A training's attempts: the training function on HorovodRunner, run again from the last
-checkpoint after a transient failure (a rank killed, a host lost, a stall, an executor lost, the
-object store unreachable: that one after a pause).
+checkpoint after a transient failure (the object store unreachable: after a pause).
 
-Elastic (``launcher.min_np``): a host lost for good leaves fewer task slots than np; the next
-attempt then runs on the slots that are left, when there are at least min_np, and on np again
-once they are back. The trainer takes the number of ranks from the engine, so the shards, the
-learning-rate scaling and its warm-up follow it.
+Elastic (``launcher.min_np``): when a lost host leaves fewer than np task slots, the next
+attempt runs on those left if at least min_np, and on np again once they are back; the trainer
+takes the number of ranks from the engine, so shards and learning-rate scaling follow.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ logger = logging.getLogger(__name__)
 
 # How long Spark takes to drop a lost host's executor from the slots it counts.
 SLOTS_NOTICE_S = 3.0
-# After an attempt whose rank found a service unreachable (the object store restarting), the
-# next one waits this long times the attempts failed so far, rather than meet the same outage
-# at once.
+# After a rank found a service unreachable, the next attempt waits this long times the attempts
+# failed so far, rather than meet the same outage at once.
 UNAVAILABLE_BACKOFF_S = 15.0
 
 
@@ -158,10 +155,9 @@ def ranks_for_next_attempt(
     settle_s: float,
     sleep=time.sleep,
 ) -> int:
-    """The ranks of the attempt after ``failure`` (its first line): np when the cluster has np
-    task slots (back) within ``settle_s`` (``launcher.elastic_wait_s``); else the slots left
-    when there are at least ``launcher.min_np``; else TooFewSlots, naming the failure and the
-    slots left."""
+    """The ranks of the attempt after ``failure`` (its first line): np when np task slots are
+    (back) within ``settle_s``; else the slots left, if at least ``launcher.min_np``; else
+    TooFewSlots."""
     deadline = time.monotonic() + settle_s
     while (slots := count_slots()) < launcher.np and time.monotonic() < deadline:
         sleep(0.5)
@@ -177,23 +173,16 @@ def ranks_for_next_attempt(
 
 
 def uncounted_ranks(np: int, tried: int, failure: str) -> int:
-    """The ranks that fit where the task slots cannot be counted (Spark Connect: no
-    SparkContext): one fewer than the attempt that ``failure`` ended tried when Spark's barrier
-    check refused it for want of slots (after the launcher submitted it again for slot_wait_s),
-    else ``np``. A host lost for good thus costs one attempt that Spark refuses, and the next
-    runs on the ranks left (the soak of 2026-11-30: every retry asked for np again, and was
-    refused, until the retries ran out)."""
+    """The ranks that fit where task slots cannot be counted (Spark Connect): one fewer than
+    ``tried`` when Spark's barrier check refused ``failure``'s attempt for want of slots, else
+    ``np``; asking np again would be refused until the retries ran out."""
     return tried - 1 if refused_for_slots(failure) else np
 
 
 def may_retry(error: BaseException, attempt: int, retries: int) -> bool:
-    """Whether a training that failed with ``error`` in attempt ``attempt`` (from 1) runs again.
-
-    Only transient failures are retried: a rank killed by a signal, a host lost, a stall, a rank
-    that found the object store unreachable (EX_TEMPFAIL), or the Spark job itself failing (an
-    executor lost). Another Python error in the training function would only fail the same way
-    again.
-    """
+    """Whether a training that failed with ``error`` in attempt ``attempt`` (from 1) runs again:
+    only transient failures (a rank killed, a host or executor lost, a stall, the object store
+    unreachable); another error would only fail the same way again."""
     if attempt > retries:
         return False
     return isinstance(error, (RankFailed, SparkJobFailed)) and error.transient

@@ -1,8 +1,5 @@
-"""The training step's parameters, importable without MLflow, Spark or TensorFlow.
-
-The command line and the flows' parameters (``hvdflow.flows.params``) check a run's parameters
-with this before anything heavy is imported; ``hvdflow.tasks.train.run`` trains with it.
-"""
+"""The training step's parameters, importable without MLflow, Spark or TensorFlow: the command
+line and the flows check a run's parameters with it before anything heavy is imported."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """A training's claim on its MLflow run while its driver lives: no second driver trains it too.
 
-An orchestrator can start a run's training step again while the first execution still trains:
-it resets or fails a task whose scheduler or worker died (its heartbeat stopped), yet hvdflow's
-step goes on by itself and finishes. The second execution would continue the same
-MLflow run from its last checkpoint, beside the first, and both would register a version.
-
-So the driver that trains a run stamps it (``hvdflow.driver`` and ``hvdflow.driver_alive_at``,
-refreshed every ``REFRESH_S``), and a step that is about to continue a RUNNING run of its own
-origin waits while that run's stamp is fresh: until the run ends (finished: the step answers
-with what it recorded; failed: it continues from the last checkpoint) or the stamp goes stale
-(its driver died without ending the run). The stamp is the driver's clock: drivers of one
-origin whose clocks differ by more than ``STALE_S - REFRESH_S`` would misjudge each other.
+An orchestrator can start a run's training step again while the first still trains (it fails a
+task whose worker's heartbeat stopped, yet hvdflow's step goes on). So the training driver
+stamps the run every ``REFRESH_S``, and a step about to continue a RUNNING run of its origin
+waits while the stamp is fresh. The stamp is the driver's clock: drivers whose clocks differ by
+more than ``STALE_S - REFRESH_S`` would misjudge each other.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ logger = logging.getLogger(__name__)
 DRIVER_TAG = "hvdflow.driver"  # host:pid of the driver training the run
 ALIVE_TAG = "hvdflow.driver_alive_at"  # when it last said so (seconds since the epoch)
 REFRESH_S = 10.0
-# A stamp older than this: its driver is gone. Longer than a tracking-server restart (the
-# soak's takes 20 s), in which the stamp cannot be refreshed.
+# A stamp older than this: its driver is gone. Longer than a tracking-server restart (~20 s).
 STALE_S = 60.0
 POLL_S = 5.0
 
@@ -75,9 +68,8 @@ def live_driver(run) -> str | None:
 
 
 def wait_while_held(client, run_id: str, what: str, poll_s: float = POLL_S) -> bool:
-    """Return once MLflow run ``run_id`` is held by no live driver: it ended, or its driver's
-    stamp went stale; whether it had to wait. ``what`` names the orchestrator's run, for the
-    log."""
+    """Return once MLflow run ``run_id`` is held by no live driver (ended, or stamp stale);
+    whether it had to wait. ``what`` names the orchestrator's run, for the log."""
     said, waited = 0.0, False
     while (driver := live_driver(client.get_run(run_id))) is not None:
         waited = True

@@ -1,13 +1,9 @@
-"""What a registered model version says about itself on the MLflow model page, and the steady-state
-throughput figure the run reports beside its wall clock.
+"""What a registered model version says about itself on the MLflow model page, and the
+steady-state throughput figure the run reports beside its wall clock.
 
-The model version page shows the aliases (``candidate``, ``champion``) by itself; its description
-says what produced the version: the dataset's fingerprint, the number of ranks, the engine, the
-orchestrator's run (a link, from its ``RunOrigin``) and the MLflow run, so that whoever finds
-``champion`` there can trace it back without opening anything else. The same facts are the
-version's tags (``version_tags``), for programs:
-``search_model_versions("tags.`hvdflow.np` = '2'")``. Both are built by pure functions;
-``describe_version`` writes them with MlflowClient.
+The description says what produced the version (dataset fingerprint, ranks, engine, the
+orchestrator's run, the MLflow run), so whoever finds ``champion`` can trace it back; the same
+facts are its tags, for programs (``search_model_versions("tags.`hvdflow.np` = '2'")``).
 """
 
 from __future__ import annotations
@@ -21,16 +17,14 @@ from hvdflow.tasks.train.origin import RunOrigin
 
 logger = logging.getLogger(__name__)
 
-# The MLflow metric of steady-state training throughput (images/s), beside the wall-clock
-# ``images_per_s`` that includes launching the ranks and the first epoch's warm-up.
+# Images/s after the first epoch, beside ``images_per_s`` (launch and warm-up included).
 STEADY_METRIC = "steady_images_per_s"
 DEFAULT_ENGINE = HOROVOD
 
 
 def steady_images_per_s(images_per_epoch: float, epoch_times: Sequence[float]) -> float | None:
-    """Images per second over the epochs after the first, whose time also holds the warm-up
-    (graph tracing, the first reads, Horovod's first negotiations); with one epoch, that one.
-    None when no epoch time is known (or none is positive)."""
+    """Images per second over the epochs after the first (which holds the warm-up); with one
+    epoch, that one; None without a positive epoch time."""
     times = [float(t) for t in epoch_times]
     steady = times[1:] or times[:1]
     if not steady or sum(steady) <= 0:
@@ -98,7 +92,6 @@ def version_tags(
         "np": str(np),
         "engine": engine,
         "flow_run_id": origin.run_id if origin else None,
-        # Which orchestrator's run flow_run_id names.
         "orchestrator": origin.orchestrator if origin else None,
         "run_id": run_id,
         "val_accuracy": f"{val_accuracy:.6f}" if val_accuracy is not None else None,
@@ -122,13 +115,10 @@ def describe_version(
     client=None,
     **more,
 ) -> str | None:
-    """Write ``version_card(...)`` as the description of ``version`` of registered model
-    ``name`` and ``version_tags(...)`` as its tags; return the description (None when there is
-    no version). ``more``: the optional fields of both. ``client``: an MlflowClient (default:
-    one for the current tracking URI).
-
-    Both are records about a finished training: a tracking server that refuses them is logged
-    as a warning and never fails it.
+    """Write ``version_card(...)`` as the description of ``version`` of model ``name`` and
+    ``version_tags(...)`` as its tags; return the description (None without a version).
+    ``more``: the optional fields of both; ``client``: an MlflowClient (default: the current
+    tracking URI's). A tracking server that refuses them is a warning, never a failure.
     """
     if version is None:
         return None

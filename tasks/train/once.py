@@ -1,11 +1,9 @@
 """One training per orchestrator run: a run whose training already finished does not train again.
 
-An orchestrator may run the training step of one of its runs a second time after the first one
-finished: after the worker that ran it died (the task is marked failed while hvdflow's process
-goes on and registers), a task cleared from the UI, a task retried whose process registered and
-then failed. Each would register a second version that no run owns alone. So the step first
-looks for a FINISHED MLflow run tagged with the same origin, and if there is
-one, answers with what it recorded instead of training again.
+An orchestrator may run a run's training step again after it finished (its worker died while
+hvdflow's process went on, a task cleared from the UI, a retry after registering); each would
+register a second version. So the step first looks for a FINISHED MLflow run of the same origin
+and answers with what it recorded.
 """
 
 from __future__ import annotations
@@ -27,9 +25,7 @@ def finished_run(client, experiment_id: str, origin_run_id: str):
 
 
 def recorded_result(client, run, model_name: str | None) -> dict:
-    """What a finished run recorded, as the fields of ``TrainResult`` (without the tracking
-    URI): its version and that version's aliases now, its metrics, and every per-epoch metric
-    as the history."""
+    """What a finished run recorded, as the fields of ``TrainResult`` (but the tracking URI)."""
     run_id = run.info.run_id
     version = None
     if model_name:

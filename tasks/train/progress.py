@@ -1,9 +1,6 @@
 """How far a training is, read from the epoch lines its ranks write (``training.epoch_log``).
-
-``Epoch y/z`` means y-1 of z epochs are done, ``Epoch y/z done ...`` means y are. Every rank writes
-the same lines and a resumed training starts again at its checkpoint's epoch, so the percentage
-only ever grows. An orchestrator's progress display (``hvdflow.flows``) shows it.
-"""
+Every rank writes the same lines and a resumed training restarts at its checkpoint's epoch, so
+the percentage only ever grows."""
 
 from __future__ import annotations
 

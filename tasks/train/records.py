@@ -1,6 +1,6 @@
-"""What a training's MLflow run records: its parameters (checked, not logged again, on a resumed
-run), the measures of its last attempt, and the artifacts (rank logs, Horovod's timeline, the
-dataset's labels and quarantine list)."""
+"""What a training's MLflow run records: its parameters (checked on a resumed run), the
+measures of its last attempt, and the artifacts (rank logs, Horovod's timeline, the dataset's
+labels and quarantine list)."""
 
 from __future__ import annotations
 
@@ -84,9 +84,8 @@ def log_metrics(
     attempt: int,
     epoch_times_log: dict[int, float],
 ) -> float:
-    """Log what the last attempt measured, and the epoch metrics rank 0 could not send; the
-    run's images/s (the paper's measure: images x epochs / wall clock, over this attempt's
-    epochs, launch overhead included)."""
+    """Log what the last attempt measured, and the epoch metrics rank 0 could not send; return
+    the run's images/s (images x epochs / wall clock, launch overhead included)."""
     # The tracking server may have gone away during training: it is waited for, not skipped.
     wait_until_reachable(tracking_uri, TRACKER_WAIT_S, logger.warning)
     images_per_s = result.images_per_epoch * result.epochs_run / wall

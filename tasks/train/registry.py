@@ -1,35 +1,23 @@
 """The registry's aliases: ``candidate`` on the newest version, ``champion`` on the best one.
 
 Every version a run registers enters a contest: ``assign_aliases`` tags it with its run's final
-``val_accuracy`` (CONTENDER_TAG). ``candidate`` then goes to the newest contender and
-``champion`` to the best one, where the current champion keeps its place unless a contender's
-score is strictly higher (a first version becomes champion). Consumers load
-``models:/<name>@champion``.
+``val_accuracy`` (CONTENDER_TAG). ``candidate`` goes to the newest contender, ``champion`` to the
+best, the current champion keeping its place unless a contender scores strictly higher.
 
 Two runs that finish together must not leave ``champion`` on the worse of them. MLflow has no
-compare-and-set for aliases, and a lock around "read the champion, compare, set" would need a
-second service that every training driver reaches and that grants a lock exactly once:
-``hvdflow.infra.storage.locks`` holds only on one machine, and a lock object in S3 needs conditional
-writes and an expiry (a holder paused beyond it races again). If that store were unreachable,
-the run would have to fail after its training, or go on without the lock. So there is no lock:
+compare-and-set for aliases, and a lock would need a second service every driver reaches
+(``hvdflow.infra.storage.locks`` holds on one machine only). So there is no lock:
 
 - What each alias should be is a pure function of the contenders and the alias's holder
-  (``newest``, ``best``), and the contenders only ever grow while runs register.
+  (``newest``, ``best``), and the contenders only grow while runs register.
 - Each call writes only what differs from what it read, then reads again, until a read shows
-  nothing to change (at most ALIAS_ROUNDS rounds). A write the server refuses because another
-  call inserted the same alias at the same moment is no write: the next read sees the other.
+  nothing to change (at most ALIAS_ROUNDS). A write refused because another call inserted the
+  same alias at that moment is no write: the next read sees the other.
 
-The last write of all is followed by its writer's own check, which finds nothing to change: at
-that point the champion is at least as good as every contender tagged so far. A contender tagged
-later is checked by its own call, against a champion that no longer moves, so it moves it only
-if it is better. Whatever the interleaving, once every call has returned, ``champion`` is on the
-best contender and ``candidate`` on the newest. The only service involved is the tracking server
-the run already reports to; when it is unreachable the call fails, as registering would have.
-
-A run that dies after tagging its version leaves a contender: the next call gives it the alias
-it deserves. To keep a version out of the contest (say, after moving ``champion`` back from a
-version found to be broken), delete its CONTENDER_TAG or the version: a contender that is better
-than the champion takes the alias back at the next registration.
+The last write of all is followed by its writer's own check, which finds nothing to change, so
+once every call has returned, ``champion`` is on the best contender and ``candidate`` on the
+newest, whatever the interleaving. A run that dies after tagging its version leaves a contender
+the next call settles. To keep a version out of the contest, delete its CONTENDER_TAG.
 """
 
 from __future__ import annotations
@@ -45,24 +33,19 @@ from hvdflow.infra.tracking import CANDIDATE, CHAMPION
 logger = logging.getLogger(__name__)
 
 CHAMPION_METRIC = "val_accuracy"
-# The version tag that enters a version in the contest; its value is the version's score (its
-# run's final CHAMPION_METRIC, "-inf" without one), recorded once when it is registered.
+# Its value: the version's score (its run's final CHAMPION_METRIC, "-inf" without one).
 CONTENDER_TAG = "hvdflow.contender_score"
-# Read-compare-set rounds before a call gives up: each round that writes follows another call's
-# write, so more rounds than concurrent registrations mean something else keeps moving them.
+# Each round that writes follows another call's write: more rounds than concurrent
+# registrations mean something else keeps moving the aliases.
 ALIAS_ROUNDS = 20
-# MLflow's answer to a read of an alias that no version holds (its file and SQL stores say
-# "Registered model alias <alias> not found."); every other error is a real failure.
+# MLflow's answer to a read of an alias no version holds; every other error is a failure.
 _MISSING_ALIAS_CODES = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"})
 
 
 def assign_aliases(name: str, version: str | None, client=None) -> list[str]:
     """Enter ``version`` of registered model ``name`` in the contest and settle the aliases;
-    return the aliases it holds (``candidate``, and ``champion`` if it beat the champion).
-
-    ``client``: an MlflowClient (default: one for the current tracking URI). Any MlflowException
-    but "no version holds the alias" propagates.
-    """
+    return the aliases it holds. ``client``: an MlflowClient (default: the current tracking
+    URI's). Any MlflowException but "no version holds the alias" propagates."""
     if version is None:
         return []
     if client is None:
@@ -83,8 +66,7 @@ def assign_aliases(name: str, version: str | None, client=None) -> list[str]:
 
 
 def newest(contenders: dict[str, float], holder: str | None) -> str | None:
-    """The version ``candidate`` belongs on: the highest-numbered contender, or its holder if
-    that is newer still."""
+    """The version ``candidate`` belongs on: the highest-numbered of contenders and holder."""
     versions = [*contenders, *([holder] if holder else [])]
     return max(versions, key=int) if versions else None
 
@@ -122,8 +104,7 @@ def _wanted_holders(client, name: str) -> dict[str, tuple[str | None, str | None
 
 
 def _move(client, name: str, alias: str, version: str) -> None:
-    """Point ``alias`` at ``version``; losing a simultaneous write of the same alias to another
-    call is no failure: the next round reads what that call wrote."""
+    """Point ``alias`` at ``version``; losing a simultaneous write to another call is no failure."""
     logger.info("moving alias %s of %s to version %s", alias, name, version)
     try:
         client.set_registered_model_alias(name, alias, version)
@@ -171,8 +152,8 @@ def _is_missing_alias(error, alias: str) -> bool:
 
 
 def _is_simultaneous_write(error) -> bool:
-    """The tracking server's SQL store refused a second row for the alias, inserted by another
-    call between its check and its insert (sqlite, PostgreSQL and MySQL say it differently)."""
+    """The SQL store refused a second row for the alias, inserted by another call between its
+    check and its insert (sqlite, PostgreSQL and MySQL say it differently)."""
     message = str(getattr(error, "message", error))
     said = ("IntegrityError", "UniqueViolation", "UNIQUE constraint", "Duplicate entry")
     return error.error_code == "BAD_REQUEST" and any(words in message for words in said)

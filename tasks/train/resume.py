@@ -1,9 +1,8 @@
 """Which MLflow run a training continues, where its checkpoints go, and what it must match.
 
-A training that failed transiently, or an orchestrator's run retried from its UI, continues its
-failed MLflow run from the last checkpoint; ``tracking.resume`` names one explicitly. A resumed
-run trains what it trained before, and the epochs it could not log during a tracking-server
-outage are logged afterwards.
+A training that failed transiently, or an orchestrator's run retried, continues its failed
+MLflow run from the last checkpoint (``tracking.resume`` names one explicitly), with the same
+parameters; epochs it could not log during a tracking-server outage are logged afterwards.
 """
 
 from __future__ import annotations
@@ -103,8 +102,7 @@ def check_same_params(tracking_uri: str, run_id: str, params: dict) -> None:
 
 
 def backfill_epoch_metrics(tracking_uri: str, run_id: str, history: dict[str, list[float]]) -> int:
-    """Log the epochs of ``history`` that the run lacks (rank 0 could not send them during a
-    tracking-server outage); the number of metric points logged. Idempotent."""
+    """Log the epochs of ``history`` the run lacks; the number of points logged. Idempotent."""
     client = MlflowClient(tracking_uri)
     now = int(time.time() * 1000)
     missing = []

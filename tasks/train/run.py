@@ -1,11 +1,10 @@
 """One training as one MLflow run: parameters, metrics and artifacts logged, the model judged,
 registered and given its aliases.
 
-Training survives what clusters do to it: rank 0 checkpoints every epoch, a transient failure
-(a rank killed, a host lost, a stall) runs again from the last checkpoint in the same MLflow run,
-and a tracking server that goes away during training costs no epoch (``hvdflow.training.callbacks``
-buffers the metrics; ``backfill_epoch_metrics`` logs what never arrived). Aliases for registry
-consumers (``candidate``, ``champion``) are settled race-free by ``hvdflow.tasks.train.registry``.
+Rank 0 checkpoints every epoch; a transient failure runs again from the last checkpoint in the
+same MLflow run (attempts.py); a tracking-server outage costs no epoch (the ranks buffer the
+metrics, ``backfill_epoch_metrics`` logs what never arrived); aliases are settled race-free
+(registry.py).
 """
 
 from __future__ import annotations
@@ -14,10 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from hvdflow.infra.secrets import redact_url
-from hvdflow.infra.tracking import (
-    CHAMPION,
-    check_reachable,
-)
+from hvdflow.infra.tracking import CHAMPION, check_reachable
 from hvdflow.infra.version import package_version
 from hvdflow.tasks.config import TrackingParams
 from hvdflow.tasks.train import lease, model_card, once, records
@@ -27,21 +23,15 @@ from hvdflow.tasks.train.origin import RunOrigin
 from hvdflow.tasks.train.registry import assign_aliases
 from hvdflow.tasks.train.resume import checkpoint_url_for, run_to_resume
 from hvdflow.tasks.train.spec import run_spec, training_engine
-from hvdflow.tasks.train.tags import (
-    ATTEMPTS_TAG,
-    FLOW_RUN_TAG,
-    ORCHESTRATOR_TAG,
-    REJECTED_TAG,
-)
+from hvdflow.tasks.train.tags import ATTEMPTS_TAG, FLOW_RUN_TAG, ORCHESTRATOR_TAG, REJECTED_TAG
 from hvdflow.training.result import RankResult
 
 logger = logging.getLogger(__name__)
 
 
 class ModelRejected(RuntimeError):
-    """The training finished, but its model is no better than chance or diverged: the run is
-    marked failed in MLflow and the model is not registered. Not retried: the same settings
-    would train the same way."""
+    """The model is no better than chance or diverged: the run is marked failed and the model
+    not registered. Not retried: the same settings would train the same way."""
 
 
 @dataclass
@@ -67,8 +57,8 @@ class TrainResult:
 
 
 def spark_for_ranks(np: int, spark_master: str | None):
-    """The Spark session that the ranks' barrier tasks run on; None for ranks on the driver
-    (np < 0), which need no Spark: a run whose dataset was cached then starts no JVM."""
+    """The Spark session the ranks' barrier tasks run on; None for ranks on the driver (np < 0):
+    a run whose dataset was cached then starts no JVM."""
     if np <= 0:
         return None
     from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
@@ -88,13 +78,10 @@ def train_and_track(
 ) -> TrainResult:
     """Train on ``dataset`` (a DatasetManifest) with ``config.launcher.np`` ranks; track it.
 
-    A training that fails transiently (a rank killed, a host lost, a stall) runs again up to
-    ``launcher.retries`` times, resuming from its last checkpoint in the same MLflow run. The run
-    continued is ``tracking.resume``'s, else the failed run of the same ``origin`` (the
-    orchestrator's run, retried from its UI), else a new one.
-
-    ``origin``: the orchestrator's run that trains, tagged on the MLflow run and the registered
-    version and linked from its card.
+    A transient failure runs again up to ``launcher.retries`` times from the last checkpoint.
+    The run continued is ``tracking.resume``'s, else the failed run of the same ``origin`` (the
+    orchestrator's run that trains: tagged on the MLflow run and version, linked from its card),
+    else a new one.
     """
     import mlflow
     from mlflow import MlflowClient
@@ -139,14 +126,7 @@ def train_and_track(
         if result.rejected:
             # Raised inside the run: MLflow ends it as FAILED.
             raise _rejection(run_id, result)
-        aliases = _publish(
-            config,
-            dataset,
-            result,
-            tracking_uri,
-            run_id,
-            origin,
-        )
+        aliases = _publish(config, dataset, result, tracking_uri, run_id, origin)
 
     logger.info(
         "run %s: %.1f images/s, model %s version %s %s",
@@ -174,8 +154,8 @@ def train_and_track(
 def _experiment_and_run_to_resume(
     tracking: TrackingParams, tracking_uri: str, flow_run_id: str | None
 ):
-    """MLflow pointed at a server that answers (checked before any rank starts); the
-    experiment, and the id of the run this training continues (None: a new run)."""
+    """MLflow pointed at a server that answers, before any rank starts; the experiment, and
+    the id of the run this training continues (None: a new run)."""
     import mlflow
 
     check_reachable(tracking_uri)
@@ -189,8 +169,7 @@ def _experiment_and_run_to_resume(
 def _trained_before(
     tracking_uri: str, experiment_id: str, origin: RunOrigin, tracking: TrackingParams
 ) -> TrainResult | None:
-    """What an earlier execution of this step recorded for the same orchestrator run, if it
-    finished (``hvdflow.tasks.train.once``): the step answers with it and trains nothing."""
+    """What an earlier, finished execution of this step recorded for the same origin (once.py)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -212,8 +191,7 @@ def _trained_before(
 
 
 def _rejection(run_id: str, result: RankResult) -> ModelRejected:
-    """Why ``result``'s model is not published, tagged on the run (and why it stopped early,
-    when it did); the error to end the run with."""
+    """Tag why ``result``'s model is not published (and why it stopped early); the error."""
     import mlflow
 
     if result.stopped:
@@ -230,15 +208,12 @@ def _publish(
     run_id: str,
     origin: RunOrigin | None,
 ) -> list[str]:
-    """The registered version's aliases settled and its model card written; the aliases it
-    holds now. ``origin``: the orchestrator's run that trained."""
+    """Settle the registered version's aliases and write its card; the aliases it holds now."""
     import mlflow
 
     launcher, tracking = config.launcher, config.tracking
     registry = mlflow.MlflowClient(tracking_uri)
     aliases = assign_aliases(tracking.registered_model_name, result.model_version, client=registry)
-    # What the MLflow pages show beside the wall clock: steady-state throughput (the first
-    # epoch's warm-up left out), and on the version's page what produced it.
     steady = model_card.steady_images_per_s(result.images_per_epoch, result.epoch_times)
     if steady is not None:
         mlflow.log_metric(model_card.STEADY_METRIC, steady)

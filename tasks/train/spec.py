@@ -1,6 +1,5 @@
-"""What every rank of a training runs: the training parameters, the dataset and the weights as
-one ``TrainSpec``. Apart from the MLflow run that tracks it, so that the benchmark and the
-studies, which build specs of their own, load neither boto3 nor MLflow for it."""
+"""What every rank of a training runs, as one ``TrainSpec``: apart from the MLflow run, so the
+benchmark and the studies load neither boto3 nor MLflow for it."""
 
 from __future__ import annotations
 
@@ -13,13 +12,9 @@ from hvdflow.training.spec import DataSpec, OptimizerSpec, TrackingSpec, TrainSp
 
 
 def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
-    """What every rank trains on this dataset (a DatasetManifest), with these weights (a
-    StagedWeights, or None): the training parameters' share of ``TrainSpec``.
-
-    Each field of the spec (and of its ``optimizer``) that the parameters have by the same name
-    takes the parameter's value: a parameter the ranks need is a field of the same name in
-    ``hvdflow.training.spec``, and nothing here lists them. The model's and the optimizer's
-    names are the two the spec spells otherwise."""
+    """The training parameters' share of ``TrainSpec`` on ``dataset`` (a DatasetManifest) with
+    ``weights`` (a StagedWeights, or None). A spec field (or ``optimizer`` field) takes the
+    parameter of the same name: nothing here lists them, but the model's and optimizer's names."""
     values = training.model_dump()
     return TrainSpec(
         data=DataSpec(
@@ -40,8 +35,7 @@ def training_spec(training: TrainingParams, dataset, weights=None) -> TrainSpec:
 
 
 def _same_names(spec_class, values: dict, but: tuple[str, ...] = ()) -> dict:
-    """The values of ``spec_class``'s fields (a dataclass of ``hvdflow.training.spec``) among
-    ``values``, by name, but ``but`` (a field the spec composes itself)."""
+    """``values`` of ``spec_class``'s fields, by name, but ``but``."""
     return {
         f.name: values[f.name]
         for f in dataclasses.fields(spec_class)
@@ -57,8 +51,7 @@ def run_spec(
     tracking_uri: str,
     checkpoint_url: str | None,
 ) -> TrainSpec:
-    """What every rank trains in this run: the training's spec, tracked into ``run_id`` and
-    checkpointed at ``checkpoint_url``, on the launcher's engine."""
+    """The training's spec, tracked into ``run_id``, checkpointed at ``checkpoint_url``."""
     training, launcher, tracking = config.training, config.launcher, config.tracking
     return training_spec(training, dataset, weights).replace(
         tracking=TrackingSpec(run_id, tracking_uri, tracking.registered_model_name),

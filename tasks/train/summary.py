@@ -1,8 +1,5 @@
-"""A tracked training's summary: where its results are, how fast it went, what the registry holds.
-
-Written once for every face (each orchestrator's folder under ``hvdflow.flows``): its pipeline
-run returns this (``hvdflow run`` prints it), and every face shows the same throughput words.
-"""
+"""A tracked training's summary, written once for every face: each orchestrator's pipeline run
+returns it (``hvdflow run`` prints it), and every face shows the same throughput words."""
 
 from __future__ import annotations
 
@@ -19,8 +16,8 @@ log = logging.getLogger(__name__)
 
 
 def logged_metrics(uri: str, run_id: str) -> dict[str, float]:
-    """The last value of each metric MLflow run ``run_id`` logged; none when the tracking server
-    does not answer now (the summary goes without them: the run is done)."""
+    """The last value of each metric of MLflow run ``run_id``; none when the server does not
+    answer (the summary goes without them: the run is done)."""
     from mlflow import MlflowClient  # noqa: PLC0415 (lazy: it loads MLflow)
 
     try:
@@ -39,13 +36,11 @@ def training_summary(
     origin: RunOrigin | None = None,
     metrics: dict[str, float] | None = None,
 ) -> dict:
-    """``result`` of training ``config`` as plain values (no secret: the tracking URI goes
-    without its login).
+    """``result`` of training ``config`` as plain values (the tracking URI without its login).
 
     ``dataset``: the run's ``DatasetManifest``; ``weights``: its ``StagedWeights`` or None;
-    ``origin``: the orchestrator's run that started the training; ``metrics``: the MLflow run's
-    last values, for the steady throughput and the profile (None: read from the run, inside the
-    face's ``tracking_login``)."""
+    ``origin``: the orchestrator's run; ``metrics``: the MLflow run's last values (None: read
+    from the run, inside the face's ``tracking_login``)."""
     if metrics is None:
         metrics = logged_metrics(result.tracking_uri, result.run_id)
     registered_model = config.tracking.registered_model_name
@@ -80,8 +75,7 @@ def training_summary(
         "aliases": list(result.aliases),
         "champion_moved": result.champion_moved,
         "attempts": result.attempts,
-        # Two throughputs: the training's own (epochs after the first, the warm-up left out) and
-        # the wall clock's, which also counts launching the ranks and the first epoch.
+        # The training's own (warm-up left out), and the wall clock's (launch included).
         "steady_images_per_s": round(steady, 1) if steady is not None else None,
         "images_per_s": round(result.images_per_s, 1),
         "wall_clock_s": round(result.wall_clock_s, 1),
@@ -92,8 +86,7 @@ def training_summary(
 
 
 def throughput_lines(summary: dict, prefix: str = "") -> list[str]:
-    """The run's two throughputs, each named for what it measures (every face shows the same
-    words: in its summary, its task log, ``hvdflow run``)."""
+    """The run's two throughputs, each named for what it measures."""
     lines = []
     if summary.get("steady_images_per_s") is not None:
         lines.append(

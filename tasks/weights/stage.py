@@ -1,13 +1,10 @@
 """Step 2: stage pretrained weights once to object storage, content-addressed.
 
-The paper this project grew from hit "too many requests" when 32 to 64 workers each downloaded
-Keras application weights from a public host. Here the driver fetches once, stores the file
-under its sha256, and every rank loads it from the bucket
-(``hvdflow.training.weights.fetch_weights``).
-A small index object per source makes a second call with the same source neither download nor
-upload. A local file is known by its content, not its path: the same bytes at two paths are
-staged once, and new bytes at the same path are staged anew. The index records the object's
-ETag: an object replaced or corrupted in the bucket since (another ETag) is staged again.
+32 to 64 workers each downloading Keras weights from a public host get "too many requests".
+Here the driver fetches once, stores the file under its sha256, and every rank loads it from
+the bucket (``hvdflow.training.weights.fetch_weights``). An index object per source makes a
+second call neither download nor upload; it records the object's ETag, so an object replaced
+since is staged again. A local file is known by its content, not its path.
 """
 
 from __future__ import annotations
@@ -68,10 +65,8 @@ def stage_weights(
     ``source``: an http(s) URL, a local path (or file:// URL), or ``keras:weights=None`` to build
     ``model`` offline; or a reference to one of them (``env:NAME``, ``secret:block-name``, see
     ``hvdflow.infra.secrets``), resolved here and nowhere else. Concurrent calls for one source on
-    this machine download once. The returned sha256 is what ranks verify the file against
-    (``hvdflow.training.weights.fetch_weights``): pass it to them, never one read from the object's
-    metadata. It is computed here when the file is fetched; a later call takes it from the
-    source's index object as long as the object's ETag is the one recorded there.
+    this machine download once. Ranks verify the file against the returned sha256: pass it to
+    them, never one read from the object's metadata.
     """
     source = resolve(source, "weights source")
     shape = tuple(input_shape) if input_shape else None
@@ -100,9 +95,9 @@ def stage_weights(
 def source_identity(
     model: str, source: str, input_shape: tuple[int, ...] | None = None, num_classes: int = 10
 ) -> str:
-    """What the staged copy of ``source`` (resolved) is known by, in the bucket's index and in
-    the flow's cache: a local file by its content's sha256, whatever its path; a URL by itself;
-    the offline build by the shape and classes it is built for."""
+    """What the staged copy of ``source`` (resolved) is known by, in the bucket's index and the
+    flow's cache: a local file by its sha256, a URL by itself, the offline build by its shape
+    and classes."""
     local = _local_file(source)
     content = sha256_file(local) if local else None
     shape = tuple(input_shape) if input_shape else None
@@ -110,8 +105,8 @@ def source_identity(
 
 
 def is_intact(store: ObjectStore, staged: StagedWeights) -> bool:
-    """Whether the object is still the one staged: there, with its size and its ETag (an upload
-    of other bytes gives another). The ranks check the bytes themselves against ``sha256``."""
+    """Whether the object is still the one staged: there, with its size and ETag (the ranks
+    check the bytes themselves against ``sha256``)."""
     head = store.head(staged.uri)
     return (
         head is not None
@@ -132,8 +127,8 @@ def _identity(model: str, source: str, shape, num_classes: int, content: str | N
 
 
 def _upload(store: ObjectStore, model: str, source: str, path: str) -> StagedWeights:
-    """Upload ``path`` under its sha256, whatever is there now (a miss of the index may be a
-    corrupt object), and return what was staged."""
+    """Upload ``path`` under its sha256, whatever is there (a miss of the index may be a
+    corrupt object)."""
     digest = sha256_file(path)
     size = os.path.getsize(path)
     uri = store.config.uri(
@@ -170,8 +165,7 @@ def _from_index(store: ObjectStore, index_uri: str) -> StagedWeights | None:
 
 
 def _local_file(source: str) -> str | None:
-    """The local file ``source`` names (a path or file:// URL); None for a URL or the offline
-    build. ValueError when it names nothing that could be staged."""
+    """The local file ``source`` names; None for a URL or the offline build; else ValueError."""
     if source == OFFLINE_SOURCE:
         return None
     scheme = urlsplit(source).scheme
@@ -226,14 +220,13 @@ def _copy(source, target, progress: ByteProgress, chunk: int = 1 << 20) -> None:
 
 
 def weights_wanted(training) -> bool:
-    """Whether a training (``TrainingParams``) starts from staged weights: it names a source,
-    and its framework loads Keras files (a PyTorch model trains from its seeded start)."""
+    """Whether a training (``TrainingParams``) names a source its framework loads (PyTorch
+    models train from their seeded start)."""
     return bool(training.weights_source) and framework(training.framework).stages_weights
 
 
 def staging_inputs(dataset) -> tuple[tuple[int, ...], int]:
-    """The model input shape and class count that weights for ``dataset`` (a DatasetManifest)
-    are built for: with the model and the source, what a staged file depends on."""
+    """The model input shape and class count weights for ``dataset`` (a DatasetManifest) fit."""
     return model_input_shape(dataset.image_shape), dataset.num_classes
 
 
@@ -246,11 +239,8 @@ def stage_into(
     spark_master: str | None = None,
 ) -> StagedWeights:
     """``stage_weights`` into the bucket of ``config`` (made if missing): each face's staging
-    step, whatever caches or retries it adds around it.
-
-    Where the Spark is reached through Spark Connect (``spark_master``, else the default master,
-    is an ``sc://`` URL), the offline build (``keras:weights=None``) runs in a Spark task
-    instead: the orchestrator's worker then needs no TensorFlow (``_stage_on_executor``).
+    step. Through Spark Connect (``spark_master``, else the default master, is ``sc://``), the
+    offline build runs in a Spark task: the orchestrator's worker then needs no TensorFlow.
     """
     if source == OFFLINE_SOURCE and is_connect_url(spark_master or _default_master()):
         return _stage_on_executor(config, model, input_shape, num_classes, spark_master)
@@ -275,10 +265,8 @@ def _default_master() -> str:
 def _stage_on_executor(
     config: ObjectStoreConfig, model: str, input_shape, num_classes: int, spark_master
 ) -> StagedWeights:
-    """``stage_into`` of the offline build, in one Spark task. The executor gets the driver's
-    object-store variables (``FORWARDED_TO_RANKS``, as ranks do: in the task's closure, never
-    logged) and answers with the ``StagedWeights`` record; the weights go straight to the
-    bucket."""
+    """``stage_into`` of the offline build, in one Spark task, given the driver's object-store
+    variables (``FORWARDED_TO_RANKS``: in the closure, never logged)."""
     from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
     from hvdflow.infra.spark_map import map_slices  # noqa: PLC0415 (lazy: it loads Spark)
 
