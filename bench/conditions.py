@@ -2,22 +2,15 @@
 
 Conditions (``--conditions keras,keras1,ceiling2,hvd1,hvd2,tf2``):
 
-- ``keras``: one plain Keras process using every core (no engine at all).
-- ``kerasN``: one plain Keras process limited to N threads (``keras1``: the fair reference for
-  one rank of one thread).
-- ``ceilingN``: N plain Keras processes of ``threads_per_rank`` threads each, at once: the most
-  N ranks can get from this machine when nothing is exchanged (shared memory bandwidth, caches
-  and turbo limit it below N times one alone).
+- ``keras``: one plain Keras process using every core; ``kerasN``: limited to N threads.
+- ``ceilingN``: N plain Keras processes of ``threads_per_rank`` threads at once: the most N ranks
+  can get from this machine when nothing is exchanged.
 - ``hvdN`` (also ``N`` or ``np=N``): HorovodRunner with N ranks of ``threads_per_rank`` threads.
 - ``tfN``: the same launcher with the tf_collective engine (MultiWorkerMirroredStrategy).
 
-Every condition trains the same model on the same data, each rank and each ceiling process the
-same per-process batch (its share of a global batch, ``global_batch``), and reports each epoch's
-time measured inside the process: the first epoch (graph tracing, reader
-start-up) is the warm-up, the others are steady state. Launch overhead (process and Spark start,
-rendezvous, model build, data opening) is the wall clock minus the training itself. Time to a
-target accuracy is read where a user would see it: when the driver's log showed the first
-evaluation that reached it (every ``eval_every`` of an epoch; else at epoch ends).
+Every condition trains the same model on the same data with the same per-process batch. The first
+epoch is the warm-up, the others steady state; launch overhead is the wall clock minus training.
+Time to a target accuracy is when the driver's log showed the first evaluation that reached it.
 """
 
 from __future__ import annotations
@@ -59,9 +52,7 @@ class Condition:
 
 
 def dataset_readers(conditions) -> int:
-    """How many shards the study's dataset needs: the most ranks of an engine condition. A Keras
-    or ceiling process reads the dataset whole, as one reader, so a study of Keras conditions
-    alone still needs one."""
+    """Shards the study's dataset needs: the most ranks of an engine condition, at least one."""
     return max([1, *(parse_condition(c).ranks for c in conditions)])
 
 
@@ -98,12 +89,10 @@ class Measurement:
     kind: str = HOROVOD
     extra: dict = field(default_factory=dict)
     val_accuracy: list[float] = field(default_factory=list)  # after each epoch
-    # Seconds from the launch until the driver's log showed each epoch done (the first process
-    # of a ceiling); empty where the log had no such lines.
+    # Seconds from the launch until the driver's log showed each epoch done; empty without lines.
     epoch_done_s: list[float] = field(default_factory=list)
-    # The evaluations of the fixed validation subset every few steps (``eval_every``), as the
-    # driver's log showed them: [seconds since the launch, images trained, val_accuracy, seconds
-    # the evaluation took].
+    # Evaluations every ``eval_every``, from the driver's log: [seconds since the launch, images
+    # trained, val_accuracy, seconds the evaluation took].
     evaluations: list[list[float]] = field(default_factory=list)
 
     @property
@@ -112,13 +101,8 @@ class Measurement:
 
     def seconds_to(self, target: float) -> float | None:
         """Wall clock from the launch to the first evaluation that reached ``target`` (MLPerf's
-        time to train, launch and evaluations included); None if none did.
-
-        With evaluations every few steps, the first of them that reached it, when the driver's
-        log showed it. Without, the end of the first epoch whose val_accuracy reached it: when
-        the driver's log showed that epoch done, so that nothing the process does after it (the
-        rest of the training, saving, exiting) counts; without those lines, the launch overhead
-        plus the epochs up to it, which counts what follows ``model.fit`` too."""
+        time to train); None if none did. Without evaluations every few steps, the end of the
+        first epoch that reached it, as the driver's log showed it, else launch plus epochs."""
         if self.evaluations:
             return next((e[0] for e in self.evaluations if e[2] >= target), None)
         for epoch, accuracy in enumerate(self.val_accuracy):
@@ -129,9 +113,7 @@ class Measurement:
         return None
 
     def images_to(self, target: float) -> int | None:
-        """Images trained up to the first evaluation that reached ``target`` (by all ranks
-        together; by one process of a ceiling); None without evaluations every few steps, or if
-        none did."""
+        """Images trained up to the first evaluation that reached ``target``; or None."""
         return next((int(e[1]) for e in self.evaluations if e[2] >= target), None)
 
     @property
@@ -195,8 +177,7 @@ def measure(
     options: LaunchOptions | None = None,
     threads_per_rank: int = 1,
 ) -> Measurement:
-    """One run of ``condition``; ``options``: the launcher's, for the conditions it runs (its
-    engine is the condition's, and every rank line is kept here)."""
+    """One run of ``condition``; ``options``: the launcher's, with the condition's engine."""
     from hvdflow.infra import HorovodRunner  # noqa: PLC0415 (lazy: a tenth of a second of imports)
 
     c = parse_condition(condition)
@@ -255,8 +236,7 @@ def measure(
 
 
 def seconds_since(launched: float, done: dict[int, float]) -> list[float]:
-    """Each epoch's done time as seconds since the launch, from the first epoch on, up to the
-    first missing one."""
+    """Each epoch's done time as seconds since the launch, up to the first missing epoch."""
     seconds = []
     for epoch in range(1, len(done) + 1):
         if epoch not in done:
@@ -266,9 +246,8 @@ def seconds_since(launched: float, done: dict[int, float]) -> list[float]:
 
 
 def with_options(trainer: str, kwargs: dict, **options) -> dict:
-    """``kwargs`` of ``trainer`` with ``options``. The classifier takes them into its
-    ``TrainSpec`` (given as one, or as its ``to_dict()``): a thread budget (None: every core),
-    the engine, ``use_horovod``. The GCN shares cores itself and knows only ``use_horovod``."""
+    """``kwargs`` of ``trainer`` with ``options``: into the classifier's ``TrainSpec`` (or its
+    ``to_dict()``); the GCN knows only ``use_horovod``."""
     if trainer == "classifier":
         spec = kwargs["spec"]
         spec = spec if isinstance(spec, TrainSpec) else TrainSpec.from_dict(spec)
@@ -277,10 +256,8 @@ def with_options(trainer: str, kwargs: dict, **options) -> dict:
 
 
 def seeded_for(trainer: str, kwargs: dict, repetition: int) -> dict:
-    """``kwargs`` for repetition ``repetition`` (from 0): MLPerf Training's rule, each repetition
-    its own seed (the study's seed plus the repetition: initial weights, shuffling, the
-    evaluation subset), the same for every condition within it. Repetitions with one seed
-    would all cross the target after the same images and sample the machine, not the training."""
+    """``kwargs`` for repetition ``repetition`` (from 0): each its own seed, as MLPerf Training
+    asks, or every repetition would sample the machine, not the training."""
     if trainer == "classifier":
         spec = with_options(trainer, kwargs)["spec"]
         return {"spec": spec.replace(seed=spec.seed + repetition)}

@@ -1,21 +1,15 @@
 """The paper's statistics and figures, on steady-state measures.
 
-Every figure is per repetition first, then over repetitions: a repetition is one independent
-run of a condition (its own processes), and its epochs are not independent samples of anything
-(they share the process, the data's order and the first epoch's tracing). So:
+Every figure is per repetition first, then over repetitions: a repetition is one independent run
+of a condition, and its epochs are not independent samples (they share the process and data).
 
 - steady-state epoch time and images/s: the mean over a repetition's epochs after the first,
   then mean ± std over repetitions; the first epoch is reported on its own as warm-up;
-- launch overhead: wall clock minus model.fit, per repetition;
-- ANOVA and Tukey HSD: on the per-repetition steady epoch means, and on the per-repetition
-  times to the target accuracy;
-- time to target (MLPerf Training's measure): wall clock from the launch to the end of the
-  first epoch whose val_accuracy reached the target; more ranks that get there later, or never,
-  are no speed-up however many images per second they push. A condition with a repetition that
-  never reached it has no time (n/a) and stays out of the statistics on time;
-- scaling efficiency of N ranks: images/s(N) / (N x images/s(1 rank of the same engine)), every
-  rank with the same thread budget; the machine's ceiling (``ceilingN``: N plain processes at
-  once) is that same ratio for processes that exchange nothing, the most N ranks can reach here.
+- ANOVA and Tukey HSD: on the per-repetition steady epoch means, and times to target;
+- time to target (MLPerf Training's measure): wall clock from the launch to the first evaluation
+  that reached it; a condition with a repetition that never reached it has no time (n/a);
+- scaling efficiency of N ranks: images/s(N) / (N x images/s(1 rank of the same engine)), the
+  same thread budget per rank; ``ceilingN`` is that ratio for processes that exchange nothing.
 """
 
 from __future__ import annotations
@@ -168,9 +162,8 @@ def summary_table(
 
 
 def scaling_efficiency(m: Measurement, rate: dict[str, float]) -> float | None:
-    """images/s over N times one process of the same kind and thread budget: ranks against one
-    rank of their engine (Horovod's when the engine has no 1-rank condition), a ceiling
-    against ``keras1``."""
+    """images/s over N times one process of the same kind and thread budget (ranks against one
+    rank of their engine, else Horovod's; a ceiling against ``keras<threads>``)."""
     if m.kind == CEILING:
         one = rate.get(f"keras{m.threads}")
     elif m.kind in (HOROVOD, TF):

@@ -21,9 +21,8 @@ from hvdflow.infra.secrets import redact_url
 # Loggers that are chatty at INFO on the terminal; the log file still gets their warnings.
 NOISY_LOGGERS = ("py4j", "pyspark", "httpx")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# Prefect's run loggers, and a rank's log_to_driver line as HorovodRunner tags it (mpirun's tag,
-# ``hvdflow.infra.launcher.LogLine.prefix``): the runner's own logger already shows those on the
-# terminal.
+# Prefect's run loggers, and a rank's log_to_driver line as HorovodRunner tags it: the runner's
+# own logger already shows those on the terminal.
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 RANK_LOG_LINE = re.compile(r"\[\d+,\d+\]<log>:")
 
@@ -122,9 +121,8 @@ _configured: dict = {}
 
 
 class _StderrNow(logging.StreamHandler):
-    """A console handler that writes to ``sys.stderr`` as it is when a record comes, not as it
-    was when the handler was made: main() run in a process whose stderr is later swapped and
-    closed (a test's capture, a notebook cell) must not leave a handler on a closed stream."""
+    """A console handler on the current ``sys.stderr``, not the one of when it was made: a
+    swapped and closed stderr (a test's capture, a notebook cell) must not keep it."""
 
     def __init__(self):
         super().__init__(sys.stderr)
@@ -141,19 +139,15 @@ class _StderrNow(logging.StreamHandler):
 def configure_logging(
     level: str, command: str, *, show_tracebacks: bool, log_path: Path | None = None
 ) -> Path | None:
-    """Log to the terminal at ``level`` and everything from INFO to a file; return its path.
-
-    The file sits in ``$HVDFLOW_HOME/logs`` (``log_path``: keep writing to that one). Without
-    ``--debug`` the terminal gets no tracebacks (Prefect logs one for every failed task): the
-    file keeps them.
-    """
+    """Log to the terminal at ``level`` and everything from INFO to a file in
+    ``$HVDFLOW_HOME/logs`` (or ``log_path``); return its path. Without ``--debug`` only the file
+    gets tracebacks (Prefect logs one for every failed task)."""
     _configured.update(level=level, command=command, show_tracebacks=show_tracebacks)
     root = logging.getLogger()
     _remove_our_handlers()  # main() may run twice in one process (tests, notebooks)
     terminal = getattr(logging, level.upper())
     root.setLevel(min(logging.INFO, terminal))
-    # The root's console is what propagating loggers (the flow's and tasks' run logs, hvdflow's
-    # own) reach: a console on some other logger (Prefect puts one on uvicorn's) is not one.
+    # Propagating loggers reach the root's console; one on another logger (uvicorn's) is not it.
     if not set(root.handlers) & set(_console_handlers()):
         console = _StderrNow()
         console._hvdflow = True
@@ -184,12 +178,9 @@ def configure_logging(
 
 
 def adopt_prefect_logging() -> None:
-    """Import Prefect, then put back what configure_logging set up.
-
-    Call it once the environment points at the services: Prefect reads its settings (such as
-    PREFECT_API_URL) when first imported, and its logging set-up replaces the root logger's
-    handlers with its own console handler.
-    """
+    """Import Prefect, then put back what configure_logging set up (Prefect's logging replaces
+    the root's handlers). Call it once the environment points at the services: Prefect reads
+    its settings when first imported."""
     import prefect.main  # noqa: F401
 
     if _configured:
@@ -243,12 +234,8 @@ def _console_handlers() -> list[logging.Handler]:
 
 
 class _RankLinesOnce(logging.Filter):
-    """The terminal shows each ``log_to_driver`` line of a rank once.
-
-    HorovodRunner's rank logger shows them (``[1,0]<log>:Epoch 3/5 done ...``); the training
-    step forwards the same lines to Prefect's run logger so that the Prefect UI has them. The
-    terminal leaves out that second copy; the log file and Prefect keep everything.
-    """
+    """The terminal shows each ``log_to_driver`` line of a rank once: not the copy the training
+    step forwards to Prefect's run logger for its UI (the log file keeps both)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.name in RUN_LOGGERS and RANK_LOG_LINE.match(str(record.getMessage())))

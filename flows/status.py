@@ -1,11 +1,9 @@
 """``hvdflow status``: the services (up or down, where) and the last runs, in a few lines.
 
-What it reads: the embedded services' state file (``hvdflow up``) or the variables that point
-elsewhere (``AWS_ENDPOINT_URL``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``), each asked once
-whether it answers; the tracking server's last runs of the pipeline's experiment with their
-registered versions and the registry's aliases; and, where Prefect answers, the state of the
-flow run behind each of those runs. Nothing is started, and every question has a short timeout:
-a service that is down makes its line say so, not the command hang.
+It reads the embedded services' state file or the variables that point elsewhere, asking each
+once whether it answers; the pipeline experiment's last runs with their versions and aliases; and
+where Prefect answers, each run's flow-run state. Nothing is started, and every question has a
+short timeout: a service that is down makes its line say so, not the command hang.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from hvdflow.infra._env import temporary_env
 from hvdflow.infra.secrets import redact_url
 from hvdflow.tasks.train.tags import FLOW_RUN_TAG
 
-# Seconds each service gets to answer a status question: a stopped one refuses at once, and a
-# busy one on a loaded machine can take a few seconds without being down.
+# Seconds each service gets to answer: a busy one on a loaded machine may take a few.
 PROBE_TIMEOUT_S = 5.0
 # What the MLflow client may take per request here (it retries for minutes by default).
 TRACKING_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}

@@ -4,22 +4,17 @@ Horovod reads its settings from the environment at ``hvd.init()``; the names bel
 its C++ core and Python layer look up. hvdflow's own variables carry the ``HVDFLOW_`` prefix.
 """
 
-# --- Engines: what the ranks synchronise with, named once for the launcher, the ranks and the
-# parameters. Horovod over Gloo (the rendezvous server on the driver); TensorFlow's own
-# collectives (MultiWorkerMirroredStrategy, CollectiveAllReduce), whose workers meet at the
-# endpoints the tasks gather and pass in TF_CONFIG; torch.distributed, whose ranks meet at rank
-# 0's MASTER_ADDR and MASTER_PORT (the environment torchrun gives its processes).
+# --- Engines: Horovod over Gloo (rendezvous on the driver); TensorFlow's collectives, whose
+# workers meet at the endpoints in TF_CONFIG; torch.distributed, meeting at rank 0's MASTER_ADDR.
 HOROVOD = "horovod"
 TF_COLLECTIVE = "tf_collective"
 TORCH = "torch"
 # Every engine the launcher runs (LaunchOptions.engine).
 ENGINES = (HOROVOD, TF_COLLECTIVE, TORCH)
-# Those the Keras trainer runs on, which a pipeline's launcher.engine names: a PyTorch training
-# always runs on torch's (training.framework='torch').
+# Those a pipeline's launcher.engine names (Keras); PyTorch training always runs on torch's.
 PIPELINE_ENGINES = (HOROVOD, TF_COLLECTIVE)
 
-# --- torch.distributed: what torchrun sets in each process it starts (torch/distributed/run.py
-# and elastic/agent/server/local_elastic_agent.py); init_process_group() reads the first four.
+# --- torch.distributed: what torchrun sets; init_process_group() reads the first four ---
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 RANK = "RANK"
@@ -62,9 +57,8 @@ HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
 HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
 HOROVOD_GLOO_TIMEOUT_SECONDS = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 
-# --- TensorFlow's own collectives (the tf_collective engine): the cluster and this worker ---
-# {"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": rank}}, read by
-# tf.distribute.MultiWorkerMirroredStrategy's TFConfigClusterResolver.
+# --- tf_collective: {"cluster": {"worker": [host:port, ...]}, "task": {"type": "worker",
+# "index": rank}}, read by MultiWorkerMirroredStrategy's TFConfigClusterResolver ---
 TF_CONFIG = "TF_CONFIG"
 
 # --- GPUs: each rank sees only the GPU of its local rank ---
@@ -100,22 +94,18 @@ SPARK_DRIVER_EXTRA_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 SPARK_LOCAL_DIR = "spark.local.dir"
 # Cores one task takes: slot counting divides executor cores by it.
 SPARK_TASK_CPUS = "spark.task.cpus"
-# Spark re-checks a barrier stage that lacks slots for minutes instead of failing; hvdflow
-# counts slots itself first, and keeps Spark's own check short as a second line.
+# Spark re-checks a barrier stage lacking slots for minutes; hvdflow counts first, keeps this short.
 SPARK_BARRIER_CHECK_INTERVAL = "spark.scheduler.barrier.maxConcurrentTasksCheck.interval"
 SPARK_BARRIER_CHECK_MAX_FAILURES = "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures"
 
 # --- Spark: who can reach the driver's web UI, and what it lets them do ---
-# Spark 4.0's web UI (WebUI.initServer) listens on $SPARK_LOCAL_IP of the driver's JVM, else on
-# every interface: no conf key chooses its address. infra/spark.py starts the JVM with it set to the
-# driver's bind address, so the UI is reachable where the driver already listens and nowhere else.
+# Spark 4.0's web UI listens on the driver JVM's $SPARK_LOCAL_IP, else on every interface (no conf
+# key): infra/spark.py sets it to the driver's bind address.
 SPARK_LOCAL_IP = "SPARK_LOCAL_IP"
-# The UI's links that kill running jobs and stages: off unless a user turns them on, since anyone
-# who reaches the UI could otherwise stop a training run.
+# The UI's kill links: off, or anyone who reaches the UI could stop a training run.
 SPARK_UI_KILL_ENABLED = "spark.ui.killEnabled"
-# Spark's console progress bar: redrawn with carriage returns on stderr, it lands in the middle
-# of log lines. Off in hvdflow's sessions, whose stage progress goes to the log as lines
-# (hvdflow.infra.spark.SparkProgress); get_spark(conf={...: "true"}) turns it back on.
+# Spark's console progress bar garbles log lines with carriage returns: off (SparkProgress logs
+# stage progress instead); get_spark(conf={...: "true"}) turns it back on.
 SPARK_UI_SHOW_CONSOLE_PROGRESS = "spark.ui.showConsoleProgress"
 
 # --- Object storage: the standard AWS variables, read by boto3 and by hvdflow ---
@@ -158,9 +148,8 @@ MLFLOW_AUTH_ADMIN_PASSWORD = "MLFLOW_AUTH_ADMIN_PASSWORD"
 # The "user:password" the Prefect server requires of every API call but its health check.
 PREFECT_SERVER_API_AUTH_STRING = "PREFECT_SERVER_API_AUTH_STRING"
 
-# Variables HorovodRunner copies from the driver's environment into every rank at run(): what a
-# rank needs to reach the object store and the tracking server. Executors started before the
-# driver set them (a long-lived Spark session, a cluster) would not have them otherwise.
+# Copied from the driver's environment into every rank at run(): executors started before the
+# driver set them (a long-lived session, a cluster) would lack the store's and tracker's settings.
 FORWARDED_TO_RANKS = (
     AWS_ENDPOINT_URL,
     AWS_ENDPOINT_URL_S3,
@@ -192,9 +181,8 @@ HVDFLOW_STACKS_FILE = "HVDFLOW_STACKS_FILE"
 # Which engine the rank runs under ("horovod" or "tf_collective"): the rank reports reaching
 # hvd.init() or the creation of a MultiWorkerMirroredStrategy as its start.
 HVDFLOW_ENGINE = "HVDFLOW_ENGINE"
-# The rank's end of a socket to its Spark task, which answers pyspark.BarrierTaskContext's calls
-# (allGather, barrier) in the rank as in the task; and the task's context as JSON (partition,
-# stage, task infos, resources). Set only where a task runs one rank.
+# The rank's socket to its Spark task, answering BarrierTaskContext's calls (allGather, barrier),
+# and the task's context as JSON. Set only where a task runs one rank.
 HVDFLOW_TASK_CONTEXT_FD = "HVDFLOW_TASK_CONTEXT_FD"
 HVDFLOW_TASK_CONTEXT = "HVDFLOW_TASK_CONTEXT"
 # "1": the rank binds itself to its share of the host's cores (infra/launcher/_engines.py); set by

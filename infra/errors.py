@@ -16,26 +16,23 @@ class TransientError(RuntimeError):
     """A failure that another attempt may not meet: a service that did not answer, a resource
     that was briefly gone.
 
-    Raised in a rank (by the user's function, or by what it calls: hvdflow's object store raises
-    its subclass when the store does not answer), the rank exits with EX_TEMPFAIL and the
-    training step runs another attempt from the last checkpoint, up to ``launcher.retries``
-    times. Any other exception fails the training at once: it would fail the same way again.
+    Raised in a rank, the rank exits with EX_TEMPFAIL and the training step runs another attempt
+    from the last checkpoint, up to ``launcher.retries`` times. Any other exception fails the
+    training at once: it would fail the same way again.
     """
 
     transient = True
 
 
 class DiskFullError(TransientError):
-    """A write that found its disk full. Transient: the failed write's own files are removed,
-    and space another process held may be free by the next attempt; the message names what was
-    being written, where, and how to make room."""
+    """A write that found its disk full. Transient: space another process held may be free by
+    the next attempt; the message names what was being written, where, and how to make room."""
 
 
 @contextmanager
 def disk_full_as(message: str) -> Iterator[None]:
-    """A full disk met inside (``is_disk_full``) raised as a DiskFullError with ``message`` (what
-    was being written, where, how to make room), from the original error; anything else as it
-    was."""
+    """A full disk met inside (``is_disk_full``) raised as a DiskFullError with ``message``;
+    anything else as it was."""
     try:
         yield
     except Exception as e:

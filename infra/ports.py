@@ -1,11 +1,8 @@
 """Picking a port to listen on a moment later, that nothing else takes meanwhile.
 
-A port the kernel hands out for ``bind(0)`` comes from its ephemeral range, the same range every
-outgoing connection on the machine draws its local port from: between the pick and the listen, a
-client connection (an HTTP request, a JVM's RPC) may take it, and the server fails to start
-("Could not start gRPC server", "address already in use"). Ports below that range are handed to
-no connection, so a random one of them that is free now stays free, unless another program
-picks the same one.
+``bind(0)`` hands out a port from the ephemeral range, which outgoing connections draw from too:
+one may take it before the server listens ("address already in use"). A random free port below
+that range stays free, unless another program picks the same one.
 """
 
 from __future__ import annotations
@@ -58,14 +55,9 @@ def unclaimed_port(host: str) -> int:
 def hold_port(host: str) -> socket.socket:
     """A port from ``unclaimed_port``'s range, bound and kept bound until the socket closes.
 
-    For a server that a child process starts a moment later (torch's TCPStore in rank 0): the
-    socket is bound with ``SO_REUSEADDR`` and never listens, so that server, which binds with
-    ``SO_REUSEADDR`` too, can still take the port, while a plain ``bind`` (every other pick
-    here, ``is_bindable``) finds it taken until the holder closes it. Without the hold, another
-    program's pick in the seconds rank 0 takes to import torch could land on the same port.
-    It holds the port on every address, not only ``host``'s: torch's store listens on every
-    address, so a server another pick put on the same port of another address (a service on
-    a cluster's address) would keep it off as surely.
+    For a server a child starts a moment later (torch's TCPStore in rank 0): bound with
+    ``SO_REUSEADDR`` and never listening, so that server (``SO_REUSEADDR`` too) can take it while
+    a plain ``bind`` finds it taken. Held on every address, as torch's store listens on every one.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(TRIES):

@@ -7,12 +7,9 @@ A parameter that must carry a secret (a weights URL with a password or a signed 
 - ``secret:block-name``: the Prefect Secret block ``block-name``
   (``prefect.blocks.system.Secret(value=...).save("block-name")``).
 
-Flow parameters, MLflow params, logs and results then hold the reference; ``resolve`` turns it
-into the value only where the value is used (staging the weights; each rank's environment at
-launch). A literal that plainly is a secret (``literal_secret``: a URL with a password or a signed
-query; a value for a variable named like a key, token or password) is refused where a flow's
-parameters are checked, since Prefect keeps flow-run parameters as given. ``redact_url`` is how a
-URL is shown anywhere: without user:password and with its query string replaced.
+Records then hold the reference; ``resolve`` turns it into the value only where it is used. A
+literal that plainly is a secret (``literal_secret``) is refused where a flow's parameters are
+checked, since Prefect keeps flow-run parameters as given. ``redact_url`` is how a URL is shown.
 """
 
 from __future__ import annotations
@@ -35,10 +32,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BLOCK_NAME = re.compile(r"[a-z0-9-]+")
 
 
-# A URL that carries a secret in the clear: a password before the host, or a query parameter that
-# signs or authorizes the request (S3 and GCS presigned URLs, Azure SAS, ?token=, ?api_key=).
-# One pattern for Python and for the parameter schema that Prefect's server enforces (no inline
-# flags: JSON Schema's regular expressions are ECMA 262's).
+# A URL that carries a secret: a password before the host, or a query parameter that signs or
+# authorizes the request (presigned URLs, Azure SAS, ?token=). Also used in Prefect's parameter
+# schema, so no inline flags (JSON Schema's regular expressions are ECMA 262's).
 SECRET_URL_PATTERN = (
     r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@"
     r"|[?&]([A-Za-z-]*[Ss]ignature|[Ss]ig|[A-Za-z_-]*[Tt]oken|[Aa]pi_?[Kk]ey|[Kk]ey|[Ss]ecret"
@@ -60,9 +56,8 @@ BY_REFERENCE = (
 
 
 def literal_secret(value: str, name: str | None = None) -> str | None:
-    """What makes ``value`` (a literal, optionally the value of variable ``name``) a secret that
-    must not be a flow parameter, or None: 'holds a password', 'holds a signed query', 'is a
-    literal for a variable named like a secret'."""
+    """Why ``value`` (optionally of variable ``name``) is a secret that must not be a flow
+    parameter, or None."""
     if is_reference(value) or not value:
         return None
     if name is not None and _SECRET_NAME.search(name):
@@ -104,10 +99,8 @@ def check_reference(value: str, what: str) -> str:
 
 
 def resolve(value: str, what: str = "value") -> str:
-    """The value ``value`` refers to, or ``value`` itself when it is a literal.
-
-    Never logs or returns the secret in an error; ``what`` names the parameter in messages.
-    """
+    """The value ``value`` refers to, or ``value`` itself when it is a literal. Never puts the
+    secret in an error; ``what`` names the parameter in messages."""
     check_reference(value, what)
     if value.startswith(ENV_PREFIX):
         name = value[len(ENV_PREFIX) :]
@@ -144,11 +137,8 @@ def _secret_block(name: str, value: str, what: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without user:password, its query string replaced and its fragment dropped.
-
-    A value that is not a URL with a host (a path, ``env:NAME``, ``file:./mlruns``) is returned
-    as it is.
-    """
+    """``url`` without user:password, its query string replaced and its fragment dropped; a value
+    that is not a URL with a host (a path, ``env:NAME``) as it is."""
     parts = urlsplit(url)
     if not parts.scheme or not parts.netloc:
         return url
@@ -180,11 +170,9 @@ def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
 def tracking_login(uri: str) -> Iterator[str]:
     """``uri`` without the user:password it may carry, which MLflow's client gets another way.
 
-    MLflow prints and reports the tracking URI (its "View run at" line, its error messages), so a
-    password written into it would reach stdout and the logs. While open, MLflow's client reads
-    the login from MLFLOW_TRACKING_USERNAME/PASSWORD instead (those already set win, as in
-    MLflow), and MLFLOW_TRACKING_URI holds the bare URI; ranks inherit both through
-    HorovodRunner's forwarded variables. Without user:password, nothing changes.
+    MLflow prints the tracking URI ("View run at", errors), so a password in it would reach the
+    logs. While open, the login is in MLFLOW_TRACKING_USERNAME/PASSWORD (those already set win)
+    and MLFLOW_TRACKING_URI holds the bare URI; ranks inherit both.
     """
     bare, user, password = split_userinfo(uri)
     if user is None and password is None:

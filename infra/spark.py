@@ -41,8 +41,7 @@ class ConnectClientMissing(ImportError):
 
 
 def require_connect_client(url: str) -> None:
-    """Raise ConnectClientMissing, saying in one line what to install, where this Python cannot
-    talk to a Spark Connect server."""
+    """Raise ConnectClientMissing, saying what to install, if this Python cannot talk to Connect."""
     try:
         import pyspark.sql.connect.session  # noqa: F401, PLC0415 (lazy: only for sc:// URLs)
     except ImportError as e:
@@ -56,9 +55,8 @@ def require_connect_client(url: str) -> None:
 
 
 def client_address(spark) -> str:
-    """The address Spark's executors reach this process at: the driver's own on a classic
-    session; through Spark Connect, ``$SPARK_LOCAL_IP``, else the address this machine routes
-    to the Connect server from (the server's executors usually sit beside it)."""
+    """The address Spark's executors reach this process at: the driver's on a classic session;
+    through Connect, ``$SPARK_LOCAL_IP``, else this machine's address on the route to the server."""
     if not is_connect(spark):
         return socket.gethostbyname(spark.conf.get(c.SPARK_DRIVER_HOST))
     chosen = os.environ.get(c.SPARK_LOCAL_IP)
@@ -71,25 +69,20 @@ def client_address(spark) -> str:
 
 
 def executor_python() -> str:
-    """The executors' interpreter: ``$PYSPARK_PYTHON`` when set (e.g. ``./environment/bin/python``
-    of a packed environment shipped with ``spark.archives``), else this one."""
+    """The executors' interpreter: ``$PYSPARK_PYTHON`` (e.g. a packed environment shipped with
+    ``spark.archives``), else this one."""
     return os.environ.get("PYSPARK_PYTHON") or sys.executable
 
 
 def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The conf hvdflow sets on a new session; ``extra`` wins over every default."""
     conf = {
-        # Executors must run an interpreter with horovod, petastorm and hvdflow: this one (a
-        # shared install), or the packed environment PYSPARK_PYTHON names.
         c.SPARK_PYSPARK_PYTHON: executor_python(),
         c.SPARK_PYSPARK_DRIVER_PYTHON: sys.executable,
         # Fail a barrier stage that cannot get its slots in seconds, not minutes.
         c.SPARK_BARRIER_CHECK_INTERVAL: "1s",
         c.SPARK_BARRIER_CHECK_MAX_FAILURES: "3",
-        # Whoever reaches the UI must not be able to stop a training run from it.
         c.SPARK_UI_KILL_ENABLED: "false",
-        # Progress goes to the log as lines (SparkProgress); the console bar would be drawn into
-        # the middle of log lines on the same terminal.
         c.SPARK_UI_SHOW_CONSOLE_PROGRESS: "false",
     }
     if master.startswith("local"):
@@ -103,12 +96,8 @@ def spark_conf(master: str, extra: Mapping[str, str] | None = None) -> dict[str,
 
 
 def ui_bind_address(conf: Mapping[str, str]) -> str | None:
-    """The address the driver's web UI listens on: the driver's bind address.
-
-    Spark 4.0's UI takes it from ``$SPARK_LOCAL_IP`` alone and otherwise listens on every
-    interface; ``None`` when neither the conf nor the environment names the driver's address
-    (a cluster master with no address configured), which leaves Spark's default.
-    """
+    """The address the driver's web UI is to listen on (through ``$SPARK_LOCAL_IP``): the
+    driver's bind address; None when nothing names it, which leaves Spark's default."""
     return (
         conf.get(c.SPARK_DRIVER_BIND_ADDRESS)
         or conf.get(c.SPARK_DRIVER_HOST)
@@ -133,9 +122,9 @@ def get_spark(
     app_name: str = "hvdflow",
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """The active session if there is one, else a new one on ``master`` (see default_master):
-    a classic session on a master URL, or a Spark Connect session on an ``sc://`` URL (only
-    ``conf``'s session settings apply there: the server owns the rest)."""
+    """The active session if there is one, else a new one on ``master`` (see default_master): a
+    Spark Connect session on an ``sc://`` URL (only ``conf``'s session settings apply there),
+    else a classic one."""
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -168,11 +157,9 @@ def get_spark(
 
 
 class StageProgress:
-    """Which progress lines to log for Spark's active stages, given what was seen before.
-
-    A stage is reported when first seen and then only when its completed task count moved, with
-    its rate since first seen; a stage that is no longer active gets one closing line. A stage
-    that stands still is not repeated. Pure: ``update`` takes plain values and a time.
+    """Which progress lines to log for Spark's active stages, given what was seen before: a
+    stage when first seen, then only when its completed count moved (with its rate), and one
+    closing line when no longer active. Pure: ``update`` takes plain values and a time.
     """
 
     def __init__(self):
@@ -207,10 +194,7 @@ class StageProgress:
 
 class SparkProgress:
     """Logs the progress of running Spark stages as lines, at most one per stage every
-    ``every_s`` seconds (``StageProgress`` decides which), for the terminal and Prefect's run
-    logs alike. Spark's own console progress bar is off in hvdflow's sessions
-    (``spark.ui.showConsoleProgress``): its carriage-return bar would cut into these lines.
-    """
+    ``every_s`` seconds, for the terminal and Prefect's run logs alike."""
 
     def __init__(self, spark, log, every_s: float = EVERY_S):
         # Classic: the driver's status tracker, polled. Spark Connect: the stages the server

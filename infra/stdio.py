@@ -1,18 +1,12 @@
 """Standard output and error that outlive their reader.
 
-A flow run started by a Prefect worker writes to pipes that the worker reads. When the worker
-dies (SIGKILLed, its container stopped), the flow run goes on alone, and its next write to a pipe
-without a reader raises ``BrokenPipeError``. MLflow's ``end_run`` prints the run's link on
-``sys.stdout``: the training had finished and registered, and its task failed there, so Prefect
-ran it again. ``outlive_reader`` makes both streams point to ``os.devnull`` from the first such
-write on: the run's own records (the Prefect API's logs, the run's log file, MLflow) are where
-its output is kept, and they are unaffected.
+When the Prefect worker that reads a flow run's pipes dies, the run goes on alone, and its next
+write (MLflow's ``end_run`` prints the run's link) raises ``BrokenPipeError``, failing a finished
+training. ``outlive_reader`` points both streams at ``os.devnull`` from the first such write on;
+the run's own records (Prefect's logs, the log file, MLflow) are unaffected.
 
-Logging handlers made before it (Prefect's console handler, set up as the engine starts) hold
-the streams as they were: it points them at the stand-ins too. Prefect's prints through Rich,
-which meets a broken pipe with ``SystemExit``; in the driver's channel thread that ended the
-thread, and the driver took the rank whose line it was logging for lost (every soak's killed
-worker cost its run an attempt).
+Logging handlers made before it hold the streams as they were: it points them at the stand-ins
+too, Rich's console included (Rich meets a broken pipe with ``SystemExit``).
 """
 
 from __future__ import annotations
@@ -63,9 +57,8 @@ class _OutlivesReader:
             finally:
                 os.close(devnull)
             self.reader_gone = True
-        # Said from a thread of its own: this write may come from a logging handler holding
-        # its lock, and the warning goes to handlers too (two such writes, one per stream,
-        # would wait for each other's lock).
+        # From a thread of its own: this write may come from a logging handler holding its lock,
+        # and the warning goes to handlers too.
         threading.Thread(
             target=logger.warning,
             args=(

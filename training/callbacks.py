@@ -15,10 +15,7 @@ from hvdflow.training.quality import divergence
 
 
 class LogCallback(tf.keras.callbacks.Callback):
-    """Reports each epoch's progress to the driver through ``log_to_driver`` (rank 0 only).
-
-    The lines are ``hvdflow.training.epoch_log``'s, so the paper's epoch-time method reads them.
-    """
+    """Reports each epoch's progress to the driver (rank 0 only), in ``epoch_log``'s lines."""
 
     def __init__(self, rank: int = 0, per_batch: bool = False):
         super().__init__()
@@ -63,9 +60,8 @@ class EpochTimer(tf.keras.callbacks.Callback):
 
 
 class LearningRateLog(tf.keras.callbacks.Callback):
-    """Puts the learning rate an epoch ended with into its logs (``learning_rate``), so the
-    warm-up (``training.warmup``) shows in MLflow and in the epoch lines. ``plan``: the run's
-    ``training.optimizers.LearningRatePlan``, read at the optimizer's own step count."""
+    """Puts the learning rate an epoch ended with into its logs, so the warm-up shows in MLflow
+    and the epoch lines; ``plan``: a ``LearningRatePlan``, read at the optimizer's step count."""
 
     def __init__(self, plan):
         super().__init__()
@@ -80,9 +76,8 @@ class LearningRateLog(tf.keras.callbacks.Callback):
 class DivergenceGuard(tf.keras.callbacks.Callback):
     """Stops training at the end of an epoch whose loss diverged (``hvdflow.training.quality``).
 
-    Epoch ends only: there every rank reads the same metrics (averaged over ranks by the
-    engine), so all stop together; a batch's loss differs by rank, and one rank stopping alone
-    would leave the others waiting in their next allreduce. Put it after the engine's callbacks.
+    Epoch ends only, after the engine's callbacks: there every rank reads the same metrics, so
+    all stop together; a rank stopping alone would leave the others waiting in an allreduce.
     """
 
     def __init__(self, num_classes: int, learning_rate: str = "", rank: int = 0):
@@ -102,16 +97,11 @@ class DivergenceGuard(tf.keras.callbacks.Callback):
 
 
 class MlflowEpochMetrics(tf.keras.callbacks.Callback):
-    """Logs every epoch's metrics to an MLflow run with ``step=epoch`` (use on rank 0 only).
+    """Logs every epoch's metrics to an MLflow run with ``step=epoch`` (rank 0 only; after
+    EpochTimer). MLflow's TensorFlow autolog supports TF 2.16+ only, hence this callback.
 
-    MLflow's TensorFlow autolog supports TF 2.16+ only, hence this callback. Put it after
-    EpochTimer so that ``epoch_time_s`` is among the logs.
-
-    Best effort, never in training's way: a background thread sends the epochs in order, and a
-    tracking server that is down (restarting, unreachable) costs no epoch. The epochs wait in a
-    buffer, a warning says so, and they go out once the server answers again; ``close`` waits
-    up to ``flush_s`` for that at the end of training. What is still unsent then is in the
-    run's history, which the driver backfills (``hvdflow.tasks.train.resume``).
+    Best effort (``EpochMetricsSender``): a tracking server that is down costs no epoch; training's
+    end waits up to ``flush_s``, and the driver backfills what is still unsent.
     """
 
     def __init__(self, run_id: str, flush_s: float = 60.0, retry_s: float = 5.0):
@@ -124,8 +114,7 @@ class MlflowEpochMetrics(tf.keras.callbacks.Callback):
         self._sender.put(epoch, {k: float(v) for k, v in (logs or {}).items()})
 
     def log_evaluation(self, step: int, images: int, accuracy: float) -> None:
-        """An interval evaluation (``training.interval_eval``) at optimizer step ``step``: the
-        run's accuracy-over-training chart (against step, or MLflow's relative time)."""
+        """An interval evaluation at optimizer step ``step``, for the accuracy-over-time chart."""
         metrics = {"interval_val_accuracy": accuracy, "interval_images_trained": float(images)}
         self._sender.put(step, metrics, kind="evaluation")
 
@@ -135,8 +124,7 @@ class MlflowEpochMetrics(tf.keras.callbacks.Callback):
 
 class ProfileCallback(tf.keras.callbacks.Callback):
     """TensorFlow's profiler over batches ``[start, stop)`` of the whole training (Keras'
-    TensorBoard ``profile_batch`` without its summaries): an ``.xplane.pb`` under ``log_dir``'s
-    ``plugins/profile``, which TensorBoard's profile tab and ``training.tf_profile`` read."""
+    ``profile_batch`` without its summaries): an ``.xplane.pb`` under ``log_dir``."""
 
     def __init__(self, log_dir: str, start: int, stop: int):
         super().__init__()
@@ -166,12 +154,8 @@ class ProfileCallback(tf.keras.callbacks.Callback):
 
 
 class ProgressCallback(tf.keras.callbacks.Callback):
-    """Feeds HorovodRunner's stall watch (``stall_timeout_s``): batches begun and finished.
-
-    The batch hooks only count; a thread reports the counts twice a second when they changed, so
-    a fast batch loop pays nothing for it. Training's end turns the watch off for this rank.
-    Put it on every rank.
-    """
+    """Feeds HorovodRunner's stall watch (``stall_timeout_s``) on every rank: the batch hooks
+    only count, and a thread reports the counts twice a second when they changed."""
 
     def __init__(self, every_s: float = 0.5):
         super().__init__()
@@ -212,11 +196,9 @@ class ProgressCallback(tf.keras.callbacks.Callback):
 class CheckpointCallback(tf.keras.callbacks.Callback):
     """Rank 0 writes a checkpoint at the end of every epoch (``hvdflow.training.checkpoints``).
 
-    ``state`` is the checkpoint training resumed from (None for a fresh start): its history and
-    epoch times carry on, so each checkpoint holds every finished epoch exactly once. Put it
-    after EpochTimer and Horovod's MetricAverageCallback (the logs it records are final) and
-    before MlflowEpochMetrics (an epoch is logged only once its checkpoint exists, so a retry
-    never logs an epoch twice).
+    ``state``: the checkpoint resumed from (or None), whose history carries on. After EpochTimer
+    and MetricAverageCallback (final logs), before MlflowEpochMetrics (a retry never logs an
+    epoch twice).
     """
 
     def __init__(self, store, checkpoint, state=None):

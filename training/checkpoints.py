@@ -6,12 +6,10 @@ pipeline, or a local folder)::
     epoch-0003/ckpt.index, epoch-0003/ckpt.data-00000-of-00001   TensorFlow's checkpoint files
     latest.json                                                   which epoch folder counts
 
-Only ``latest.json`` makes a checkpoint exist, and it is written after every file of its epoch
-folder is complete: an upload cut off half way is never mistaken for a checkpoint, it is only a
-folder nothing points to (removed with the old ones). A checkpoint holds the model's and the
-optimizer's variables (Adam's moments and step count included, through ``tf.train.Checkpoint``)
-and, in ``latest.json``, the epochs finished with their metrics and times, so a resumed run's
-history covers every epoch exactly once.
+Only ``latest.json`` makes a checkpoint exist, written after every file of its folder: an upload
+cut off half way is only a folder nothing points to. A checkpoint holds the model's and the
+optimizer's variables and, in ``latest.json``, the finished epochs' metrics and times, so a
+resumed run's history covers every epoch exactly once.
 """
 
 from __future__ import annotations
@@ -71,10 +69,7 @@ def epoch_folder(epoch: int) -> str:
 
 
 def _disk_full_said(state: CheckpointState, where: str, what: str):
-    """A full disk under ``where`` as a DiskFullError that says which checkpoint, where, and that
-    the last complete one still counts (``latest.json`` is written last, so nothing points at a
-    partial folder). Transient: the training step resumes from that checkpoint, and fails
-    with this message once its attempts are spent."""
+    """A full disk under ``where`` as a (transient) DiskFullError naming the checkpoint."""
     return disk_full_as(
         f"checkpoint {state.folder} could not be written: no space left on device in "
         f"{where} ({what}). The last complete checkpoint still counts: nothing points at "
@@ -84,9 +79,7 @@ def _disk_full_said(state: CheckpointState, where: str, what: str):
 
 
 def _restore_disk_full_said(state: CheckpointState, url: str, where: str):
-    """A full disk while ``state``'s files download to ``where`` (under TMPDIR) as a
-    DiskFullError: the checkpoint itself is intact, so the next attempt resumes from it once
-    there is room."""
+    """A full disk while ``state``'s files download to ``where`` as a DiskFullError."""
     return disk_full_as(
         f"checkpoint {state.folder} could not be restored: no space left on device in "
         f"{os.path.dirname(where)} (ranks download a checkpoint there before loading it). The "
@@ -222,12 +215,8 @@ class CheckpointStore:
             self._files.remove(folder)
 
     def restore(self, checkpoint, state: CheckpointState) -> None:
-        """Load ``state``'s files into ``checkpoint``.
-
-        Variables that do not exist yet (an optimizer's moments) get their values when they are
-        created, at the first training step, from the files: those stay on disk until
-        ``close``.
-        """
+        """Load ``state``'s files into ``checkpoint``. Variables created later (an optimizer's
+        moments, at the first step) read the files, which stay on disk until ``close``."""
         self.close()
         self._restored = tempfile.mkdtemp(prefix="hvdflow-ckpt-")
         try:

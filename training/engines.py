@@ -1,18 +1,13 @@
 """What the training function needs from the engine that synchronises its ranks.
 
-Three engines, one shape (``Engine``): where this rank is (rank, size, ranks on its host), the
-scope that model and optimizer are built in, how the optimizer averages gradients, the callbacks
-that keep ranks equal, and how a rank's dataset is handed to Keras.
+Three engines, one shape (``Engine``): rank, size and ranks on the host, the scope to build in,
+the optimizer's gradient averaging, the callbacks that keep ranks equal, and the dataset for Keras.
 
-- ``horovod``: ``hvd.init()``; ``hvd.DistributedOptimizer`` averages gradients over Gloo
-  (optionally compressed to fp16 on the wire); rank 0's variables are broadcast after the first
-  batch, validation metrics averaged over ranks.
-- ``tf_collective``: ``tf.distribute.MultiWorkerMirroredStrategy`` on the TF_CONFIG the launcher
-  gave the rank; variables are created equal (the chief's initial values) and every step's
-  gradients all-reduced by TensorFlow's CollectiveAllReduce, metrics aggregated by Keras. Each
-  rank still reads its own shard with its own per-rank batch, through
-  ``distribute_datasets_from_function``: no auto-sharding and no rebatching, so both engines
-  train on exactly the same batches.
+- ``horovod``: ``hvd.DistributedOptimizer`` over Gloo (optionally fp16 on the wire); rank 0's
+  variables broadcast after the first batch, validation metrics averaged over ranks.
+- ``tf_collective``: ``MultiWorkerMirroredStrategy`` on the launcher's TF_CONFIG. Each rank still
+  reads its own shard with its own batch (``distribute_datasets_from_function``, no auto-sharding),
+  so both engines train on exactly the same batches.
 - ``none``: one plain Keras process, the benchmark's baseline.
 """
 
@@ -73,8 +68,7 @@ class Engine:
         ]
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
-        """``values`` summed element-wise over every rank (call it on all ranks, in the same
-        order, as any collective): Horovod's allreduce, or the strategy's all-reduce."""
+        """``values`` summed element-wise over every rank; a collective: call it on all ranks."""
         if self._hvd is None and self.strategy is None:
             return [float(v) for v in values]
         import tensorflow as tf
@@ -87,12 +81,8 @@ class Engine:
         return [float(v) for v in summed.numpy()]
 
     def _strategy_sum(self):
-        """The strategy's all-reduce of a float64 vector as one graph function, traced once.
-
-        Called eagerly (``strategy.run`` outside a function), the same all-reduce took 1.0 s
-        instead of 0.01-0.03 on one rank or the other in about 40% of the interval evaluations
-        on TensorFlow 2.21 (2 ranks, 33 evaluations); traced once, none of 21 did after the
-        first (measured 2026-11-29; the study is in BENCHMARKS.md's git history)."""
+        """The strategy's all-reduce of a float64 vector as one graph function, traced once:
+        called eagerly it sometimes took 1 s instead of 10-30 ms."""
         if self._sum is None:
             import tensorflow as tf
 
@@ -119,12 +109,9 @@ class Engine:
 
 
 def start_engine(name: str, fp16_compression: bool = False, threads: int | None = None) -> Engine:
-    """Join the job: ``hvd.init()``, or create the MultiWorkerMirroredStrategy.
-
-    Call first, before any TensorFlow op: TensorFlow's collectives must be configured before
-    its runtime starts. Threads are limited here too: ``threads`` per process, else the ranks
-    on a host share its cores (a plain process gets them all).
-    """
+    """Join the job: ``hvd.init()``, or create the MultiWorkerMirroredStrategy. Call it before
+    any TensorFlow op (collectives and threads are set before the runtime starts): ``threads``
+    per process, else the ranks on a host share its cores."""
     if name == HOROVOD:
         import horovod.tensorflow.keras as hvd
 
@@ -174,9 +161,8 @@ def _joined(engine: Engine, threads: int) -> Engine:
 
 
 def say_joined(rank: int, size: int, engine: str, threads: int) -> None:
-    """Say on stdout that this rank joined, where, and with how many threads: the first line
-    each rank shows on the driver (with ``driver_log_verbosity="all"``), as mpirun's output
-    has one from every rank."""
+    """Say on stdout that this rank joined, where, with how many threads: each rank's first line
+    on the driver (with ``driver_log_verbosity="all"``)."""
     print(  # noqa: T201 (the rank's stdout is streamed to the driver, tagged)
         f"rank {rank} of {size} joined on {socket.gethostname()}: {engine} engine, "
         f"{threads} thread(s)",
@@ -185,10 +171,8 @@ def say_joined(rank: int, size: int, engine: str, threads: int) -> None:
 
 
 def _multi_worker_strategy(tf):
-    """The strategy on this rank's TF_CONFIG. Its gRPC server listens on the port the launcher
-    picked a moment before; another program may take that port in between (nothing can hold
-    it for TensorFlow). That is a ``TransientError``: the attempt ends and the next one picks
-    other ports, instead of the training failing."""
+    """The strategy on this rank's TF_CONFIG. Another program may take the port the launcher
+    picked before TensorFlow binds it: a ``TransientError``, so the next attempt picks others."""
     try:
         return tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(

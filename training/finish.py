@@ -1,9 +1,6 @@
-"""What every image trainer does around its own loop, whatever the framework. Before it: the
-batch, steps and learning-rate plan for the ranks it has (``plan_training``), and the tracking
-server rank 0 reports to (``track_to``). After it: judge the model against chance, log and
-register it from rank 0 (the framework's own ``log_model``, around ``register_model``), and say
-what the rank saw as one ``RankResult``. The Keras and the PyTorch trainers differ in their
-loops only."""
+"""What every image trainer does around its own loop, whatever the framework: before it, the
+batch, steps and learning-rate plan and the tracking run; after it, the verdict against chance,
+rank 0's registered model and one ``RankResult``. The trainers differ in their loops only."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ from hvdflow.training.spec import TrainSpec
 
 
 class TrainingPlan(NamedTuple):
-    """How this rank trains: ``batch`` images a step, ``steps`` steps an epoch, and the plan
-    its learning rate follows (``training.optimizers``)."""
+    """How this rank trains: ``batch`` images a step, ``steps`` an epoch, the learning rate."""
 
     batch: int
     steps: int
@@ -31,8 +27,7 @@ class TrainingPlan(NamedTuple):
 
 
 def plan_training(spec: TrainSpec, rank: int, size: int, versions: str = "") -> TrainingPlan:
-    """The plan of ``spec`` on ``size`` ranks; rank 0 says it on the driver (with ``versions``,
-    what trains it, where that is worth saying)."""
+    """The plan of ``spec`` on ``size`` ranks; rank 0 says it on the driver, with ``versions``."""
     batch = rank_batch_size(spec.batch_size, size, spec.global_batch)
     steps = steps_per_epoch(spec.data.train_rows, size, batch)
     opt = spec.optimizer
@@ -56,8 +51,8 @@ def plan_training(spec: TrainSpec, rank: int, size: int, versions: str = "") -> 
 
 
 def track_to(spec: TrainSpec) -> str:
-    """The MLflow run rank 0 logs to (``spec.tracking``), at the tracking server the driver
-    uses: set explicitly, as the driver's ``mlflow.set_tracking_uri()`` does not reach a rank."""
+    """The MLflow run rank 0 logs to, its tracking URI set here: the driver's
+    ``mlflow.set_tracking_uri()`` does not reach a rank."""
     import mlflow  # noqa: PLC0415 (lazy: only rank 0 of a tracked run logs)
 
     if spec.tracking.tracking_uri:
@@ -73,11 +68,9 @@ def class_labels(spec: TrainSpec) -> tuple[str, ...]:
 def register_model(
     spec: TrainSpec, log: Callable[[str | None], Any], classifier, reader: str
 ) -> tuple[str | None, dict | None]:
-    """In the tracking run: ``log(name)`` logs the model and registers it as ``name`` (its
-    ``ModelInfo``); then ``classifier``, the pyfunc model that was logged, with its network
-    loaded, is evaluated on the validation split, read by ``reader``. Returns (the registered
-    version, the evaluation's metrics and artifacts); an evaluation that fails is said and the
-    model stays registered."""
+    """In the tracking run: ``log(name)`` logs and registers the model (its ``ModelInfo``); then
+    ``classifier``, the logged pyfunc model, is evaluated on the validation split. Returns (the
+    registered version, the evaluation); a failed evaluation leaves the model registered."""
     import mlflow  # noqa: PLC0415 (lazy: only rank 0 of a tracked run registers)
 
     from hvdflow.training.evaluation import evaluate_logged  # noqa: PLC0415 (lazy: MLflow)
@@ -110,10 +103,9 @@ def finish_training(
     log_model: Callable[[], tuple[str | None, dict | None]],
     profile: dict[str, Any] | None = None,
 ) -> RankResult:
-    """Rank ``rank``'s result; rank 0 logs and registers the model (``log_model()``: its
-    version and evaluation) where ``registers`` and the model is no better than chance is not
-    the case (``spec.chance_margin``). ``history`` and ``epoch_times`` cover the checkpoint
-    ``resumed`` from, if any, first; ``plan`` is the learning-rate plan."""
+    """Rank ``rank``'s result; rank 0 logs and registers the model (``log_model()``) where
+    ``registers`` and it beats chance (``spec.chance_margin``). ``history`` and ``epoch_times``
+    start with the checkpoint ``resumed`` from, if any."""
     rejected = None
     if spec.chance_margin is not None:
         rejected = rejection(history, spec.data.num_classes, spec.chance_margin, plan.describe())
@@ -126,8 +118,7 @@ def finish_training(
         wait_until_reachable(mlflow.get_tracking_uri(), TRACKER_WAIT_S, log_to_driver)
         version = registered_version(spec.tracking.registered_model_name, spec.tracking.run_id)
         if version is not None:
-            # An earlier attempt of this run registered, then died before its flow recorded
-            # it: the same run, the same final weights (its checkpoint), one version.
+            # An earlier attempt registered, then died before its flow recorded it: one version.
             log_to_driver(
                 f"MLflow run {spec.tracking.run_id} already registered version {version} of "
                 f"{spec.tracking.registered_model_name} (an earlier attempt): not again"
@@ -154,9 +145,8 @@ def finish_training(
 
 
 def _model_disk_full_said(spec: TrainSpec):
-    """A full disk while rank 0 logs the model (MLflow writes it into a temporary folder before
-    uploading it) as a DiskFullError that says where and what to do. Transient: the next attempt
-    resumes from the last checkpoint, which holds the trained weights, and registers once."""
+    """A full disk while rank 0 logs the model (MLflow writes it to TMPDIR first) as a
+    transient DiskFullError that says where and what to do."""
     return disk_full_as(
         f"the model could not be logged to MLflow run {spec.tracking.run_id}: no space left "
         f"on device in {tempfile.gettempdir()} (MLflow writes a model there before it "
@@ -166,8 +156,8 @@ def _model_disk_full_said(spec: TrainSpec):
 
 
 def registered_version(name: str | None, run_id: str) -> str | None:
-    """The version of registered model ``name`` that MLflow run ``run_id`` registered; None
-    when it registered none (the newest, if several: registered by an older hvdflow)."""
+    """The version of ``name`` that MLflow run ``run_id`` registered (the newest, if several),
+    or None."""
     from mlflow import MlflowClient  # noqa: PLC0415 (lazy: it loads MLflow)
 
     found = MlflowClient().search_model_versions(f"run_id = '{run_id}'")

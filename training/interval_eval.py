@@ -1,17 +1,12 @@
 """Evaluation every few steps on a fixed validation subset: time to accuracy finer than an epoch.
 
-Keras evaluates at epoch ends only, so a time to a target accuracy read from its logs jumps by a
-whole epoch on which side of the target one evaluation falls (docs/benchmarks/training.md,
-"Time to accuracy"). MLPerf Training evaluates at fixed intervals of samples instead, and
-counts the evaluations' time in the time to train; so does this.
+Keras evaluates at epoch ends only, so a time to accuracy read from its logs jumps by a whole
+epoch. MLPerf Training evaluates at fixed intervals of samples, counting the evaluations' time in
+the time to train; so does this.
 
-The subset is the same images whatever the number of ranks: ``subset_rows`` picks them from the
-whole validation split with the training seed, and rank r of n evaluates every n-th of them, so
-each rank's evaluation costs its share (1/n), as its training does; the ranks' counts are summed
-(``Engine.sum_over_ranks``) and rank 0 logs the accuracy (``epoch_log.evaluation_line``, and to
-the MLflow run at the optimizer step: ``MlflowEpochMetrics.log_evaluation``). The
-interval is a fraction of an epoch, that is a number of images trained whatever the global batch,
-so that every condition of a study pays the same share of its time for evaluating.
+The subset is the same images whatever the ranks (``subset_rows``, seeded); rank r of n evaluates
+every n-th of them, the counts are summed over ranks, and rank 0 logs the accuracy. The interval
+is a fraction of an epoch, so every condition of a study pays the same share for evaluating.
 """
 
 from __future__ import annotations
@@ -42,17 +37,15 @@ def eval_interval_steps(steps_per_epoch: int, every_epochs: float) -> int:
 
 
 def evaluates_after(step_in_epoch: int, every_steps: int, steps_per_epoch: int) -> bool:
-    """Whether the evaluation follows this step (counted from 1 in its epoch): every
-    ``every_steps`` from the epoch's start, and after its last step, so that the training's
-    end is always evaluated and the intervals do not drift from the epochs."""
+    """Whether the evaluation follows this step (from 1 in its epoch): every ``every_steps``,
+    and after the epoch's last step, so the intervals do not drift from the epochs."""
     return step_in_epoch % every_steps == 0 or step_in_epoch == steps_per_epoch
 
 
 class IntervalEvaluation(tf.keras.callbacks.Callback):
-    """Evaluates ``images`` (this rank's part of the subset, uint8, and their labels) every
-    ``every_steps`` optimizer steps of an epoch and after its last (``evaluates_after``); put it
-    on every rank. ``images_per_step`` is the global batch. Steps count from the optimizer's
-    own counter, so a resumed training goes on from the checkpoint's."""
+    """Evaluates ``images`` (this rank's part of the subset, uint8) on every rank when
+    ``evaluates_after`` says. ``images_per_step`` is the global batch. Steps count from the
+    optimizer's own counter, so a resumed training goes on from the checkpoint's."""
 
     def __init__(
         self,

@@ -1,25 +1,18 @@
 """Optimizers the paper compared, built by name, and how their learning rate follows the ranks.
 
-Two ways to add ranks. With ``global_batch`` the global batch stays the one-rank batch, split
-among the ranks (``rank_batch_size``): every rank computes a share of the same step, the model
-takes the same steps at the same rate as on one rank, and nothing needs rescaling. Without it
-(Horovod's and Databricks' convention), the per-rank batch stays and the global batch grows to
-``ranks x batch_size``. The learning rate must then follow, or the model trains on fewer,
-equally cautious steps; but followed naively it diverges in the first steps. Two rules from
-the literature, each with its warm-up:
+With ``global_batch`` the one-rank batch is split among the ranks (``rank_batch_size``): the
+model takes the same steps at the same rate as on one rank. Without it (Horovod's convention)
+the global batch grows to ``ranks x batch_size``, and the learning rate must follow, with a
+warm-up, or it diverges in the first steps:
 
-- ``linear`` (Goyal et al., 2017, "Accurate, Large Minibatch SGD"): ``lr x ranks``, reached by a
-  gradual warm-up from ``lr`` over the first epochs. Proven for SGD with momentum; Horovod's own
-  examples scale Adadelta the same way (``Adadelta(1.0 * hvd.size())`` with
-  ``LearningRateWarmupCallback``), which is the paper's MNIST setup.
-- ``sqrt`` (Malladi et al., 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
-  Algorithms"; Hoffer et al., 2017): ``lr x sqrt(ranks)`` for Adam-like optimizers, whose steps
-  are already normalised by the gradients' second moment. Linear scaling of Adam is what made
-  np=2 train to chance with the pipeline's old defaults.
+- ``linear`` (Goyal et al., 2017): ``lr x ranks``, for SGD with momentum; Horovod's examples
+  scale Adadelta the same way (the paper's MNIST setup).
+- ``sqrt`` (Malladi et al., 2022; Hoffer et al., 2017): ``lr x sqrt(ranks)`` for Adam-like
+  optimizers, whose steps are already normalised by the gradients' second moment.
 
 ``auto`` picks the rule by optimizer (AUTO_SCALING); ``none`` keeps ``lr`` whatever the ranks.
-The warm-up itself is ``training.warmup.WarmupSchedule``: a learning-rate schedule inside the
-optimizer, so both engines (Horovod, TensorFlow collectives) and a resumed checkpoint follow it.
+The warm-up is a schedule inside the optimizer (``training.warmup``), so both engines and a
+resumed checkpoint follow it.
 """
 
 from __future__ import annotations
@@ -31,8 +24,7 @@ from hvdflow.infra import extras
 
 OPTIMIZERS = ("adadelta", "rmsprop", "adam", "radam", "sgd")
 SCALING_RULES = ("auto", "linear", "sqrt", "none")
-# The rule ``auto`` picks: linear where the literature and Horovod's examples scale linearly,
-# square root for the optimizers that divide by the gradients' second moment.
+# The rule ``auto`` picks.
 AUTO_SCALING = {
     "sgd": "linear",
     "adadelta": "linear",
@@ -67,8 +59,7 @@ class LearningRatePlan:
         return scaled_learning_rate(self.base, self.ranks, self.rule)
 
     def describe(self) -> str:
-        """How the rate was made, for the logs and for the reasons that name it, e.g.
-        ``0.02 (0.01 x 2 ranks, lr_scaling 'linear'; warm-up from 0.01 over 45 steps)``."""
+        """How the rate was made, e.g. ``0.02 (0.01 x 2 ranks, lr_scaling 'linear'; ...)``."""
         if self.target == self.base:
             return f"{self.base:g} (lr_scaling {self.rule!r}, {self.ranks} rank(s))"
         factor = f"{self.ranks}" if self.rule == "linear" else f"sqrt({self.ranks})"
@@ -82,17 +73,16 @@ class LearningRatePlan:
         )
 
     def at_step(self, step: int) -> float:
-        """The learning rate of optimizer step ``step`` (from 0): the warm-up is a straight line
-        from ``base`` at step 0 to ``target`` at ``warmup_steps``."""
+        """The learning rate of optimizer step ``step`` (from 0): a straight line from ``base``
+        to ``target`` over the warm-up."""
         if step >= self.warmup_steps:
             return self.target
         return self.base + (self.target - self.base) * step / self.warmup_steps
 
 
 def rank_batch_size(batch_size: int, ranks: int, global_batch: bool) -> int:
-    """Images each rank trains per step. ``global_batch``: ``batch_size`` is split among the
-    ranks (at least one image each; np must divide it for the global batch to stay exact),
-    else every rank trains ``batch_size``."""
+    """Images each rank trains per step: with ``global_batch``, ``batch_size`` split among the
+    ranks (at least one each), else ``batch_size``."""
     return max(1, batch_size // max(1, abs(ranks))) if global_batch else batch_size
 
 

@@ -1,21 +1,17 @@
 """A split read with pyarrow alone: no Petastorm, and nothing unpickled.
 
-Preprocessing writes, beside Petastorm's ``_common_metadata`` (a pickled Unischema, which every
-Petastorm reader unpickles: whoever can write the dataset's prefix runs code in every rank), a
-plain JSON description of each split, ``_hvdflow_schema.json``::
+Petastorm's ``_common_metadata`` is a pickled Unischema that every Petastorm reader unpickles
+(whoever can write the prefix runs code in every rank). Preprocessing also writes a plain JSON
+description of each split, ``_hvdflow_schema.json``::
 
     {"format": "hvdflow-split", "version": 1,
      "fields": [{"name": "image", "dtype": "uint8", "shape": [28, 28], "codec": "png"},
                 {"name": "label", "dtype": "int32", "shape": [], "codec": "scalar"}, ...],
      "row_groups": {"part-00000.parquet": 4, "part-00001.parquet": 4}}
 
-``row_groups`` is what Petastorm's ``ROW_GROUPS_PER_FILE_KEY`` holds. This module is that
-contract (``SplitDescription``, read by the ranks, built by ``hvdflow.tasks.preprocess``) and a
-reader of it: it reads the JSON, never ``_common_metadata``, and the Parquet files with pyarrow,
-shards row groups by Petastorm's own rule (``shard_pieces``), and decodes the PNG images with
-OpenCV as Petastorm's codec does where it is installed, else with ``hvdflow.serving.images``
-(the same pixels), so a rank sees the same rows in the same order as Petastorm's reader.
-``hvdflow.training.reader`` (``reader="pyarrow"``) turns them into ``tf.data``.
+``row_groups`` is Petastorm's ``ROW_GROUPS_PER_FILE_KEY``. This module is that contract
+(``SplitDescription``) and a reader of it that shards row groups by Petastorm's rule and decodes
+the same pixels, so a rank sees the same rows in the same order as with Petastorm's reader.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ FORMAT = "hvdflow-split"
 FORMAT_VERSION = 1
 CODECS = ("png", "raw", "scalar")
 # Row groups read ahead of the one being decoded, and the threads that read them (pyarrow
-# releases the GIL while it reads; Petastorm's reader used two worker threads here too).
+# releases the GIL while it reads).
 READ_AHEAD = 2
 _HOW_TO_FIX = "re-run preprocessing to write it (or read this split with reader='petastorm')"
 
@@ -130,10 +126,9 @@ def pieces(row_groups: dict[str, int]) -> list[tuple[str, int]]:
 def shard_pieces(
     row_groups: dict[str, int], rank: int, size: int, seed: int | None = None
 ) -> list[tuple[str, int]]:
-    """Rank ``rank`` of ``size``'s row groups, by Petastorm's rule (``Reader.
-    _partition_row_groups``): number every row group in ``pieces`` order; with a seed, shuffle
-    the numbers with ``random.Random(seed)``; keep, in that order, those with ``number % size ==
-    rank``. The seed changes the order of a shard, never what it holds."""
+    """Rank ``rank`` of ``size``'s row groups, by Petastorm's ``Reader._partition_row_groups``:
+    number them in ``pieces`` order, shuffle with ``random.Random(seed)`` if seeded, keep those
+    with ``number % size == rank``. The seed changes a shard's order, never what it holds."""
     if not isinstance(size, int) or not isinstance(rank, int) or size < 1:
         raise ValueError(f"rank={rank!r}, size={size!r}: both must be ints, size at least 1")
     if not 0 <= rank < size:
@@ -182,8 +177,7 @@ class SplitFiles:
 
 
 def _filesystem_and_path(url: str):
-    """A pyarrow filesystem and the path in it. ``s3://`` uses the endpoint, region and
-    credentials of the standard AWS variables, as ``hvdflow.infra.storage.access`` reads them."""
+    """A pyarrow filesystem and the path in it; ``s3://`` from the standard AWS variables."""
     import pyarrow.fs as pafs
 
     parsed = urlparse(url)
@@ -209,8 +203,7 @@ def _filesystem_and_path(url: str):
 
 
 def read_description(url: str, files: SplitFiles | None = None) -> SplitDescription:
-    """The split's ``_hvdflow_schema.json``; RuntimeError naming the file and the fix when it is
-    missing or bad."""
+    """The split's ``_hvdflow_schema.json``; RuntimeError naming the fix if missing or bad."""
     files = files or SplitFiles(url)
     where = _join(url, SCHEMA_FILE)
     data = files.read_bytes(SCHEMA_FILE)
@@ -294,8 +287,7 @@ def _png_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _opencv():
-    """OpenCV where it is installed (it decodes a small PNG about 8x faster than Pillow), else
-    None: the images then go through ``serving.images.decode`` alone."""
+    """OpenCV where installed (it decodes a small PNG about 8x faster than Pillow), else None."""
     try:
         import cv2  # noqa: PLC0415, TID253 (optional, and loaded only by a rank that reads)
     except ImportError:
@@ -304,11 +296,9 @@ def _opencv():
 
 
 def _decode_stored(value: bytes, field: FieldDescription, color_mode: str, cv2) -> np.ndarray:
-    """A stored image to its field's pixels. Preprocessing stored it as a PNG of exactly the
-    field's shape: such a one is decoded by OpenCV, as Petastorm's codec decodes it (the same
-    pixels: PNG is lossless). Anything else (another size, another format, a header that lies)
-    goes through ``serving.images.decode``, which checks its size before decoding anything, so
-    a decompression bomb in a writable prefix is refused undecoded."""
+    """A stored image to its field's pixels: a PNG of exactly the field's shape by OpenCV, as
+    Petastorm's codec does; anything else through ``serving.images.decode``, which checks the
+    size first, so a decompression bomb in a writable prefix is refused undecoded."""
     size = field.shape[:2]
     if cv2 is not None and _png_size(value) == tuple(size):
         pixels = cv2.imdecode(np.frombuffer(value, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
@@ -351,9 +341,8 @@ def load_shard(url: str, *, rank: int = 0, size: int = 1, fields=("image", "labe
 
 
 def load_rows(url: str, rows, fields=("image", "label")):
-    """Rows ``rows`` (sorted indices into the split's stored order, ``load_shard``'s at one
-    rank) as numpy arrays, one per field: only the row groups holding them are read, and only
-    those rows decoded. What a rank's share of an evaluation subset costs it."""
+    """Rows ``rows`` (sorted indices into the stored order) as numpy arrays, one per field: only
+    the row groups holding them are read, and only those rows decoded."""
     reader = ShardReader(url, fields=fields)
     wanted = np.asarray(rows, dtype=np.int64)
     parts, start = [], 0

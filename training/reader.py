@@ -1,14 +1,11 @@
 """Petastorm dataset to ``tf.data``, sharded by rank: how training ranks read preprocessed data.
 
-Petastorm shards by row group: rank ``r`` of ``n`` reads every n-th row group, so across ranks
-each row is read exactly once per epoch. Shards can differ by a row group, so training should
-fix ``steps_per_epoch`` (``steps_per_epoch()`` below) rather than run each shard to its end:
-Horovod ranks that take different numbers of steps wait on each other forever.
+Rank ``r`` of ``n`` reads every n-th row group, so each row is read once per epoch. Shards can
+differ by a row group, so training fixes ``steps_per_epoch()`` rather than run each shard to its
+end: Horovod ranks that take different numbers of steps wait on each other forever.
 
-A shard that fits in memory (``in_memory=True``) is read once, decoded into one uint8 array, and
-served from there: every epoch after the first costs no Petastorm reader threads, no PNG
-decoding and no Python call per image, which on a rank of one thread otherwise compete with
-training for its core.
+A shard that fits in memory (``in_memory=True``) is decoded once into one uint8 array: later
+epochs cost no reader threads and no PNG decoding competing with training for the rank's core.
 """
 
 from __future__ import annotations
@@ -27,9 +24,8 @@ from hvdflow.training import parquet_reader
 from hvdflow.training.autograph import run_petastorm_unconverted
 from hvdflow.training.synthetic import is_synthetic, synthetic_shard
 
-# Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: every rank's reader printed
-# the same dozen FutureWarnings per attempt (most of the ranks' log at np=8,
-# docs/benchmarks/cluster.md, "Eight hosts"), none of which a user can act on.
+# Petastorm 0.13 calls pyarrow 14's deprecated ParquetDataset API: a dozen FutureWarnings per
+# rank and attempt that no user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
 
 Reader = Literal["petastorm", "pyarrow"]
@@ -96,9 +92,8 @@ def load_shard(
     fields=("image", "label"),
     reader: Reader | None = None,
 ):
-    """This rank's whole shard as numpy arrays, one per field, in the stored order; the same
-    arrays with either ``reader``. A ``synthetic:`` URL (``training.synthetic``) is answered
-    from memory."""
+    """This rank's whole shard as numpy arrays, one per field, in the stored order, the same with
+    either ``reader``; a ``synthetic:`` URL is answered from memory."""
     if is_synthetic(url):
         return synthetic_shard(url, rank=rank, size=size, fields=tuple(fields))
     reader = _checked_reader(reader)
@@ -144,9 +139,8 @@ def _normalized_example(row):
 
 
 def _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed):
-    """A ``tf.data.Dataset`` of this shard's rows, each a namedtuple of its fields (as
-    Petastorm's dataset gives them), read by ``parquet_reader`` a row group at a time on a
-    Python thread and split into rows."""
+    """A ``tf.data.Dataset`` of this shard's rows as namedtuples (as Petastorm gives them), read
+    a row group at a time on a Python thread."""
     import tensorflow as tf
 
     description = parquet_reader.read_description(url)
@@ -176,15 +170,9 @@ def _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed):
 def without_autotuning(dataset):
     """``dataset`` without tf.data's autotuning thread.
 
-    That thread sleeps between optimisation rounds for a period that doubles over the run (up to
-    a minute), and deleting the iterator waits for it to wake: ``model.fit`` returned 15 s after
-    its last epoch on two epochs here, 40 s on three, about 100 s with TensorFlow's engine, and
-    every rank sat idle that long before the run could end (measured earlier; the same wait in
-    spark-tensorflow-distributor: docs/benchmarks/launchers.md). The TF engine wraps
-    the dataset in one of its own, which needs the same (``training.engines``). Without it, fit
-    returns at once and the steady epochs were no slower (hvd2, three epochs: 1800 images/s
-    against 1761-1782 held in memory, 1482 against 1470 streamed); AUTOTUNE then means
-    TensorFlow's fixed defaults.
+    That thread sleeps for a period that doubles over the run (up to a minute), and deleting the
+    iterator waits for it to wake: ``model.fit`` returned tens of seconds after its last epoch.
+    Steady epochs are no slower without it; AUTOTUNE then means TensorFlow's fixed defaults.
     """
     import tensorflow as tf
 
@@ -211,10 +199,9 @@ def open_dataset(
     """Yield a ``tf.data.Dataset`` of this rank's shard; stops the reader on exit.
 
     ``num_epochs=None`` repeats forever. Images come as float32 in [0, 1] with a channel axis
-    (``normalize=True``), labels as int32. ``in_memory``: load the shard once (``load_shard``)
-    and serve it from memory, reshuffled every epoch. ``reader``: Petastorm's, or pyarrow's
-    (``hvdflow.training.parquet_reader``), which needs no Petastorm and unpickles nothing.
-    A ``synthetic:`` split is always served from memory.
+    (``normalize=True``), labels as int32. ``in_memory``: load the shard once and serve it from
+    memory, reshuffled every epoch (always for a ``synthetic:`` split). ``reader``: Petastorm's,
+    or pyarrow's (``hvdflow.training.parquet_reader``), which unpickles nothing.
     """
     import tensorflow as tf
 
@@ -265,14 +252,9 @@ def open_dataset(
     try:
         dataset = make_petastorm_dataset(petastorm_reader)
         if normalize:
-
-            def to_example(row):
-                image = tf.cast(row.image, tf.float32) / 255.0
-                if len(row.image.shape) == 2:
-                    image = image[..., tf.newaxis]
-                return image, tf.cast(row.label, tf.int32)
-
-            dataset = dataset.map(as_written(to_example), num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = dataset.map(
+                as_written(_normalized_example), num_parallel_calls=tf.data.AUTOTUNE
+            )
         if shuffle:
             dataset = dataset.shuffle(1024, seed=seed)
         if batch_size:

@@ -1,10 +1,8 @@
 """What a rank's training returns: one frozen value that crosses the pickle back to the driver.
 
-``TrainSpec`` (``training.spec``) goes in to every rank; rank 0's ``RankResult`` comes back, as
-HorovodRunner's return value (cloudpickled) or, from the benchmark's baseline process, as one
-JSON line (``to_dict``/``from_dict``). The image classifier (``training.trainer``) and the GCN
-(``training.gcn``) return the same record, so the training step and the benchmark read one
-shape. Plain values only: counts, seconds, names, and the metrics MLflow reported.
+Rank 0's ``RankResult`` comes back as HorovodRunner's return value or, from the benchmark's
+baseline process, as one JSON line (``to_dict``/``from_dict``). Every trainer returns this one
+shape of plain values.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class RankResult:
 
     @property
     def epochs_run(self) -> int:
-        """The epochs this run trained: fewer than asked when it stopped early, none of the
-        checkpoint's it resumed from."""
+        """The epochs this run trained, those of the checkpoint it resumed from left out."""
         return len(self.epoch_times) - self.resumed_from_epoch
 
     @property

@@ -1,8 +1,6 @@
 """What a rank is asked to train: one frozen value that crosses the pickle to every rank.
 
-The training step builds it from the flow's parameters and the dataset's manifest
-(``hvdflow.tasks.train.spec.training_spec``), the benchmark from its study's setup; every rank
-gets the same one as ``train_classifier(spec)``. Plain values only (URLs, counts, names), so it
+Built by ``hvdflow.tasks.train.spec.training_spec`` or the benchmark. Plain values only, so it
 pickles small, prints without secrets (credentials never travel in it) and goes through JSON to
 the benchmark's baseline process (``to_dict``/``from_dict``).
 """
@@ -73,10 +71,10 @@ class TrainSpec:
     checkpoint_keep: int = 2
     engine: str = HOROVOD
     use_horovod: bool = True
-    mixed_precision: bool = False
-    fp16_compression: bool = False
+    mixed_precision: bool = False  # Keras' mixed_float16 policy, float32 output
+    fp16_compression: bool = False  # Horovod sends gradients as float16
     threads: int | None = None  # TensorFlow threads of the process; None: its share of cores
-    in_memory_max_mb: float = 1024.0
+    in_memory_max_mb: float = 1024.0  # a shard decoding to at most this stays in memory; 0: stream
     # training.reader: "petastorm" or "pyarrow"; default: petastorm where it is installed
     reader: str = field(default_factory=default_reader)
     chance_margin: float | None = None
@@ -84,10 +82,9 @@ class TrainSpec:
     # epoch (training.interval_eval); 0: at epoch ends only, as Keras does
     eval_every: float = 0.0
     eval_images: int = 1024
-    # TensorFlow's profiler over these batches, counted over the whole training from 0, stop
-    # excluded (Keras' TensorBoard ``profile_batch``); (0, 0): no profile. With a profile_dir,
-    # every rank writes into ``<profile_dir>/rank<N>`` on its own host; without one, rank 0
-    # alone profiles and logs the profile to the tracking run (what the pipeline asks for).
+    # TensorFlow's profiler over batches [start, stop) of the whole training; (0, 0): none. With
+    # a profile_dir every rank writes ``<profile_dir>/rank<N>``; without, rank 0 alone profiles
+    # and logs it to the tracking run.
     profile_dir: str | None = None
     profile_batches: tuple[int, int] = (0, 0)
 

@@ -1,20 +1,17 @@
 """Where a rank's training steps go, read from TensorFlow's profiler.
 
-``TrainSpec(profile_dir=..., profile_batches=(start, stop))`` has every rank write TensorFlow's
-profile of those batches (``training.callbacks.ProfileCallback``): an ``.xplane.pb`` under
-``<profile_dir>/rank<N>/plugins/profile/<run>/``, the file TensorBoard's profile tab reads. Its
-host plane has a line per thread:
+``TrainSpec(profile_dir=..., profile_batches=(start, stop))`` has every rank write an
+``.xplane.pb`` under ``<profile_dir>/rank<N>/plugins/profile/<run>/``. Its host plane has a line
+per thread:
 
 - the Python thread, with one ``train_function`` event per step (Keras' compiled step);
 - TensorFlow's executor threads (``tf_Compute``...), with an ``ExecutorState::Process`` event
   around every run of ops, the kernels nested inside;
 - tf.data's threads, where ``IteratorGetNextOp::DoCompute`` is the step asking for its batch.
 
-Horovod's allreduce is an asynchronous op: the executor hands the gradient to Horovod's
-background thread and goes on. A step whose ops have all run and that still has not returned
-is waiting for its allreduces (for the peer, the negotiation and the reduction itself). So the
-steps' wall clock splits into ops running, the batch being fetched, waiting inside the step,
-and the time between steps (Keras' loop and callbacks, in Python).
+Horovod's allreduce is asynchronous: a step whose ops have all run and that has not returned is
+waiting for its allreduces. So the steps' wall clock splits into ops running, the batch being
+fetched, waiting inside the step, and the time between steps (Keras' loop, in Python).
 """
 
 from __future__ import annotations
@@ -71,10 +68,8 @@ def host_events(path: str) -> dict[str, list[tuple[float, float]]]:
 
 
 def step_breakdown(spans: dict[str, list[tuple[float, float]]], top: int = 5) -> dict:
-    """Shares of the profiled steps' wall clock (from the first step's start to the last one's
-    end): ``ops`` running, ``input`` (fetching the batch, which is itself an op: the two may
-    overlap), ``waiting_in_step`` (a step's ops
-    done or stalled, its asynchronous allreduces not yet back) and ``between_steps``; with the
+    """Shares of the profiled steps' wall clock: ``ops`` running, ``input`` (itself an op: the two
+    may overlap), ``waiting_in_step`` (allreduces not yet back) and ``between_steps``; with the
     ``top`` kernels by time, in milliseconds per step."""
     steps = sorted(spans.get(STEP, []))
     if not steps:

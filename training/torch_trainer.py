@@ -1,19 +1,13 @@
 """The PyTorch training function: the same ``TrainSpec`` and ``RankResult`` as
 ``training.trainer``'s Keras one, with DistributedDataParallel over gloo (nccl on GPUs).
 
-Run by the launcher's ``torch`` engine (``HorovodRunner(np, options=LaunchOptions(engine=
-"torch"))``, or ``TorchDistributor``), which gives each rank torchrun's environment; without it
-(one process, the benchmark's baseline) it trains alone. What matches the Keras trainer, so that
-a run reads the same whichever framework trained it: each rank reads its shard of the Parquet
-dataset (pyarrow's reader), the batch and learning-rate rules (``training.optimizers``: scaling,
-warm-up, global batch), the epoch lines (``training.epoch_log``), rank 0's metrics to MLflow,
-the checkpoint after every epoch and the resume from it (``training.checkpoints``, the same
-store and ``latest.json``), the divergence and chance-level verdicts (``training.quality``).
+Run by the launcher's ``torch`` engine (or ``TorchDistributor``), which gives each rank torchrun's
+environment; without it (the benchmark's baseline) it trains alone. A run reads the same whichever
+framework trained it: the same shards, batch and learning-rate rules, epoch lines, MLflow metrics,
+checkpoints and verdicts as the Keras trainer.
 
-Rank 0 registers the model as ``serving.torch_classifier.TorchImageClassifier`` (TorchScript
-inside, the same pyfunc interface as the Keras champion). Not here: the interval evaluations
-(``training.eval_every``), mixed precision and the profiler, which the parameters refuse with
-framework 'torch'.
+Rank 0 registers a ``serving.torch_classifier.TorchImageClassifier`` (TorchScript inside). Not
+here: interval evaluations, mixed precision and the profiler, which the parameters refuse.
 """
 
 from __future__ import annotations
@@ -105,9 +99,8 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
         epoch_times.append(took)
         if rank == 0:
             log_to_driver(epoch_done_line(epoch + 1, spec.epochs, took, logs))
-            # The checkpoint first, then MLflow, as the Keras trainer's callbacks do: an epoch
-            # whose checkpoint could not be written (the object store down) is trained again
-            # by the next attempt, and was logged twice (the soak of 2026-11-30, seed 62).
+            # The checkpoint first, then MLflow: an epoch whose checkpoint could not be written
+            # is trained again by the next attempt, and must not be logged twice.
             if checkpoints is not None:
                 _save(checkpoints, model, optimizer, epoch + 1, history, epoch_times)
             if metrics is not None:
@@ -149,8 +142,8 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
 
 
 def _log_model(model, example: np.ndarray, spec: TrainSpec) -> tuple[str | None, dict | None]:
-    """Log and register the TorchImageClassifier of ``model`` (as TorchScript, so consumers
-    need no hvdflow code); evaluate it on the validation split. As ``trainer._log_model``."""
+    """Log and register the TorchImageClassifier of ``model`` (TorchScript: consumers need no
+    hvdflow code); evaluate it on the validation split."""
     import torch
 
     from hvdflow.serving.package import log_torch_classifier  # noqa: PLC0415 (lazy: MLflow)
@@ -174,8 +167,7 @@ def _log_model(model, example: np.ndarray, spec: TrainSpec) -> tuple[str | None,
 
 
 def rank_device():
-    """This rank's GPU where it has one (the ``LOCAL_RANK``-th of those it sees, as torchrun
-    and the launcher's torch engine number them), else the CPU."""
+    """This rank's GPU where it has one (the ``LOCAL_RANK``-th it sees), else the CPU."""
     import torch
 
     if not torch.cuda.is_available():
@@ -195,8 +187,8 @@ def _host_tensors(images, labels, device):
 
 
 def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: int, seed: int):
-    """One epoch of ``steps`` batches from this rank's shard, in an order seeded by the epoch;
-    the sums of loss and correct predictions over the images trained, and their count."""
+    """One epoch of ``steps`` batches in an order seeded by the epoch; sums of loss and correct
+    predictions over the images trained, and their count."""
     import torch
 
     device = next(network.parameters()).device
@@ -274,8 +266,7 @@ def _metrics_sender(spec: TrainSpec):
 
 
 class _TorchCheckpoint:
-    """The model and optimizer as ``CheckpointStore`` writes and reads a checkpoint: a file
-    prefix to write to and read from (a ``tf.train.Checkpoint``'s contract, minus TensorFlow)."""
+    """The model and optimizer behind ``tf.train.Checkpoint``'s contract (``CheckpointStore``)."""
 
     def __init__(self, model, optimizer):
         self.model, self.optimizer = model, optimizer
@@ -284,10 +275,8 @@ class _TorchCheckpoint:
         import torch
 
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        # Serialized in memory, written by Python: torch.save's own file writer reports a full
-        # disk as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos", without
-        # ENOSPC, so the full disk would not be told apart from a real failure (the soak's
-        # disk_full). A write through Python raises OSError(ENOSPC): a DiskFullError upstream.
+        # Serialized in memory, written by Python: torch.save's own writer reports a full disk
+        # as "unexpected pos", without ENOSPC; Python's raises OSError(ENOSPC), a DiskFullError.
         serialized = io.BytesIO()
         torch.save(state, serialized)
         with open(os.path.join(os.path.dirname(prefix), _CHECKPOINT_FILE), "wb") as f:
@@ -308,8 +297,7 @@ class _TorchCheckpoint:
 
 
 def _resume(spec: TrainSpec, model, optimizer, rank: int):
-    """The checkpoint store and the checkpoint resumed from (None, None where checkpoints are
-    off): every rank loads it, so they start equal."""
+    """The checkpoint store and the checkpoint resumed from (or None): every rank loads it."""
     if not spec.checkpoint_url:
         return None, None
     checkpoints = CheckpointStore(spec.checkpoint_url, keep=spec.checkpoint_keep)

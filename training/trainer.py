@@ -1,9 +1,8 @@
 """The training function HorovodRunner runs on every rank: an image classifier on Petastorm data.
 
-Its one argument is a ``TrainSpec`` (``training.spec``) of plain values (URLs, counts, names),
-so the call pickles small and the same function runs on the driver (np < 0), on local[N] and on
-a cluster. It reads as its phases: the engine and the rate, the compiled model, the checkpoint
-resumed from, the callbacks, the fit, the verdict and the registered model.
+Its one argument is a ``TrainSpec`` of plain values, so the same call runs on the driver (np < 0),
+on local[N] and on a cluster. It reads as its phases: engine and rate, compiled model, checkpoint
+resumed from, callbacks, fit, verdict and registered model.
 """
 
 from __future__ import annotations
@@ -31,42 +30,18 @@ from hvdflow.training.spec import TrainSpec
 
 def train_classifier(spec: TrainSpec) -> RankResult:
     """Train ``spec`` on this rank; rank 0 logs to MLflow. Returns the history, timings and the
-    registered version (``training.result``).
+    registered version (``training.result``). ``TrainSpec`` says what each field does.
 
-    ``spec.engine``: ``"horovod"`` or ``"tf_collective"`` (``training.engines``); the same data,
-    model, callbacks and logging either way. ``spec.use_horovod=False`` is the plain
-    single-process Keras baseline of the benchmark: no engine anywhere, every core to one process.
-
-    ``mixed_precision``: Keras' ``mixed_float16`` policy (float16 compute, float32 variables and
-    output). ``fp16_compression``: Horovod sends gradients as float16 (Horovod only).
-    ``threads``: TensorFlow threads of this process (default: the host's cores shared by its
-    ranks); the benchmark gives every condition the same budget per process.
-    ``in_memory_max_mb``: a rank whose training shard decodes to at most this many MB holds it
-    in memory after reading it once (``training.reader``); 0 always streams from Petastorm.
-
-    ``optimizer.lr_scaling`` and ``warmup_epochs``: how the learning rate follows the number of
-    ranks (``training.optimizers``). ``chance_margin``: a training that ends no better than
-    chance by this much in val_accuracy is not registered, and says why in
-    ``RankResult.rejected`` (``training.quality``); a diverging loss stops it early
-    (``RankResult.stopped``). None judges nothing (the benchmark's conditions time training,
-    whatever it reaches).
-
-    ``profile_batches`` (start, stop): TensorFlow's profiler over those batches. With
-    ``profile_dir``, every rank writes it to ``<profile_dir>/rank<N>`` (TensorBoard's profile tab;
-    ``training.tf_profile``). Without, rank 0 alone profiles, and with ``tracking`` logs the
-    profile to the run's artifacts under ``profile/`` and its step breakdown to its metrics.
-
-    ``checkpoint_url`` (``s3://...`` or a folder): rank 0 writes a checkpoint there at the end of
-    every epoch, and a run that finds one there resumes after its epoch, with the model's and
-    optimizer's state and the history of the epochs before (``training.checkpoints``).
+    ``spec.engine``: ``"horovod"`` or ``"tf_collective"``; the same data, model, callbacks and
+    logging either way. A training that ends no better than chance by ``chance_margin`` is not
+    registered (``RankResult.rejected``); a diverging loss stops it early (``RankResult.stopped``).
+    ``checkpoint_url``: rank 0 checkpoints every epoch, and a run that finds one resumes after it.
     """
-    # Imported here, not above: the driver imports this module to send the function, and
-    # must not pay for TensorFlow (the callbacks import it).
+    # Lazy: the driver imports this module to send the function and must not load TensorFlow.
     from hvdflow.training.callbacks import DivergenceGuard, EpochTimer  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     data = spec.data
-    # First, before any TensorFlow op. Fair use of the CPU: the ranks on a host split its cores;
-    # the baseline gets them all.
+    # First, before any TensorFlow op: the ranks on a host split its cores.
     engine = start_engine(
         spec.engine if spec.use_horovod else NONE,
         fp16_compression=spec.fp16_compression,
@@ -107,8 +82,7 @@ def train_classifier(spec: TrainSpec) -> RankResult:
 
 
 def _compiled_model(spec: TrainSpec, engine, plan):
-    """The model, built in the engine's scope, with the staged weights loaded if any, and
-    compiled with the engine's optimizer."""
+    """The model, built in the engine's scope with any staged weights, compiled."""
     if spec.mixed_precision:
         import tensorflow as tf
 
@@ -130,9 +104,8 @@ def _compiled_model(spec: TrainSpec, engine, plan):
 
 
 def _resume(spec: TrainSpec, model, rank: int):
-    """The checkpoint store, the model's checkpoint object and the checkpoint resumed from
-    (None when there is none yet, or checkpoints are off): every rank loads it, so they start
-    equal, as after a broadcast."""
+    """The checkpoint store, checkpoint object and checkpoint resumed from (or None): every rank
+    loads it, so they start equal, as after a broadcast."""
     if not spec.checkpoint_url:
         return None, None, None
     import tensorflow as tf
@@ -154,9 +127,8 @@ def _resume(spec: TrainSpec, model, rank: int):
 def _callbacks(
     spec: TrainSpec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
 ):
-    """The engine's callbacks first (they make the logs equal on every rank), then the stall
-    watch's feed, the timers and logs, rank 0's checkpoints and MLflow metrics, and last the
-    divergence guard (the diverged epoch's metrics are logged first)."""
+    """The engine's callbacks first (they make the logs equal on every rank); the divergence guard
+    last, so the diverged epoch's metrics are logged first."""
     from hvdflow.training.callbacks import (  # noqa: PLC0415 (lazy: it loads TensorFlow)
         CheckpointCallback,
         LearningRateLog,
@@ -181,9 +153,8 @@ def _callbacks(
 
 
 def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, callbacks):
-    """The evaluation of a fixed validation subset every ``spec.eval_every`` of an epoch, with
-    this rank's part of the subset (``training.interval_eval``); rank 0 sends each to the
-    MLflow run where ``callbacks`` log to one."""
+    """Evaluation of this rank's part of a fixed validation subset every ``spec.eval_every`` of an
+    epoch; rank 0 sends each to the MLflow run where ``callbacks`` log to one."""
     from hvdflow.training.callbacks import MlflowEpochMetrics  # noqa: PLC0415 (lazy: TensorFlow)
     from hvdflow.training.interval_eval import (  # noqa: PLC0415 (lazy: it loads TensorFlow)
         IntervalEvaluation,
@@ -191,9 +162,8 @@ def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, callba
         subset_rows,
     )
 
-    # By the stored order (pyarrow's reader, whatever spec.reader): the subset is the same
-    # images in every run (Petastorm's workers may hand row groups over in any order). Each
-    # rank reads and decodes only its part of it.
+    # By the stored order (pyarrow, whatever spec.reader): Petastorm's workers may hand row
+    # groups over in any order, and the subset must be the same images in every run.
     rows = subset_rows(spec.data.val_rows, spec.eval_images, spec.seed)[engine.rank :: engine.size]
     images, labels = load_rows(spec.data.val_url, rows)
     return IntervalEvaluation(
@@ -210,8 +180,7 @@ def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, callba
 
 
 def _fit(spec: TrainSpec, engine, model, steps: int, batch: int, callbacks, resumed):
-    """``model.fit`` on this rank's shards of ``batch`` images a step; the history, the seconds
-    it took, and a few validation images for the registered model's input example."""
+    """``model.fit`` on this rank's shards; the history, its seconds and an input example."""
     data, rank, size = spec.data, engine.rank, engine.size
     val_steps = steps_per_epoch(data.val_rows, size, batch) if data.val_rows else None
     shard_mb = shard_megabytes(data.train_rows + data.val_rows, size, data.input_shape)
@@ -276,9 +245,8 @@ def _log_model(model, example, spec: TrainSpec) -> tuple[str | None, dict | None
     from hvdflow.serving.classifier import ImageClassifier  # noqa: PLC0415 (lazy: it loads MLflow)
     from hvdflow.serving.package import log_classifier  # noqa: PLC0415 (lazy: it loads MLflow)
 
-    # Registry consumers get the architecture and weights only: the compiled model carries
-    # DistributedOptimizer's Horovod ops, which a serving process without horovod cannot load.
-    # MLflow predicts on the input example to check it: no progress bar in rank 0's output.
+    # Architecture and weights only: the compiled model carries DistributedOptimizer's Horovod
+    # ops, which a serving process cannot load. MLflow predicts on the example: no progress bar.
     tf.keras.utils.disable_interactive_logging()
     clean = tf.keras.models.clone_model(model)
     clean.set_weights(model.get_weights())

@@ -1,9 +1,8 @@
 """The DAG factories: the pipeline, and scoring that follows the registry's champion.
 
-Imported in Airflow's environment, where hvdflow may be installed without its dependencies:
-nothing here imports Spark, TensorFlow, MLflow or Prefect. Each heavy task runs in hvdflow's
-own environment through ``@task.external_python`` (Airflow's advice for a task whose
-dependencies conflict with Airflow's); ``python`` names that environment's interpreter.
+Imported in Airflow's environment, where hvdflow may lack its dependencies: nothing here imports
+Spark, TensorFlow, MLflow or Prefect. Each heavy task runs in hvdflow's own environment
+(``python``) through ``@task.external_python``.
 
     from hvdflow.airflow import pipeline_dag, scoring_dag
 
@@ -29,8 +28,7 @@ from hvdflow.tasks.edges import EDGE_RETRIES, EDGE_RETRY_DELAYS_S
 PYTHON_VARIABLE = "HVDFLOW_PYTHON"
 # What scoring scores when the DAG file names nothing (a folder, or s3://bucket/prefix).
 SCORE_INPUT_VARIABLE = "HVDFLOW_SCORE_INPUT"
-# Where its predictions go when the DAG file names nothing (empty: HVDFLOW_HOME/scores/<model>,
-# which on a cluster only works where that folder is shared by the executors and the driver).
+# Where its predictions go when the DAG file names nothing (empty: HVDFLOW_HOME/scores/<model>).
 SCORE_OUTPUT_VARIABLE = "HVDFLOW_SCORE_OUTPUT"
 DEFAULT_MODEL = "hvdflow-classifier"  # tasks.config's registered_model_name default
 CHAMPION = "champion"
@@ -47,8 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def champion_asset(model_name: str = DEFAULT_MODEL) -> Asset:
-    """The asset the pipeline updates when ``champion`` moves on ``model_name``; the event's
-    extra names the version."""
+    """The asset updated when ``champion`` moves on ``model_name``; its extra names the version."""
     return Asset(f"hvdflow://models/{model_name}/champion")
 
 
@@ -68,8 +65,7 @@ def hvdflow_python(python: str | None = None) -> str:
 
 
 def ui_base_url() -> str:
-    """Where Airflow's UI is (``[api] base_url``), for the links the model card carries; empty
-    when Airflow was not told (its default)."""
+    """Airflow's UI (``[api] base_url``) for the model card's links; empty when not configured."""
     try:
         from airflow.sdk.configuration import conf  # noqa: PLC0415 (not in every Airflow 3)
 
@@ -79,8 +75,7 @@ def ui_base_url() -> str:
 
 
 def _hvdflow_step(step, *args):
-    # Airflow copies this function's source into a script that hvdflow's Python runs: the
-    # import must be inside it.
+    # Airflow copies this function's source into a script: the import must be inside it.
     from hvdflow.flows.airflow.steps import run  # noqa: PLC0415
 
     return run(step, *args)
@@ -94,9 +89,8 @@ def _in_hvdflow(python: str, task_id: str, **options):
 
 
 def _form(defaults: dict) -> dict:
-    """The trigger form: the command line's flags as fields (empty: the pipeline's default),
-    and ``params`` for any other parameter as nested JSON. Types only: hvdflow checks the
-    values, in the first task, with the Prefect flow's code and messages."""
+    """The trigger form: the command line's flags as fields (empty: the default), ``params`` for
+    any other as nested JSON. Types only: the first task checks the values."""
     form = {}
     for field in PIPELINE_FIELDS:
         kind = "integer" if field in INTEGER_FIELDS else "string"
@@ -135,8 +129,8 @@ def pipeline_dag(
             "validate", "{{ params | tojson }}"
         )
         tracking = _in_hvdflow(interpreter, "check_tracking", **EDGE_RETRY)("check_tracking")
-        # Preprocessing is not retried (as in the Prefect flow): Spark retries its tasks, and a
-        # run that fails publishes nothing. Explicit, whatever Airflow's default_task_retries.
+        # Not retried, whatever default_task_retries: Spark retries its tasks, and a failed run
+        # publishes nothing.
         dataset = _in_hvdflow(interpreter, "preprocess", retries=0)("preprocess", params)
         weights = _in_hvdflow(interpreter, "stage_weights", **EDGE_RETRY)(
             "stage_weights", params, dataset
@@ -147,12 +141,10 @@ def pipeline_dag(
             "run_id": "{{ run_id }}",
             "url": f"{base}/dags/{dag_id}/runs/" + "{{ run_id | urlencode }}" if base else "",
         }
-        # A rank's failure is retried by the launcher, from the last checkpoint. One retry here,
-        # for what the launcher cannot see: its own process killed with the executor's worker
-        # that ran it (Airflow fails the task once its heartbeat stops; a dead scheduler's tasks
-        # are reset instead, and run again without a retry). The new execution continues the DAG
-        # run's MLflow run from its last checkpoint, waits while a first one still trains it
-        # (tasks.train.lease), or answers with what it recorded (tasks.train.once): one model.
+        # The launcher retries a rank's failure; this retry is for the launcher's own process
+        # killed with its worker. The retry continues the DAG run's MLflow run from its last
+        # checkpoint, waits for a first one still training (tasks.train.lease), or answers with
+        # what it recorded (tasks.train.once): one model.
         trained = _in_hvdflow(interpreter, "train", **TRAIN_RETRY)(
             "train", params, dataset, weights, this_run
         )
@@ -165,13 +157,11 @@ def pipeline_dag(
 @task(task_id="register")
 def register(trained: dict, registered_model: str, *, outlet_events=None) -> dict:
     """What the registry holds after training. When the new version became ``champion``, the
-    asset's event names it (scoring DAGs scheduled on the asset run with exactly that version);
-    otherwise this task is skipped, saying why, and no scoring runs."""
+    asset's event names it for the scoring DAGs; otherwise this task is skipped, saying why."""
     asset = champion_asset(registered_model)
     version, aliases = trained.get("model_version"), trained.get("aliases") or []
     name = trained.get("registered_model")
-    # The training step decides (TrainResult.champion_moved); an older hvdflow in the tasks'
-    # environment (not this one: Airflow's) does not say, and the rule is the same.
+    # TrainResult.champion_moved decides; an older hvdflow in the tasks' environment omits it.
     moved = trained.get("champion_moved", bool(version) and CHAMPION in aliases)
     if not moved:
         held = ", ".join(aliases) or "no alias"

@@ -1,14 +1,11 @@
 """The pipeline DAG's tasks, as they run in hvdflow's environment.
 
 Airflow runs each task with ``@task.external_python``: a fresh Python of hvdflow's environment
-calls ``run(step, *args)``, and what it returns goes back pickled, as the task's XCom. So every
-argument and result is small and plain (dicts of strings and numbers: URIs, versions,
-fingerprints), and nothing here imports Airflow. Output printed here is the task's log in
-Airflow: hvdflow's log records and every rank's lines, rank-prefixed.
+calls ``run(step, *args)``, and the result goes back pickled as the task's XCom, so arguments and
+results are small plain dicts and nothing here imports Airflow. What is printed is the task's log.
 
-The steps are the Prefect flow's, around the same plain functions, with the same validation of
-the parameters; what Prefect adds there (result caching, artifacts, events, the cluster's
-concurrency limit) is Airflow's to do here, through XCom, assets and ``max_active_runs``.
+The steps are the Prefect flow's, around the same plain functions and validation; what Prefect
+adds (caching, artifacts, events, concurrency) is done here by XCom, assets and max_active_runs.
 """
 
 from __future__ import annotations
@@ -57,9 +54,9 @@ logger = logging.getLogger("hvdflow.airflow")
 
 def run(step: str, *args):
     """Run step ``step`` with ``args``; its result. A failure's one-line reason is the last line
-    of the task's log, and the error Airflow shows."""
-    # A step whose Airflow worker died goes on alone and finishes (a cleared or retried train
-    # task then finds its finished run: hvdflow.tasks.train.once), not dying on its next print.
+    of the task's log."""
+    # A step whose Airflow worker died finishes alone (a retried train task then finds its run),
+    # not dying on its next print.
     outlive_reader()
     _log_to_stdout()
     try:
@@ -72,9 +69,7 @@ def run(step: str, *args):
 
 def validate(conf: dict | str) -> dict:
     """The pipeline's parameters from a DAG run's params (a dict, or its JSON), checked as
-    ``hvdflow run`` checks them: the whole set, JSON-ready. A bad one raises InvalidParameters
-    with one line naming it, its value and what is accepted."""
-
+    ``hvdflow run`` checks them, JSON-ready; InvalidParameters names a bad one."""
     try:
         values = nested_values(json.loads(conf) if isinstance(conf, str) else conf)
         params = PipelineParams.model_validate(values)
@@ -88,7 +83,6 @@ def validate(conf: dict | str) -> dict:
 
 def check_tracking() -> str:
     """The tracking server answers; its URI, without a login."""
-
     uri = tracking_uri()
     check_reachable(uri)
     logger.info("tracking server %s answers", redact_url(uri))
@@ -108,7 +102,6 @@ def preprocess(params: dict) -> dict:
 def stage_weights(params: dict, dataset: dict) -> dict | None:
     """Step 2: the model's pretrained weights in the object store, once per source; None when
     the model trains from its seeded start (no weights source, or PyTorch)."""
-
     training = _pipeline(params).training
     if not weights_wanted(training):
         logger.info("no weights to stage: %s trains from its seeded start", training.model)
@@ -121,13 +114,11 @@ def stage_weights(params: dict, dataset: dict) -> dict | None:
 
 
 def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> dict:
-    """Steps 3 and 4: train with np ranks, track in MLflow, register; returns the training's
-    summary (``hvdflow.tasks.train.summary``, as the Prefect flow does): its links, its
-    throughputs and what the registry holds.
+    """Steps 3 and 4: train with np ranks, track in MLflow, register; the training's summary
+    (``hvdflow.tasks.train.summary``, as in the Prefect flow).
 
     ``dag_run``: the DAG run's ``dag_id``, ``run_id`` and page ``url``, which tag the MLflow run
     and the registered version (a task retried in the same DAG run resumes its MLflow run)."""
-
     pipeline = _pipeline(params)
     config = pipeline.train_config()
     np = config.launcher.np
@@ -150,10 +141,8 @@ def train(params: dict, dataset: dict, weights: dict | None, dag_run: dict) -> d
 
 def score(score_params: dict, version: str, origin_run_id: str | None = None) -> dict:
     """Score ``score_params``'s input with version ``version`` of its model (the champion the
-    asset event named), on Spark, and record it in MLflow; the scoring summary
-    (``hvdflow.tasks.score.summary``, the same as the Prefect flow's). ``origin_run_id``: the
-    DAG run's ``dag_id/run_id``."""
-
+    asset event named) and record it in MLflow; the scoring summary, as in the Prefect flow.
+    ``origin_run_id``: the DAG run's ``dag_id/run_id``."""
     model = {**score_params.get("model", {}), "version": str(version)}
     model.pop("alias", None)  # the version the event named, not whatever holds the alias now
     params = ScoreParams.model_validate({**score_params, "model": model})
@@ -189,12 +178,10 @@ STEPS = {
 
 
 def _pipeline(params: dict):
-
     return PipelineParams.model_validate(params)
 
 
 def _manifest(dataset: dict):
-
     return DatasetManifest(**{**dataset, "image_shape": tuple(dataset["image_shape"])})
 
 
@@ -214,8 +201,7 @@ def _log_to_stdout() -> None:
     if not any(getattr(h, "_hvdflow_airflow", False) for h in root.handlers):
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        # Every rank line is printed once by _print_line; the rank logger's copy of the ranks'
-        # log_to_driver lines would print those twice (and count each epoch twice).
+        # _print_line prints every rank line; the rank logger's copy would print them twice.
         handler.addFilter(lambda record: record.name != rank_logger.name)
         handler._hvdflow_airflow = True
         root.addHandler(handler)

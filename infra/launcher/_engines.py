@@ -8,6 +8,7 @@ import: nothing here imports TensorFlow, torch or Horovod.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -463,6 +464,7 @@ def _reporting_init(original):
     if getattr(original, "_hvdflow_wrapped", False):
         return original
 
+    @functools.wraps(original)
     def init(*args, **kwargs):
         result = original(*args, **kwargs)
         _wire.emit_event(_wire.EVENT_INIT)

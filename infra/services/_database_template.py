@@ -1,13 +1,9 @@
 """A new home's Prefect and MLflow databases, copied from ones migrated once per version.
 
-Creating and migrating a new SQLite database is much of a first server start: 12.2 CPU-s
-against 3.5 for a Prefect start on a migrated one, 7.4 against 6.0 for MLflow's (measured on
-the 2-core machine). Every new home would pay it again: a new machine, a second checkout, every
-test that starts its own server. The migrated, still empty database is the same for one version
-of the server, so it is made once in hvdflow's cache (``$HVDFLOW_CACHE_DIR``, else
-``~/.cache/hvdflow``) and copied into each new home. A user who points Prefect at a database of
-their own (``PREFECT_SERVER_DATABASE_CONNECTION_URL``) gets no copy: Prefect migrates theirs as
-always; MLflow's database is always the home's (``MlflowServer``).
+Migrating a new SQLite database is much of a first server start (Prefect's: 12 CPU-s against 3.5
+on a migrated one). The migrated, empty database is the same for one version of the server, so it
+is made once in hvdflow's cache and copied into each new home. A user who points Prefect at a
+database of their own (``PREFECT_SERVER_DATABASE_CONNECTION_URL``) gets no copy.
 """
 
 from __future__ import annotations

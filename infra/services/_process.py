@@ -38,11 +38,8 @@ WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
 
 
 def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` names is on loopback (only this machine reaches it).
-
-    A name that does not resolve counts as beyond loopback: the safe answer when it decides
-    whether a server requires credentials.
-    """
+    """Whether every address ``host`` names is on loopback. A name that does not resolve counts
+    as beyond it: the safe answer when it decides whether a server requires credentials."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -61,11 +58,8 @@ def url_host(host: str) -> str:
 
 
 def check_bind_address(host: str) -> str:
-    """``host`` if this machine can listen on it and other hosts can use it in a URL.
-
-    ValueError names the address and what to pass instead: a wildcard (0.0.0.0) listens
-    everywhere but gives ranks on other hosts no address to connect to.
-    """
+    """``host`` if this machine can listen on it and other hosts can use it in a URL (a wildcard
+    gives ranks on other hosts no address to connect to)."""
     if host in WILDCARD_ADDRESSES:
         raise ValueError(
             f"bind address {host!r} listens on every interface but names none that other hosts "
@@ -85,12 +79,8 @@ def check_bind_address(host: str) -> str:
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
-    """Whether a server could listen on ``port`` of ``host`` right now.
-
-    Asked the way servers bind (SO_REUSEADDR, as Go's, uvicorn's and the JVM's do): a port whose
-    server died a moment ago, its connections still in TIME_WAIT, is free for the next one, and
-    a service that crashed comes back on it; one that a process listens on is not.
-    """
+    """Whether a server could listen on ``port`` of ``host`` now. Asked with SO_REUSEADDR, as
+    servers bind: a port left in TIME_WAIT by a crashed service is free for it to come back on."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -102,11 +92,8 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
 
 
 def free_port(avoid: Collection[int] = frozenset(), *, host: str = LOOPBACK) -> int:
-    """A free port on ``host`` (and on 127.0.0.1 too) that is not in ``avoid``.
-
-    Free on loopback as well, because SeaweedFS's S3 gateway listens there besides its bind
-    address.
-    """
+    """A free port on ``host`` not in ``avoid``, free on 127.0.0.1 too: SeaweedFS's S3 gateway
+    listens there besides its bind address."""
     while True:
         port = unclaimed_port(host)
         if port not in avoid and (host == LOOPBACK or port_is_free(port)):
@@ -116,11 +103,9 @@ def free_port(avoid: Collection[int] = frozenset(), *, host: str = LOOPBACK) -> 
 # --- processes ------------------------------------------------------------------------------
 
 
-# Started from a background job of a shell without job control (`hvdflow up &` in a script,
-# nohup, a CI runner), a process inherits SIGINT ignored and keeps it ignored across exec.
-# Prefect's worker stops on SIGTERM by sending itself SIGINT: ignored, it never stopped, was
-# SIGKILLed at the stopper's timeout 20 s later, and left its runner folder in /tmp. So a
-# service starts with SIGINT at its default, as from a terminal or systemd, through this exec.
+# A background job of a shell without job control (`hvdflow up &`, nohup, CI) inherits SIGINT
+# ignored across exec. Prefect's worker stops on SIGTERM by sending itself SIGINT, so it would
+# never stop: a service starts with SIGINT at its default, through this exec.
 _SIGINT_AT_DEFAULT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execvp(sys.argv[1], sys.argv[1:])"
@@ -128,8 +113,7 @@ _SIGINT_AT_DEFAULT = (
 
 
 def with_sigint_at_default(command: list[str]) -> list[str]:
-    """``command``, run through an exec that puts SIGINT back to its default when this process
-    ignores it (what a child would inherit); as is otherwise."""
+    """``command`` through an exec that restores SIGINT's default if this process ignores it."""
     if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
         return command
     return [sys.executable, "-I", "-S", "-c", _SIGINT_AT_DEFAULT, *command]
@@ -142,8 +126,7 @@ def start_process(
     *,
     cwd: Path | None = None,
 ) -> subprocess.Popen:
-    """Run ``command`` in its own process group (in folder ``cwd``), output appended to
-    ``log_path``, SIGINT at its default (``with_sigint_at_default``)."""
+    """Run ``command`` in its own process group, output appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
@@ -189,13 +172,10 @@ def stop_process_group(
     leader: subprocess.Popen | int | None, timeout_s: float, *, kill_expected: bool = False
 ) -> None:
     """Stop a service's whole process group: SIGTERM, then SIGKILL what is left after
-    ``timeout_s``. ``kill_expected``: the service never exits on SIGTERM alone, so the SIGKILL
-    is its normal stop and is logged at debug level only.
+    ``timeout_s``. ``kill_expected``: SIGKILL is the service's normal stop (logged at debug).
 
-    ``leader`` is the process ``start_process`` started (its pid is the group's id): the Popen
-    this process holds, or a pid read back from a state file. Its group is stopped even when the
-    leader itself has already exited and only its workers are left. The leader is reaped when it
-    is this process's child.
+    ``leader``: the Popen ``start_process`` returned, or its pid from a state file (the group's
+    id); the group is stopped even when only its workers are left, the leader reaped if ours.
     """
     if leader is None:
         return
@@ -269,11 +249,8 @@ def wait_until_ready(
     log_path: Path,
     interval_s: float = 0.3,
 ) -> None:
-    """Poll ``probe()`` (True when ready; may raise while not) until it passes.
-
-    Fails at once if the process exits, naming its exit code, and after ``timeout_s`` naming
-    ``setting`` (where that timeout came from) and the last error the probe saw.
-    """
+    """Poll ``probe()`` (True when ready; may raise while not) until it passes. Fails at once if
+    the process exits, and after ``timeout_s`` naming ``setting`` and the probe's last error."""
     deadline = time.monotonic() + timeout_s
     last_error = "no answer yet"
     while True:

@@ -25,13 +25,8 @@ class Service(abc.ABC):
     generated credentials live in ``home``.
 
     ``start()`` runs ``_command()`` with ``_env()`` in a process group of its own and polls
-    ``_ready()`` until it passes; ``stop()`` stops the whole group. A subclass says what it runs
-    and how to tell it answers; the timeouts are class constants it may override, and an error
-    names the one that applied. ``env()`` is what a client sets to use it, credentials included;
-    ``secret_sources()`` says where each secret among them is kept, to show instead of its value.
-
-    Subclasses declare themselves in a few class attributes (name, log file, secret variables,
-    timeouts); the three look alike there by design, and the logic stays here.
+    ``_ready()``; ``stop()`` stops the whole group. Subclasses declare themselves in class
+    attributes (name, log file, secret variables, timeouts); the logic stays here.
     """
 
     # Shown in log lines and errors ("SeaweedFS at http://127.0.0.1:8333").
@@ -46,8 +41,7 @@ class Service(abc.ABC):
     KILL_EXPECTED: ClassVar[bool] = False
     # How often start() asks _ready().
     POLL_INTERVAL_S: ClassVar[float] = 0.3
-    # Whether it also listens on 127.0.0.1, whatever its bind address: its port must be free
-    # there too.
+    # Whether it also listens on 127.0.0.1, whatever its bind address (its port must be free).
     ALSO_ON_LOOPBACK: ClassVar[bool] = False
     # Whether it refuses requests without credentials (a subclass may decide per instance).
     auth: bool = False
@@ -84,8 +78,8 @@ class Service(abc.ABC):
         return self.home / "credentials.json"
 
     def secret_sources(self) -> dict[str, str]:
-        """For each variable of ``env()`` that holds a secret, where it is kept: what to show
-        instead of the value (``'"password" in /home/u/.hvdflow/mlflow/credentials.json'``)."""
+        """For each secret of ``env()``, where it is kept, to show instead of the value
+        (``'"password" in /home/u/.hvdflow/mlflow/credentials.json'``)."""
         if not self.auth:
             return {}
         return {
@@ -111,10 +105,7 @@ class Service(abc.ABC):
 
     def start(self, timeout_s: float | None = None, *, setting: str | None = None) -> Self:
         """Start the server and wait until it answers; stop it again if it never does.
-
-        ``timeout_s`` defaults to the class's START_TIMEOUT_S. A caller that passes its own
-        passes ``setting`` too, the name of the constant it comes from, for the error message.
-        """
+        ``timeout_s`` (default START_TIMEOUT_S) comes with ``setting``, its name for errors."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError(
                 f"{self.name} at {self.url} is already running (pid {self.process.pid}): "

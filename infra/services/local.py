@@ -1,17 +1,13 @@
 """The embedded services behind ``hvdflow up`` and ``hvdflow down``.
 
-SeaweedFS (S3), the MLflow tracking server and the Prefect server (UI and API), on one bind
-address (127.0.0.1 unless ``up(bind=...)`` says otherwise), with their data and a state file in
-``$HVDFLOW_HOME`` (default ``~/.hvdflow``). They keep running after ``hvdflow up`` exits, so the
-UIs stay there to look at; ``hvdflow down`` stops them. What the user already configured
-(``AWS_ENDPOINT_URL``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``) is used instead of starting
-the embedded one.
+SeaweedFS (S3), the MLflow tracking server and the Prefect server on one bind address (default
+127.0.0.1), with their data and a state file in ``$HVDFLOW_HOME`` (default ``~/.hvdflow``). They
+outlive ``hvdflow up``; ``hvdflow down`` stops them. A service the user already configured
+(``AWS_ENDPOINT_URL``, ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``) is not started.
 
-Credentials: the object store always checks its access keys; bound beyond loopback, the MLflow
-server requires a login and the Prefect API its auth string too, so nothing that listens on a
-network takes a request without credentials. Every secret is generated at a service's first
-start and kept in that service's ``credentials.json`` (mode 0600); the state file holds pids,
-addresses and whether auth is on, never a secret. ``env()`` hands clients the URLs and the
+Credentials: the object store always checks its keys; beyond loopback MLflow requires a login and
+Prefect its auth string too. Secrets are generated at first start into each service's
+``credentials.json`` (0600); the state file never holds one. ``env()`` hands clients the URLs and
 credentials; ``secret_sources()`` says where each secret is kept, to show instead of it.
 """
 
@@ -40,16 +36,14 @@ from hvdflow.infra.services.seaweed import SeaweedServer, remove_unix_sockets
 from hvdflow.infra.storage.locks import machine_lock
 
 STATE_FILE = "services.json"
-# Held while services of one home start or stop: two commands started together (two scheduled
-# runs on a new worker) must not both start an MLflow server on one database, whose schema
-# migrations would collide and leave it unable to start.
+# Held while services of one home start or stop: two MLflow servers started together on one
+# database would collide in its schema migrations.
 LOCK_FILE = "services.lock"
 # Conventional ports, used when free: S3 (SeaweedFS), MLflow, Prefect.
 PREFERRED_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200}
 # How long a service that died waits for its old port before it comes back on another.
 PREVIOUS_PORT_WAIT_S = 10.0
-# How long `hvdflow up` waits for each service; longer than their own defaults, since a first
-# start also creates their databases.
+# How long `hvdflow up` waits for each service; a first start also creates their databases.
 START_TIMEOUT_S = 120.0
 ARTIFACT_BUCKET = "hvdflow"
 # Each service's class, for its stop timeout; stopped in this order, dependants first.
@@ -61,11 +55,9 @@ SERVICES: dict[str, type[Service]] = {
 
 
 def _port(name: str, host: str, previous: dict | None = None, preferred: int | None = None) -> int:
-    """The port to start ``name`` on: the one it had before on ``host`` (a service that died
-    comes back where its clients, holding its URL, still call), else ``preferred`` (the
-    conventional one by default), else any; each only when free. The previous port gets
-    PREVIOUS_PORT_WAIT_S to become free: the processes of a server killed a moment ago may
-    still hold it while they exit."""
+    """The port to start ``name`` on, each only when free: the one it had before on ``host``
+    (its clients still hold its URL; it gets PREVIOUS_PORT_WAIT_S to be released), else
+    ``preferred`` (the conventional one by default), else any."""
     before = _previous_port(previous, host)
     deadline = time.monotonic() + PREVIOUS_PORT_WAIT_S
     while before and not _free_for(name, before, host) and time.monotonic() < deadline:
@@ -77,10 +69,8 @@ def _port(name: str, host: str, previous: dict | None = None, preferred: int | N
 
 
 def _free_for(name: str, port: int, host: str) -> bool:
-    """Whether ``name`` could listen on ``port`` of ``host``: on loopback too only for a service
-    that listens there as well. Another home's server on 127.0.0.1:4200 does not keep a Prefect
-    server bound to a cluster address from coming back on that address's 4200 (the soak saw
-    it come back elsewhere, and its flow runs, holding the old URL, wait for ever)."""
+    """Whether ``name`` could listen on ``port`` of ``host``; on loopback too only for a service
+    that listens there as well (another home's 127.0.0.1:4200 must not move our Prefect)."""
     loopback_too = SERVICES[name].ALSO_ON_LOOPBACK and host != LOOPBACK
     return port_is_free(port, host) and (not loopback_too or port_is_free(port))
 
@@ -107,10 +97,8 @@ class LocalServices:
 
     def __init__(self, home: str | Path | None = None, ports: dict[str, int] | None = None):
         """``ports``: the port to prefer for a service by name (``s3``, ``mlflow``,
-        ``prefect``) over its conventional one (``PREFERRED_PORTS``). A home that keeps its own
-        ports leaves the conventional ones to the others on the machine: a SeaweedFS of a home
-        bound beyond loopback listens on loopback too, and when it restarts, another home that
-        took its conventional port there meanwhile would push it onto another port."""
+        ``prefect``) over its conventional one (``PREFERRED_PORTS``), so that several homes on
+        one machine do not push each other off their ports when one restarts."""
         self.home = Path(home) if home else hvdflow_home()
         self.state_path = self.home / STATE_FILE
         self.ports = dict(ports or {})
@@ -134,9 +122,8 @@ class LocalServices:
     def up(self, prefect: bool = True, bind: str | None = None) -> dict[str, str]:
         """Start what is not running yet; return the environment that points at them.
 
-        ``bind``: the address all of them listen on, and that their URLs name (default: that
-        of the services already running, else 127.0.0.1). Beyond loopback every one of them
-        requires credentials, and ``env()`` carries those.
+        ``bind``: the address all of them listen on and their URLs name (default: that of those
+        already running, else 127.0.0.1). Beyond loopback each requires credentials.
         """
         with self._lock("start"):
             return self._up(prefect, bind)
@@ -176,10 +163,8 @@ class LocalServices:
         return _port(name, host, recorded.get(name), self.ports.get(name))
 
     def _bind_address(self, state: dict, bind: str | None, recorded: dict | None = None) -> str:
-        """The address to start services on: ``bind``, checked, and the same as that of the
-        services already running, which cannot move. Without ``bind``: theirs, else that of
-        the ``recorded`` ones that died (they come back where their clients call), else
-        loopback."""
+        """``bind``, checked against the running services (which cannot move); without it,
+        theirs, else that of the ``recorded`` ones that died, else loopback."""
         running = {info.get("host", LOOPBACK) for info in state.values()}
         if bind is None:
             known = running or {info.get("host", LOOPBACK) for info in (recorded or {}).values()}
@@ -252,8 +237,7 @@ class LocalServices:
         return env
 
     def secret_sources(self, state: dict | None = None) -> dict[str, str]:
-        """For each variable of ``env()`` that holds a secret, where it is kept (a 0600
-        file): what to show instead of its value."""
+        """For each secret of ``env()``, the 0600 file it is kept in, to show instead of it."""
         state = self.state() if state is None else state
         sources: dict[str, str] = {}
         for server in self._servers(state).values():

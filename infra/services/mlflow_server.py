@@ -1,14 +1,11 @@
 """The embedded default tracking server: ``mlflow server`` with sqlite and artifacts in S3.
 
 Runs, registry and the artifact proxy in one process: clients log artifacts through the server
-(``mlflow-artifacts:/``), so only the server needs the object store's credentials. Any
-``MLFLOW_TRACKING_URI`` the user sets is used instead (see ``hvdflow.infra.tracking``).
+(``mlflow-artifacts:/``), so only the server needs the object store's credentials.
 
-On 127.0.0.1 it needs no login unless ``auth=True``; bound to any other address it always
-requires one: MLflow's own basic-auth app (``--app-name basic-auth``) with one admin user whose
-password is generated at the first such start and kept, with the app's CSRF key, in
-``credentials.json`` (mode 0600) in its home. Clients log in through MLFLOW_TRACKING_USERNAME
-and MLFLOW_TRACKING_PASSWORD (``env()``).
+On 127.0.0.1 it needs no login unless ``auth=True``; on any other address it always requires one
+(MLflow's basic-auth app, one admin whose password and CSRF key are generated at the first such
+start into ``credentials.json``, 0600). Clients log in through MLFLOW_TRACKING_USERNAME/PASSWORD.
 """
 
 from __future__ import annotations
@@ -31,16 +28,13 @@ from hvdflow.infra.services._service import Service
 logger = logging.getLogger(__name__)
 
 ADMIN_USERNAME = "admin"
-# The permission every user but the admin has on what they did not create, unless an admin
-# grants more. hvdflow creates only the admin, who may do everything whatever this says; a
-# user added later starts with no access to the existing experiments and models, so adding a
-# colleague never opens every run to them by accident (MLflow's own default is READ).
+# Every user but the admin on what they did not create: a user added later never sees every
+# run by accident (MLflow's own default is READ).
 DEFAULT_PERMISSION = "NO_PERMISSIONS"
 # Who checks each request: MLflow's basic auth against its user database.
 AUTHORIZATION_FUNCTION = "mlflow.server.auth:authenticate_request_basic_auth"
-# How long a login that passed is remembered. Checking one hashes the password (about a second
-# on a busy 2-core machine), on every request of every rank otherwise. The server runs one
-# worker, in which a password changed through the API takes effect at once.
+# How long a login that passed is remembered: checking one hashes the password (about a second
+# on a busy 2-core machine). With one worker, a password changed through the API acts at once.
 AUTH_CACHE_TTL_S = 60
 
 
@@ -111,8 +105,7 @@ class MlflowServer(Service):
             write_private(self.auth_config_path, self._auth_config())
 
     def _auth_config(self) -> str:
-        """The basic-auth app's ini file. The admin password is used when the user database
-        is created (the first start with auth); MLflow ignores it afterwards."""
+        """The basic-auth app's ini file (its admin password is used only to create the users)."""
         database = f"sqlite:///{self.home / 'basic_auth.db'}".replace("%", "%%")
         return (
             "[mlflow]\n"
@@ -167,8 +160,7 @@ class MlflowServer(Service):
             c.MLFLOW_FLASK_SERVER_SECRET_KEY,
         ):
             env.pop(name, None)
-        # MLflow 3 starts a job runner beside the server (eight consumer processes, a queue in
-        # /dev/shm) for GenAI jobs hvdflow never asks for: off, unless the user turns it on.
+        # MLflow 3's job runner (eight processes, for GenAI jobs hvdflow never asks for): off.
         env.setdefault(c.MLFLOW_SERVER_ENABLE_JOB_EXECUTION, "false")
         if self.auth:
             env[c.MLFLOW_AUTH_CONFIG_PATH] = str(self.auth_config_path)
@@ -181,20 +173,17 @@ class MlflowServer(Service):
             return response.status == 200
 
 
-# Alembic alters a SQLite table by copying it into this temporary table, dropping the original
-# and renaming the copy; a migration that stops half way leaves the copy behind, and every later
-# start fails with "table _alembic_tmp_<name> already exists".
+# Alembic alters a SQLite table through a copy under this prefix; a migration stopped half way
+# leaves the copy, and every later start fails with "table _alembic_tmp_<name> already exists".
 ALEMBIC_TMP_PREFIX = "_alembic_tmp_"
 
 
 def recover_interrupted_migration(database: Path) -> list[str]:
     """Drop what an interrupted schema migration left in the tracking database, so that the
-    server's start runs the migration again; return the tables dropped.
+    server's start runs it again; return the tables dropped.
 
-    A leftover copy whose original table still exists holds nothing the original lacks: it is
-    dropped, after the database file is copied aside (``mlflow.db.before-recovery-<time>``).
-    A copy without its original is the only place the rows are: that is left for a person,
-    with the steps, instead of guessed at.
+    A copy whose original still exists is dropped (the file copied aside first); a copy without
+    its original holds the only rows, and is left for a person, with the steps.
     """
     if not database.exists():
         return []

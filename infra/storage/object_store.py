@@ -1,15 +1,12 @@
 """S3-compatible object storage over boto3: real S3, or the embedded SeaweedFS server.
 
-Configuration follows the AWS conventions users already have: the endpoint comes from
-``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (unset: real S3), credentials from boto3's usual
-chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles, instance roles). Bucket and
-prefix come from ``HVDFLOW_BUCKET`` and ``HVDFLOW_PREFIX``. Credentials are never part of the
-config object, so they cannot end up in logs, MLflow params or Prefect parameters.
+The endpoint comes from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (unset: real S3),
+credentials from boto3's usual chain, bucket and prefix from ``HVDFLOW_BUCKET`` and
+``HVDFLOW_PREFIX``. Credentials are never part of the config object, so they cannot reach logs,
+MLflow params or Prefect parameters.
 
-Every failure of a call is one ObjectStoreError that names the object store's endpoint, what
-was being done and the variable to fix (AWS_ENDPOINT_URL for an unreachable or silent store,
-AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for refused keys), never a secret and never botocore's
-traceback.
+Every failed call is one ObjectStoreError naming the endpoint, what was being done and the
+variable to fix; never a secret, never botocore's traceback.
 """
 
 from __future__ import annotations
@@ -46,11 +43,8 @@ _CHUNK = 1 << 20
 class ObjectStoreError(RuntimeError):
     """The object store could not be reached, or an object is missing or corrupt.
 
-    ``missing``: the object or bucket does not exist (the store answered, and said so).
-    ``transient``: the store did not answer (unreachable, or too slow): the same call may
-    succeed once it is back. Such an error is an ``ObjectStoreUnreachableError``, a
-    ``TransientError``: a rank that fails with one exits with EX_TEMPFAIL, and the training step
-    runs another attempt from the last checkpoint.
+    ``missing``: the store answered that the object or bucket does not exist. ``transient``: the
+    store did not answer; such an error is an ``ObjectStoreUnreachableError``.
     """
 
     def __init__(self, message: str, *, missing: bool = False, transient: bool = False):
@@ -60,24 +54,22 @@ class ObjectStoreError(RuntimeError):
 
 
 class ObjectStoreUnreachableError(ObjectStoreError, TransientError):
-    """The store did not answer (``transient``): a ``TransientError``, so a rank that meets it
-    asks for another attempt."""
+    """The store did not answer: a ``TransientError``, so the training runs another attempt."""
 
     def __init__(self, message: str):
         super().__init__(message, transient=True)
 
 
-# Error codes with which S3 servers refuse a request's key or signature. SeaweedFS answers 403
-# to an unsigned request, InvalidAccessKeyId to an unknown key, SignatureDoesNotMatch to a
-# wrong secret; a HEAD request's error has no body, so only its status code ("403") comes back.
+# Error codes with which S3 servers refuse a request's key or signature; a HEAD request's error
+# has no body, so only its status code ("403") comes back.
 DENIED_CODES = frozenset(
     {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
 )
 
 
 def _underlying(error: BaseException) -> BaseException:
-    """The error boto3's transfer wrappers hide: S3UploadFailedError is raised while handling
-    the ClientError (its context), RetriesExceededError carries the last attempt's error."""
+    """The error boto3's transfer wrappers hide (S3UploadFailedError's context,
+    RetriesExceededError's last attempt)."""
     if isinstance(error, S3UploadFailedError) and error.__context__ is not None:
         return error.__context__
     if isinstance(error, RetriesExceededError) and error.last_exception is not None:
@@ -160,8 +152,7 @@ class ObjectStore:
 
     # --- errors ---------------------------------------------------------------------------
     def _call(self, what: str, uri: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)``; any failure of it is one ObjectStoreError that names the
-        object store's endpoint and the variable to fix, with no botocore traceback."""
+        """``fn(*args, **kwargs)``, any failure turned into one ObjectStoreError."""
         try:
             return fn(*args, **kwargs)
         except (ClientError, BotoCoreError, S3UploadFailedError, RetriesExceededError) as e:
@@ -256,9 +247,8 @@ class ObjectStore:
         metadata: dict[str, str] | None = None,
         progress: Callable[[int], object] | None = None,
     ) -> None:
-        """Upload the file at ``path`` to ``uri``. ``progress(n)`` is called with the bytes sent
-        since its last call, from boto3's transfer threads
-        (``hvdflow.infra.progress.ByteProgress``)."""
+        """Upload the file at ``path`` to ``uri``. ``progress(n)``: the bytes sent since its last
+        call, from boto3's transfer threads."""
         bucket, key = parse_uri(uri)
         extra = {"Metadata": {k: str(v) for k, v in (metadata or {}).items()}}
         self._call(
