@@ -12,7 +12,7 @@ import logging
 import sys
 
 from hvdflow.bench.conditions import trainer_for, with_options
-from hvdflow.infra.launcher import _rank
+from hvdflow.infra.launcher import _wire
 
 
 def _show_driver_messages_on_stdout() -> None:
@@ -20,9 +20,9 @@ def _show_driver_messages_on_stdout() -> None:
     paper's log method sees the same epoch lines (``Epoch z/z done`` too) in both conditions."""
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    _rank.logger.addHandler(handler)
-    _rank.logger.setLevel(logging.INFO)
-    _rank.logger.propagate = False
+    _wire.logger.addHandler(handler)
+    _wire.logger.setLevel(logging.INFO)
+    _wire.logger.propagate = False
 
 
 def main(argv: list[str]) -> int:
