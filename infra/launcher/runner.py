@@ -295,6 +295,8 @@ class TorchDistributor:
     Attributes:
         spark: the SparkSession the processes run on (the active one, as the original).
         num_tasks: the number of Spark tasks that train (``num_processes`` in local mode).
+        input_params: ``num_processes``, ``local_mode``, ``use_gpu`` and ``num_tasks``, as the
+            original records them.
     """
 
     def __init__(
@@ -332,6 +334,18 @@ class TorchDistributor:
         self.spark = self._options.spark
         self._driver_gpus: list[str] = []
         self.num_tasks = self._get_num_tasks()
+        # The original's attributes: where it runs, its logger and its SSL override's conf.
+        self.is_remote = is_connect(self.spark)
+        master = self.spark.conf.get("spark.master", "")
+        self.is_spark_local_master = master == "local" or master.startswith("local[")
+        self.logger, self.ssl_conf = logger, TORCH_IGNORE_SSL
+        # The original's record of its arguments, as its own tests read it.
+        self.input_params = {
+            "num_processes": self.num_processes,
+            "local_mode": local_mode,
+            "use_gpu": use_gpu,
+            "num_tasks": self.num_tasks,
+        }
         if local_mode:
             logger.warning(
                 "TorchDistributor runs in local mode: its %d process(es) compete for the "
