@@ -301,6 +301,7 @@ PipelineLaunchSettings = launch_settings(
     "stall_timeout_s",
     "relay",
     "horovod",
+    choices={"engine": c.PIPELINE_ENGINES},
     engine=default_engine,
     stall_timeout_s=600.0,
 )

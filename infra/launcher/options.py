@@ -268,6 +268,20 @@ FIELD_CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+# What a form or a schema shows of a setting (Prefect's UI, `hvdflow run --help`).
+SETTING_HELP = {
+    "engine": "what synchronises the ranks: Horovod (Gloo allreduce) or TensorFlow's "
+    "MultiWorkerMirroredStrategy, on the same barrier launcher",
+    "heartbeat_timeout_s": "a task not heard from for this long (host cut off or frozen) fails "
+    "the run",
+    "stall_timeout_s": "a rank that finishes no batch for this long fails the run, with every "
+    "rank's Python stacks; None turns the watch off",
+    "relay": "how the Spark tasks reach this process: directly, falling back to the object "
+    "store for a task that cannot connect (auto), through the object store only (always), or "
+    "directly only (never)",
+}
+
+
 class _LaunchSettings(BaseModel):
     def launch_options(self, **run: Any) -> LaunchOptions:
         """These settings as ``LaunchOptions``, what ``run`` gives (its session, ...) winning."""
@@ -276,10 +290,13 @@ class _LaunchSettings(BaseModel):
         return LaunchOptions(**{**given, **run})
 
 
-def launch_settings(*names: str, **defaults: Any) -> type[_LaunchSettings]:
+def launch_settings(
+    *names: str, choices: dict[str, tuple] | None = None, **defaults: Any
+) -> type[_LaunchSettings]:
     """A pydantic model of the ``LaunchOptions`` fields ``names``, for parameters that take them as
     data (YAML, JSON, a form), with LaunchOptions' types, defaults (but for ``defaults``: a value
     or a function giving it) and ``FIELD_CHECKS``; ``launch_options()`` makes the LaunchOptions.
+    ``choices``: the values a schema offers for a field (the relay's modes by default).
     ``relay_engine_error`` is left to the parameters, which can name their settings."""
     hints = typing.get_type_hints(LaunchOptions)
     found = {f.name: f for f in dataclasses.fields(LaunchOptions)}
@@ -289,14 +306,19 @@ def launch_settings(*names: str, **defaults: Any) -> type[_LaunchSettings]:
         kind = hints[name]
         if check := FIELD_CHECKS.get(name):
             kind = Annotated[kind, AfterValidator(_raising(check))]
+        offered = {"relay": RELAY_MODES, **(choices or {})}.get(name)
+        shown = {
+            "description": SETTING_HELP.get(name),
+            "json_schema_extra": {"enum": list(offered)} if offered else None,
+        }
         if name in defaults:
             default = defaults[name]
-            info = Field(default_factory=default) if callable(default) else Field(default=default)
+            given = {"default_factory" if callable(default) else "default": default}
         elif option.default_factory is not dataclasses.MISSING:
-            info = Field(default_factory=option.default_factory)
+            given = {"default_factory": option.default_factory}
         else:
-            info = Field(default=option.default)
-        fields[name] = (kind, info)
+            given = {"default": option.default}
+        fields[name] = (kind, Field(**given, **shown))
     return create_model("LaunchSettings", __base__=_LaunchSettings, __module__=__name__, **fields)
 
 

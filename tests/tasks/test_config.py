@@ -283,3 +283,12 @@ def test_the_pipeline_picks_an_engine_of_the_keras_trainer():
             f"launcher.engine={engine!r}: expected one of horovod, tf_collective (a PyTorch "
             "training runs on torch's: training.framework='torch')"
         ) in error_of(LauncherParams, engine=engine)
+
+
+def test_the_schema_a_form_shows_offers_the_engines_and_relay_modes_and_says_what_they_do():
+    # Prefect's UI draws a deployment's form from this schema and refuses what it does not allow.
+    fields = LauncherParams.model_json_schema()["properties"]
+    assert fields["engine"]["enum"] == ["horovod", "tf_collective"]
+    assert fields["relay"]["enum"] == ["auto", "always", "never"]
+    for name in ("engine", "relay", "heartbeat_timeout_s", "stall_timeout_s"):
+        assert fields[name]["description"], name
