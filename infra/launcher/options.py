@@ -282,6 +282,16 @@ SETTING_HELP = {
 }
 
 
+# The bounds a schema states, so that a form refuses what the checks above would: seconds are
+# positive, and the two watches last at least three heartbeats.
+_SHORTEST_WATCH_S = _wire.HEARTBEAT_INTERVAL_S * _wire.MIN_HEARTBEATS_PER_TIMEOUT
+SETTING_BOUNDS = {
+    **{name: {"exclusiveMinimum": 0} for name in ("start_timeout_s", "slot_wait_s", "timeout_s")},
+    "heartbeat_timeout_s": {"minimum": _SHORTEST_WATCH_S},
+    "stall_timeout_s": {"minimum": _SHORTEST_WATCH_S},
+}
+
+
 class _LaunchSettings(BaseModel):
     def launch_options(self, **run: Any) -> LaunchOptions:
         """These settings as ``LaunchOptions``, what ``run`` gives (its session, ...) winning."""
@@ -307,10 +317,8 @@ def launch_settings(
         if check := FIELD_CHECKS.get(name):
             kind = Annotated[kind, AfterValidator(_raising(check))]
         offered = {"relay": RELAY_MODES, **(choices or {})}.get(name)
-        shown = {
-            "description": SETTING_HELP.get(name),
-            "json_schema_extra": {"enum": list(offered)} if offered else None,
-        }
+        extra = {**({"enum": list(offered)} if offered else {}), **SETTING_BOUNDS.get(name, {})}
+        shown = {"description": SETTING_HELP.get(name), "json_schema_extra": extra or None}
         if name in defaults:
             default = defaults[name]
             given = {"default_factory" if callable(default) else "default": default}

@@ -292,3 +292,24 @@ def test_the_schema_a_form_shows_offers_the_engines_and_relay_modes_and_says_wha
     assert fields["relay"]["enum"] == ["auto", "always", "never"]
     for name in ("engine", "relay", "heartbeat_timeout_s", "stall_timeout_s"):
         assert fields[name]["description"], name
+    # Its bounds are the checks': a form refuses a zero start timeout or a two-second watch.
+    assert fields["start_timeout_s"]["exclusiveMinimum"] == 0
+    assert fields["heartbeat_timeout_s"]["minimum"] == fields["stall_timeout_s"]["minimum"] == 6
+
+
+def test_a_deployments_schema_refuses_what_the_launcher_settings_refuse():
+    import jsonschema
+
+    schema = LauncherParams.model_json_schema()
+    valid = jsonschema.Draft202012Validator(schema)
+    assert valid.is_valid({"stall_timeout_s": None, "heartbeat_timeout_s": 6, "relay": "never"})
+    for bad in (
+        {"start_timeout_s": 0},
+        {"heartbeat_timeout_s": 2},
+        {"stall_timeout_s": 5.5},
+        {"relay": "sometimes"},
+        {"engine": "torch"},
+    ):
+        assert not valid.is_valid(bad), bad
+        with pytest.raises(ValidationError):
+            LauncherParams(**bad)
