@@ -18,12 +18,13 @@ setup:
 	bash scripts/setup.sh $(PROFILE)
 
 # The environments `make test` uses: classic, current, Airflow's own (the Airflow tests) and the
-# thin Spark Connect worker's (client).
+# thin Spark Connect workers' (client for current's executors, client-classic for classic's).
 setup-all:
 	bash scripts/setup.sh classic
 	bash scripts/setup.sh current
 	bash scripts/setup.sh airflow
 	bash scripts/setup.sh client
+	bash scripts/setup.sh client-classic
 
 # The main job, end to end, on the embedded defaults.
 run: setup
@@ -44,6 +45,7 @@ test-classic:
 	bash scripts/test-tools.sh
 	bash scripts/setup.sh classic
 	bash scripts/setup.sh airflow
+	bash scripts/setup.sh client-classic
 	.venv/bin/python -m compileall -q $(CODE)
 	.venv/bin/python -m pytest -n $(WORKERS) --durations=25 $(PYTEST_ARGS)
 

@@ -3,10 +3,24 @@
 
 from __future__ import annotations
 
+import os
+
+from hvdflow.infra import constants as c
+
 # Spark Connect's URL scheme: ``sc://host:port/;param=value``.
 CONNECT_SCHEME = "sc://"
 # Spark Connect's default port, where a URL names none.
 CONNECT_PORT = 15002
+
+
+def default_master() -> str:
+    """``$HVDFLOW_SPARK_MASTER``, else ``$SPARK_REMOTE`` (Spark Connect's own variable), else
+    ``local[N]`` with one slot per core."""
+    return (
+        os.environ.get(c.HVDFLOW_SPARK_MASTER)
+        or os.environ.get(c.SPARK_REMOTE)
+        or f"local[{os.cpu_count() or 1}]"
+    )
 
 
 def is_connect_url(master: str | None) -> bool:

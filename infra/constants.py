@@ -4,7 +4,7 @@ Horovod reads its settings from the environment at ``hvd.init()``; the names bel
 its C++ core and Python layer look up. hvdflow's own variables carry the ``HVDFLOW_`` prefix.
 """
 
-# --- Engines: Horovod over Gloo (rendezvous on the driver); TensorFlow's collectives, whose
+# --- Engines: Horovod over Gloo (rendezvous on rank 0's task); TensorFlow's collectives, whose
 # workers meet at the endpoints in TF_CONFIG; torch.distributed, meeting at rank 0's MASTER_ADDR.
 HOROVOD = "horovod"
 TF_COLLECTIVE = "tf_collective"
@@ -84,7 +84,7 @@ SPARK_REMOTE = "SPARK_REMOTE"
 # petastorm, horovod or hvdflow itself.
 SPARK_PYSPARK_PYTHON = "spark.pyspark.python"
 SPARK_PYSPARK_DRIVER_PYTHON = "spark.pyspark.driver.python"
-# The address executors use to reach the driver; the rendezvous and log servers bind to it.
+# The address executors use to reach the driver; the tasks' channel binds to it.
 SPARK_DRIVER_HOST = "spark.driver.host"
 SPARK_DRIVER_BIND_ADDRESS = "spark.driver.bindAddress"
 SPARK_UI_ENABLED = "spark.ui.enabled"

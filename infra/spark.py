@@ -19,21 +19,11 @@ from pyspark.sql import SparkSession
 
 from hvdflow.infra import constants as c
 from hvdflow.infra._env import temporary_env
-from hvdflow.infra.connect import CONNECT_PORT, is_connect, is_connect_url
+from hvdflow.infra.connect import CONNECT_PORT, default_master, is_connect, is_connect_url
 from hvdflow.infra.executor_jvm import executor_java_options
 from hvdflow.infra.progress import EVERY_S, tasks_line
 
 logger = logging.getLogger(__name__)
-
-
-def default_master() -> str:
-    """``$HVDFLOW_SPARK_MASTER``, else ``$SPARK_REMOTE`` (Spark Connect's own variable), else
-    ``local[N]`` with one slot per core."""
-    return (
-        os.environ.get(c.HVDFLOW_SPARK_MASTER)
-        or os.environ.get(c.SPARK_REMOTE)
-        or f"local[{os.cpu_count() or 1}]"
-    )
 
 
 class ConnectClientMissing(ImportError):

@@ -36,7 +36,7 @@ lock() {  # profile, Python version, extras...
   [ ! -f requirements/"$profile"-overrides.txt ] \
     || profile_overrides=(--override requirements/"$profile"-overrides.txt)
   # Airflow's and the thin client's environments hold hvdflow without its dependencies.
-  case "$profile" in airflow|client) ;; *) sources=(pyproject.toml "${sources[@]}") ;; esac
+  case "$profile" in airflow|client*) ;; *) sources=(pyproject.toml "${sources[@]}") ;; esac
   local out=requirements/"$profile".txt
   if [ "$check" = 1 ]; then
     out="$scratch/$profile.txt"
@@ -79,14 +79,15 @@ pins() { grep -v '^#' "$1" | sed 's/ .*//' | grep .; }
 
 stale=0
 profiles=("$@")
-[ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow client)
+[ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow client client-classic)
 for profile in "${profiles[@]}"; do
   case "$profile" in
     classic) lock classic 3.11 dev profile petastorm addons torch ;;
     current) lock current 3.13 dev connect ;;
     airflow) lock airflow 3.11 ;;
     client) lock client 3.13 ;;
-    *) printf '[lock] %s: expected classic, current, airflow or client\n' "$profile" >&2; exit 2 ;;
+    client-classic) lock client-classic 3.11 ;;
+    *) printf '[lock] %s: expected classic, current, airflow, client or client-classic\n' "$profile" >&2; exit 2 ;;
   esac
 done
 exit "$stale"

@@ -13,6 +13,8 @@
 # - client: .venv-client, Python 3.13: the thin orchestrator worker for Spark Connect
 #   (pyspark-client, Prefect, MLflow's client; no Java, TensorFlow, torch or full pyspark) and
 #   hvdflow without its dependencies (docs/connect.md, "A thin worker").
+# - client-classic: .venv-client-classic, Python 3.11: the same thin worker for the classic
+#   profile's executors (a client's Python must be the executors' minor version).
 # - airflow: .venv-airflow, Python 3.11, Airflow 3.3 alone and hvdflow without its dependencies:
 #   Airflow's own environment, as a user's Airflow has it. The DAGs import hvdflow.airflow there;
 #   their tasks run in another profile's environment (HVDFLOW_PYTHON). Airflow does not resolve
@@ -50,11 +52,15 @@ case "$PROFILE" in
     VENV=.venv-client
     PYTHON=${PYTHON_CURRENT:-$(bash scripts/python.sh 3.13)}
     ;;
+  client-classic)
+    VENV=.venv-client-classic
+    PYTHON=${PYTHON:-python3.11}
+    ;;
   torch)
     log "PROFILE=torch: PyTorch is in the classic profile now (make run; make test)"
     exit 2
     ;;
-  *) log "PROFILE=$PROFILE: expected classic, current, airflow or client"; exit 2 ;;
+  *) log "PROFILE=$PROFILE: expected classic, current, airflow, client or client-classic"; exit 2 ;;
 esac
 LOCK="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1
@@ -272,7 +278,7 @@ PY
 export VIRTUAL_ENV="$PWD/$VENV"  # which environment uv pip works on
 "${UVPIP[@]}" install --no-deps -e .
 
-if [ "$PROFILE" = airflow ] || [ "$PROFILE" = client ]; then
+if [ "$PROFILE" = airflow ] || [ "$PROFILE" = client ] || [ "$PROFILE" = client-classic ]; then
   # The environment's own requirements must hold; hvdflow's are missing here by design.
   problems=$(broken | grep -v 'The package `hvdflow`' || true)
   [ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "$VENV is broken"; exit 1; }

@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hvdflow.infra import constants as c
-from hvdflow.infra import extras
-from hvdflow.infra.launcher.options import HorovodOptions, launch_settings, relay_engine_error
+from hvdflow.infra import executor_python, extras
+from hvdflow.infra.connect import default_master, is_connect, is_connect_url
+from hvdflow.infra.launcher.options import HorovodOptions, launch_settings
 from hvdflow.infra.secrets import (
     BY_REFERENCE,
     ENV_PREFIX,
@@ -293,7 +294,8 @@ def _check_weights_source(source: str, shown: str) -> None:
 # LaunchOptions' settings the pipeline takes, flat under ``launcher``, with LaunchOptions' types
 # and checks (docs/horovodrunner.md); the run gives the rest. Two defaults differ: the trainers
 # report every batch, so ten minutes without one is a stall (a user's function on HorovodRunner
-# may report none); and the engine is whichever is installed (HorovodRunner's is Horovod).
+# may report none); and the engine is whichever is installed (HorovodRunner's is Horovod), over
+# Spark Connect the executors' (``LauncherParams.for_session``).
 PipelineLaunchSettings = launch_settings(
     "engine",
     "start_timeout_s",
@@ -342,12 +344,6 @@ class LauncherParams(PipelineLaunchSettings):
     )
 
     @model_validator(mode="after")
-    def _relay_fits(self) -> LauncherParams:
-        if problem := relay_engine_error(self.relay, self.engine, where="launcher."):
-            raise ValueError(problem)
-        return self
-
-    @model_validator(mode="after")
     def _min_np_fits(self) -> LauncherParams:
         if self.min_np is not None and (self.np < 0 or self.min_np > self.np):
             raise ValueError(
@@ -377,9 +373,21 @@ class LauncherParams(PipelineLaunchSettings):
                 f"launcher.engine={engine!r}: expected one of {', '.join(c.PIPELINE_ENGINES)} "
                 "(a PyTorch training runs on torch's: training.framework='torch')"
             )
-        if engine == c.HOROVOD:
-            extras.require(extras.HOROVOD, "launcher.engine='horovod'", "engine='tf_collective'")
         return engine
+
+    @model_validator(mode="after")
+    def _horovod_installed(self) -> LauncherParams:
+        # Over Spark Connect the executors are asked at launch: a thin client holds no Horovod.
+        if self.engine == c.HOROVOD and not is_connect_url(self.spark_master or default_master()):
+            extras.require(extras.HOROVOD, "launcher.engine='horovod'", "engine='tf_collective'")
+        return self
+
+    def for_session(self, spark) -> LauncherParams:
+        """These settings for ``spark``: over Spark Connect an engine left to its default is
+        the executors' (Horovod where they hold it), which a thin client cannot see in itself."""
+        if spark is None or "engine" in self.model_fields_set or not is_connect(spark):
+            return self
+        return self.model_copy(update={"engine": executor_python.default_engine(spark)})
 
     @field_validator("np")
     @classmethod

@@ -11,7 +11,7 @@ Split where the processes and the contracts split:
 - ``_engines``: the engines, one row each, and placement (pure functions)
 - ``_decisions``: why a rank stops, which failure came first, who went silent (pure functions)
 - ``_relay``: the channel through the object store, for tasks that cannot reach the driver;
-  ``_rendezvous``: who may use Horovod's Gloo rendezvous on the driver
+  ``_rendezvous``: Horovod's Gloo rendezvous, served by rank 0's task, and who may use it
 
 A failure travels ``_rank`` (its exit and last lines) -> ``_task`` (the ``failed`` report) ->
 ``_driver`` (the first failure, named with its rank and host). Exports are lazy, like

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import cloudpickle
 
 from hvdflow.infra import constants as c
-from hvdflow.infra import extras
+from hvdflow.infra import executor_python
 from hvdflow.infra.connect import is_connect
 from hvdflow.infra.home import hvdflow_home
 from hvdflow.infra.launcher import _decisions, _engines, _relay, _task, _wire, errors
@@ -225,7 +225,7 @@ def run_barrier_stage(spark, spec: _task.TaskSpec, tasks: int, tag: str) -> byte
     return joined((row.seq, row.chunk) for row in rows)
 
 
-# --- The tasks' channel, the driver's end (and Horovod's rendezvous) ---
+# --- The tasks' channel, the driver's end ---
 
 # A silent stranger must not hold a server thread for the rest of the run.
 HELLO_TIMEOUT_S = 10.0
@@ -241,12 +241,11 @@ class DriverChannel:
         bind_host: str,
         on_line: Callable[[_wire.LogLine], None],
         *,
-        rendezvous: bool = True,
         relay: _relay.RelaySpec | None = None,
         slots: int | None = None,
     ):
-        """``rendezvous``: start Horovod's (else ``rendezvous_port`` is 0); ``relay``: also serve
-        tasks through the object store until ``slots`` rank slots joined directly."""
+        """``relay``: also serve tasks through the object store until ``slots`` rank slots
+        joined directly."""
         self.bind_host = bind_host
         self.relay: _relay.DriverRelay | None = None  # started last
         self.token = secrets.token_hex(16)
@@ -264,29 +263,13 @@ class DriverChannel:
         self._plan: list[str] | None = None  # the task hosts, from the first task
         self._parts: dict[int, str] = {}  # GATHER: each task's part by partition
         self._gatherers: list[_wire.Connection] = []
-        self._rendezvous = self._allowed_clients = None
-        self.rendezvous_port = 0
         self._server = _ChannelServer((bind_host, 0), self._handler_class())
         self.port = self._server.server_address[1]
-        servers: list[tuple[socketserver.BaseServer, str]] = [(self._server, "driver-channel")]
-        if rendezvous:
-            # Horovod's HTTP server, loaded only where a run uses Horovod.
-            from hvdflow.infra.launcher import _rendezvous as rdv  # noqa: PLC0415
-
-            self._rendezvous = rdv.RendezvousServer((bind_host, 0), rdv.GuardedHandler, 0)
-            self._allowed_clients = partial(rdv.allowed_clients, resolve=rdv.addresses_of)
-            self.rendezvous_port = self._rendezvous.server_address[1]
-            servers.append((self._rendezvous, "rendezvous"))
-        self._servers = [server for server, _ in servers]
-        self._threads = [
-            # A short poll interval: shutdown() waits up to one interval, at the end of every run.
-            threading.Thread(
-                target=s.serve_forever, args=(0.05,), daemon=True, name=f"hvdflow-{name}"
-            )
-            for s, name in servers
-        ]
-        for t in self._threads:
-            t.start()
+        # A short poll interval: shutdown() waits up to one interval, at the end of every run.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True, name="hvdflow-channel"
+        )
+        self._thread.start()
         if relay is not None:
             self.relay = _relay.DriverRelay(relay, self._serve_connection, slots)
 
@@ -400,18 +383,12 @@ class DriverChannel:
                     self.stacks[rank] = text[: _wire.MAX_STACKS_CHARS]
 
     def _accept_plan(self, conn: _wire.Connection, hosts: list[str]) -> None:
-        """Every task sends the plan (its stage's task hosts) and starts its ranks once answered.
-        The first starts the run, so no rank reaches the rendezvous before it knows the plan."""
+        """Every task sends the plan (its stage's task hosts) and starts its ranks once answered:
+        the first plan is the run's, and liveness watches its hosts."""
         with self._lock:
             first, planned = self._plan is None, self._plan
             if first:
                 self._plan = hosts
-                if self._rendezvous is not None:
-                    self._rendezvous.start_run(
-                        _engines.host_alloc_plan(hosts),
-                        self._allowed_clients(hosts, self.bind_host),
-                    )
-                    logger.debug("rendezvous initialised for hosts %s", hosts)
                 self.liveness.plan(hosts)
         if not first and planned != hosts:
             # Left unanswered, the task says the driver did not accept its plan.
@@ -476,11 +453,9 @@ class DriverChannel:
         self.abort()
         if self.relay is not None:
             self.relay.close()
-        for server in self._servers:
-            server.shutdown()
-            server.server_close()
-        for t in self._threads:
-            t.join(timeout=5)
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
 
     def __enter__(self) -> DriverChannel:
         return self
@@ -574,21 +549,11 @@ class Launch:
     def _name(self) -> str:
         return f"{self.plan.face} {self.plan.asked or f'np={self.plan.np}'}"
 
-    @property
-    def _uses_horovod(self) -> bool:
-        return _engines.engine(self.plan.options.engine).rendezvous
-
     def run(self, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """Run ``main(**kwargs)`` on every rank; return what rank 0 returned."""
         payload = pickle_payload(main, kwargs)
-        needs = _engines.engine(self.plan.options.engine).extra
-        if needs is not None:
-            extras.require(
-                needs,
-                f"{self._name()} with engine={self.plan.options.engine!r}",
-                "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
-                "MultiWorkerMirroredStrategy)",
-            )
+        if self.plan.np < 0:
+            self._require_engine(None)
         self.plan.options.horovod.warn_about_costs(self.plan.options.forwarded())
         self.run_id = uuid.uuid4().hex[:12]
         # Not in /tmp, which nothing cleans and a reboot empties.
@@ -607,6 +572,16 @@ class Launch:
             logger.info("%s finished in %.1f s (log: %s)", self._name(), elapsed, self.log_path)
         return cloudpickle.loads(result) if result is not None else None
 
+    def _require_engine(self, spark) -> None:
+        """What the engine needs, of the executors of ``spark`` (None: of this process)."""
+        executor_python.require_engine(
+            spark,
+            _engines.engine(self.plan.options.engine).extra,
+            f"{self._name()} with engine={self.plan.options.engine!r}",
+            "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
+            "MultiWorkerMirroredStrategy)",
+        )
+
     def _spec(
         self, payload: bytes, channel: DriverChannel, ranks_per_task: tuple[int, ...] | None
     ) -> _task.TaskSpec:
@@ -615,8 +590,6 @@ class Launch:
             driver_host=channel.bind_host,
             driver_port=channel.port,
             token=channel.token,
-            rendezvous_addr=channel.bind_host,
-            rendezvous_port=channel.rendezvous_port,
             # Forwarded values may be secrets: they travel in the task closure, never in logs.
             options_env={**self.plan.options.forwarded(), **self.plan.options.horovod.to_env()},
             run_id=self.run_id,
@@ -630,9 +603,9 @@ class Launch:
         )
 
     def _relay(self) -> _relay.RelaySpec | None:
-        """Never with Horovod's rendezvous; in ``auto`` only where an object store is named."""
+        """None for ``never``; in ``auto`` only where an object store is named."""
         mode = self.plan.options.relay
-        if mode == "never" or self._uses_horovod:
+        if mode == "never":
             return None
         if mode == "auto" and not (s3_endpoint() or os.environ.get(c.HVDFLOW_BUCKET)):
             return None
@@ -662,6 +635,7 @@ class Launch:
         from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (loads Spark)
 
         spark = self.plan.options.spark or get_spark()
+        self._require_engine(spark)
         conf = spark.conf
         errors.refuse_unencrypted(conf, self.plan.face, self.plan.ignore_ssl_conf)
         if self.plan.layout is not None:
@@ -709,7 +683,6 @@ class Launch:
         with DriverChannel(
             client_address(spark),
             sink,
-            rendezvous=self._uses_horovod,
             relay=self._relay(),
             slots=abs(self.plan.np),
         ) as channel:
@@ -751,7 +724,7 @@ class Launch:
                 self.plan.np,
                 len(gpus),
             )
-        with DriverChannel("127.0.0.1", sink, rendezvous=self._uses_horovod) as channel:
+        with DriverChannel("127.0.0.1", sink) as channel:
             # A worker per task (per_task) runs alone; HorovodRunner's ranks run together.
             layout = self.plan.layout or (None if plan.per_task is not None else (n,))
             spec = self._spec(payload, channel, layout)

@@ -2,7 +2,7 @@
 
 Placement is pure functions over plain values: every barrier task computes the same plan from the
 same task list (``getTaskInfos()`` is ordered by partition id), so the tasks agree on ranks
-without talking, and the driver gives the rendezvous the same plan. Rank-side hooks patch on
+without talking, and rank 0's task gives its rendezvous the same plan. Rank-side hooks patch on
 import: nothing here imports TensorFlow, torch or Horovod.
 """
 
@@ -19,6 +19,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -134,8 +135,6 @@ def has_installed_pyspark() -> bool:
 def rank_env(
     slot: RankSlot,
     *,
-    rendezvous_addr: str,
-    rendezvous_port: int,
     gloo_iface: str,
     options_env: Mapping[str, str],
     run_id: str,
@@ -152,8 +151,6 @@ def rank_env(
         c.HOROVOD_CROSS_RANK: str(slot.cross_rank),
         c.HOROVOD_CROSS_SIZE: str(slot.cross_size),
         c.HOROVOD_HOSTNAME: slot.hostname,
-        c.HOROVOD_GLOO_RENDEZVOUS_ADDR: rendezvous_addr,
-        c.HOROVOD_GLOO_RENDEZVOUS_PORT: str(rendezvous_port),
         c.HOROVOD_CONTROLLER: "gloo",
         c.HOROVOD_CPU_OPERATIONS: "gloo",
         c.HOROVOD_GLOO_IFACE: gloo_iface,
@@ -442,15 +439,13 @@ _EXIT_BARRIER_MS = 24 * 3600 * 1000
 @dataclass(frozen=True)
 class Engine:
     """One engine's row. ``start_point``: what a rank reaches once it joined (the start timeout
-    waits for it); ``rendezvous``: the driver serves Horovod's Gloo rendezvous; ``extra``: the
-    optional install it needs; ``task_env``: sets a task's ranks' variables after one exchange
-    between the tasks (None: no exchange); ``in_rank``: installed in the rank before ``main``
-    loads; ``after_main``: run in the rank once ``main`` returned."""
+    waits for it); ``extra``: the optional install it needs; ``task_env``: sets a task's ranks'
+    variables after one exchange between the tasks (None: no exchange); ``in_rank``: installed
+    in the rank before ``main`` loads; ``after_main``: run in the rank once ``main`` returned."""
 
     name: str
     start_point: str
     in_rank: Callable[[], None]
-    rendezvous: bool = False
     extra: extras.Extra | None = None
     task_env: Callable[..., list[socket.socket]] | None = None
     after_main: Callable[[], None] | None = None
@@ -537,6 +532,7 @@ def _set_tf_configs(
     partition: int,
     task_count: int,
     run_id: str,
+    rank_hosts: Sequence[str],
 ) -> list[socket.socket]:
     """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange). The
     task holds each rank's port until the ranks end (``hold_port``): the rank binds it after
@@ -555,12 +551,53 @@ def _set_tf_configs(
     return held
 
 
+def _from_rank_0s_task(
+    ranks: list, all_gather: Callable[[str], list[str]], start: Callable[[str], tuple[Any, int]]
+) -> tuple[list, str, int]:
+    """What rank 0's task starts on its host (``start(host)``: the thing to hold until the ranks
+    end, and its port), and in every task where: the host and port, through one exchange."""
+    first = ranks[0][0]
+    held, mine = [], ""
+    if first.rank == 0:
+        thing, port = start(first.hostname)
+        held.append(thing)
+        mine = f"{first.hostname}:{port}"
+    host, _, port = next(m for m in all_gather(mine) if m).rpartition(":")
+    return held, host, int(port)
+
+
+def _serve_rendezvous(
+    ranks: list,
+    all_gather: Callable[[str], list[str]] | None,
+    partition: int,
+    task_count: int,
+    run_id: str,
+    rank_hosts: Sequence[str],
+) -> list:
+    """Horovod's Gloo rendezvous, served by rank 0's task for every rank host (``_rendezvous``),
+    its address in each rank's environment: nothing listens on the driver."""
+    from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415 (Horovod's, loaded here only)
+
+    def serve(host: str) -> tuple[Any, int]:
+        server = _rendezvous.TaskRendezvous(host, rank_hosts, host_alloc_plan(rank_hosts))
+        return server, server.port
+
+    if all_gather is None:
+        raise RuntimeError("the horovod engine needs the tasks' all_gather")
+    held, host, port = _from_rank_0s_task(ranks, all_gather, serve)
+    for _slot, _who, env, _link in ranks:
+        env[c.HOROVOD_GLOO_RENDEZVOUS_ADDR] = host
+        env[c.HOROVOD_GLOO_RENDEZVOUS_PORT] = str(port)
+    return held
+
+
 def _set_torch_envs(
     ranks: list,
     all_gather: Callable[[str], list[str]] | None,
     partition: int,
     task_count: int,
     run_id: str,
+    rank_hosts: Sequence[str],
 ) -> list[socket.socket]:
     """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
     (GROUP_RANK its partition), and every rank meets at the port rank 0's task holds until its
@@ -568,14 +605,12 @@ def _set_torch_envs(
     TCPStore binds it ("EADDRINUSE"). Returns the held port, for the task to close."""
     if all_gather is None:
         raise RuntimeError("the torch engine needs the tasks' all_gather")
-    first = ranks[0][0]
-    master = ""
-    held = []
-    if first.rank == 0:
-        held.append(hold_port(first.hostname))
-        master = f"{first.hostname}:{held[0].getsockname()[1]}"
-    master = next(m for m in all_gather(master) if m)
-    host, _, port = master.rpartition(":")
+
+    def hold(host: str) -> tuple[socket.socket, int]:
+        sock = hold_port(host)
+        return sock, sock.getsockname()[1]
+
+    held, host, port = _from_rank_0s_task(ranks, all_gather, hold)
     for index, (slot, _who, env, _link) in enumerate(ranks):
         torchrun = torch_env(
             slot,
@@ -584,7 +619,7 @@ def _set_torch_envs(
             group_rank=partition,
             group_world_size=task_count,
             master_addr=host,
-            master_port=int(port),
+            master_port=port,
             run_id=run_id,
         )
         # The options' own choices (extra_env) win: a thread count, or the attempt's number.
@@ -610,8 +645,8 @@ ENGINES = {
         Engine(
             name=_wire.HOROVOD,
             start_point="hvd.init()",
-            rendezvous=True,
             extra=extras.HOROVOD,
+            task_env=_serve_rendezvous,
             in_rank=_in_horovod_rank,
         ),
         Engine(

@@ -10,8 +10,7 @@ through two mailboxes per rank slot under the run's key:
 A reader deletes what it has read; the driver removes what is left when the run ends.
 
 Limits: a killed executor closes no socket here, so the driver notices it only after
-``heartbeat_timeout_s``; and the horovod engine needs the direct channel, since its rendezvous
-server lives on the driver.
+``heartbeat_timeout_s``.
 """
 
 from __future__ import annotations

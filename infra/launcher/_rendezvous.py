@@ -1,5 +1,7 @@
-"""Who may use the Gloo rendezvous store on the driver: the decision (pure, ``decide``) and the
-server ``_driver.DriverChannel`` starts per run. See the threat model below.
+"""Horovod's Gloo rendezvous for one run, served by rank 0's task on its own host
+(``TaskRendezvous``): who may use it (pure, ``decide``; the threat model below) and the server.
+Nothing listens on the driver, so a Spark Connect client needs neither Horovod nor an inbound
+connection.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
@@ -19,8 +21,8 @@ logger = logging.getLogger(__name__)
 # their key when done with a scope. Overwriting a key decides whom a rank connects to (so which
 # gradients it averages); DELETEs can make a scope look finished early. Gloo's C++ client cannot
 # add a header, so the channel token cannot travel with it. The server therefore:
-#   1. answers only the plan's task hosts and the driver: 403 for others, and for all until the
-#      plan arrives over the token-checked channel;
+#   1. answers only the plan's task hosts: 403 for others (the plan comes from the stage itself,
+#      ``BarrierTaskContext.getTaskInfos()``, before the server starts);
 #   2. takes only GET, PUT and DELETE on /<scope>/<key> (Horovod's inherited HEAD lists files);
 #   3. keeps keys write-once: 409 for other bytes (the same again succeed), so a stranger's PUT
 #      fails the run, never redirects a rank;
@@ -35,10 +37,10 @@ RENDEZVOUS_MAX_VALUE_BYTES = 1024 * 1024
 # costs a request a second and is answered once written. Gloo sets no request timeout.
 LONG_POLL_S = 1.0
 
-# What the driver's warning adds when it refuses a client that is not in the plan.
+# What the warning adds when the server refuses a client that is not in the plan.
 NOT_PLANNED_HINT = (
     "If that is one of this run's executors, it connects from another address than the one "
-    "Spark reports for it: set SPARK_LOCAL_IP on that worker to its address on the driver's "
+    "Spark reports for it: set SPARK_LOCAL_IP on that worker to its address on the cluster's "
     "network"
 )
 
@@ -66,10 +68,10 @@ def normalize_address(address: str) -> str:
 
 
 def allowed_clients(
-    task_hosts: Iterable[str], driver_host: str, resolve: Callable[[str], Iterable[str]]
+    task_hosts: Iterable[str], resolve: Callable[[str], Iterable[str]]
 ) -> frozenset[str]:
-    """The addresses of the plan's task hosts and of the driver (``resolve`` lists a host's)."""
-    hosts = sorted({*task_hosts, driver_host})
+    """The addresses of the plan's task hosts (``resolve`` lists a host's)."""
+    hosts = sorted(set(task_hosts))
     return frozenset(normalize_address(address) for host in hosts for address in resolve(host))
 
 
@@ -90,7 +92,7 @@ def decide(
     client = normalize_address(client)
     if client not in allowed:
         if not allowed:
-            return Decision(403, f"{client} asked before the run's plan arrived", False)
+            return Decision(403, f"{client} asked before the run's plan was known", False)
         return Decision(
             403, f"{client} is not a task host of this run's plan", False, NOT_PLANNED_HINT
         )
@@ -129,7 +131,7 @@ def addresses_of(host: str) -> list[str]:
 
 
 class RendezvousServer(RendezvousHTTPServer):
-    # Unlike Horovod's (every interface), binds only the executor-facing address.
+    # Unlike Horovod's (every interface), binds only the address its task host has in the plan.
     daemon_threads = True
     # Each Gloo request is its own connection, np at once: a backlog of 5 drops later SYNs for
     # TCP's 1 s retry, once per scope.
@@ -143,12 +145,6 @@ class RendezvousServer(RendezvousHTTPServer):
         self._warned: set[tuple[str, int]] = set()
         # Notified (under the store's lock) when a key is written: held GETs wake.
         self.key_written = threading.Condition(self.cache_lock)
-
-    def start_run(self, plan, allowed: frozenset[str]) -> None:
-        self.init(plan)
-        with self.counted_lock:
-            self.counted.clear()
-        self.allowed = allowed
 
     def refused(self, client: str, method: str, path: str, decision: Decision) -> None:
         """The first refusal per client and status is a warning, the rest debug."""
@@ -239,3 +235,24 @@ class GuardedHandler(RendezvousHandler):
         if not decision.applied:
             return self._refuse("DELETE", decision)
         super().do_DELETE()
+
+
+class TaskRendezvous:
+    """The run's rendezvous on ``host`` (rank 0's task host) for the ranks on ``rank_hosts``
+    (``_engines.rank_hosts``), served from a thread until ``close()``; ``port``: where."""
+
+    def __init__(self, host: str, rank_hosts: Sequence[str], plan):
+        """``plan``: Horovod's slots for ``rank_hosts`` (``_engines.host_alloc_plan``)."""
+        self.server = RendezvousServer((host, 0), GuardedHandler, 0)
+        self.server.init(plan)
+        self.server.allowed = allowed_clients(rank_hosts, resolve=addresses_of)
+        self.port = self.server.server_address[1]
+        # A short poll interval: shutdown() waits up to one, at the end of every run.
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), daemon=True, name="hvdflow-rendezvous"
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -325,8 +325,6 @@ class TaskSpec:
     driver_host: str
     driver_port: int
     token: str
-    rendezvous_addr: str
-    rendezvous_port: int
     options_env: Mapping[str, str]
     run_id: str
     start_timeout_s: float
@@ -441,7 +439,13 @@ class DriverLink:
                         f"(hvdflow.infra.launcher._task.{setting}); "
                         "is the driver still running?"
                     )
-                self._reply_ready.wait(left)
+                if self.lost():  # a driver gone silently answers nothing: no need to wait on
+                    raise errors.RankFailed(
+                        f"heard nothing from the driver for {self.heartbeat_timeout_s:g} s "
+                        f"before it {what} (heartbeat_timeout_s): the driver, or the network to "
+                        "it, is gone"
+                    )
+                self._reply_ready.wait(min(left, _wire.HEARTBEAT_INTERVAL_S))
             self._replies.remove(reply)
             return reply
 
@@ -500,7 +504,8 @@ def run_task(
 
     ``gpu_addresses``: the GPUs this task holds (``_engines.gpus_owned``).
     ``all_gather(message)``: every task's message, in partition order (tf_collective's worker
-    endpoints, torch's master); by default through the driver (``DriverLink.all_gather``).
+    endpoints, torch's master, Horovod's rendezvous); by default through the driver
+    (``DriverLink.all_gather``).
     ``task_context``: serves ``BarrierTaskContext`` to the rank, where the task runs one.
     """
     hosts = _engines.rank_hosts(task_hosts, spec.ranks_per_task)
@@ -527,8 +532,6 @@ def run_task(
                 raise errors.rank_failed(message, _wire.CAUSE_HOST)
             env = _engines.rank_env(
                 slot,
-                rendezvous_addr=spec.rendezvous_addr,
-                rendezvous_port=spec.rendezvous_port,
                 gloo_iface=_engines.gloo_iface_for(slot.hostname),
                 options_env=spec.options_env,
                 run_id=spec.run_id,
@@ -542,7 +545,7 @@ def run_task(
                 all_gather = functools.partial(
                     links[0].all_gather, partition=partition, tasks=len(task_hosts)
                 )
-            held = task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id)
+            held = task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id, hosts)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
             return _supervise(slot.rank, who, env, spec, link, task_context)

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 # --- Driver <-> task message types ---
 HELLO = "hello"  # the run's token, the task's partition, its host's name
-PLAN = "plan"  # from partition 0; the driver answers PLAN_OK once the rendezvous knows it
+PLAN = "plan"  # the stage's task hosts, from every task; the driver answers PLAN_OK
 PLAN_OK = "plan_ok"
 # This task's part of the run's one exchange; once all have come, the driver answers every task
 # with GATHERED, the parts in partition order.

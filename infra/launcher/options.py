@@ -114,10 +114,10 @@ class LaunchOptions:
     created: a bad value raises ValueError naming the field.
 
     Args:
-        engine: ``"horovod"`` (Gloo rendezvous on the driver); ``"tf_collective"``: each rank
-            gets TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy, rank r its worker r,
-            rank 0 its chief (``MirroredStrategyRunner``'s); or ``"torch"``: each rank gets
-            torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), so
+        engine: ``"horovod"`` (Gloo, its rendezvous on rank 0's task); ``"tf_collective"``:
+            each rank gets TF_CONFIG for TensorFlow's MultiWorkerMirroredStrategy, rank r its
+            worker r, rank 0 its chief (``MirroredStrategyRunner``'s); or ``"torch"``: each rank
+            gets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), so
             ``init_process_group()`` needs no arguments (``TorchDistributor``'s).
         horovod: Horovod's knobs (timeline, autotune, fusion threshold, ...) for every rank.
         spark: the session to run on; default: the active one, else ``hvdflow.get_spark()``.
@@ -140,7 +140,7 @@ class LaunchOptions:
         relay: how the tasks reach the driver. ``"auto"`` (the default): directly, and through
             the object store (``AWS_ENDPOINT_URL``, ``HVDFLOW_BUCKET``) for a task that cannot
             connect within 5 s (a Spark Connect client no executor reaches); ``"always"``: the
-            object store only (not with engine horovod); ``"never"``: directly only.
+            object store only; ``"never"``: directly only.
     """
 
     engine: str = c.HOROVOD
@@ -160,8 +160,6 @@ class LaunchOptions:
         for name, check in FIELD_CHECKS.items():
             if (error := check(getattr(self, name))) is not None:
                 raise ValueError(error)
-            if name == "relay" and (problem := relay_engine_error(self.relay, self.engine)):
-                raise ValueError(problem)
         if isinstance(self.forward_env, str):
             raise ValueError(
                 f"forward_env={self.forward_env!r}: expected a sequence of variable names"
@@ -183,18 +181,6 @@ def checked_options(options: LaunchOptions | None) -> LaunchOptions:
             f"options={options!r}: expected a LaunchOptions (from hvdflow import LaunchOptions)"
         )
     return options or LaunchOptions()
-
-
-def relay_engine_error(relay: str, engine: str, where: str = "") -> str | None:
-    """Why the tasks cannot reach the driver only through the object store with ``engine``;
-    None where they can. ``where`` names the setting's parent (``"launcher."``)."""
-    if relay == "always" and engine == c.HOROVOD:
-        return (
-            f"{where}relay='always' with {where}engine='horovod': Horovod's rendezvous server "
-            "runs on the driver, which the ranks then never reach; use engine 'tf_collective' "
-            "or 'torch', or relay 'auto'"
-        )
-    return None
 
 
 # Each ``*_error``: why ``value`` is no valid setting of that name; None if it is.
@@ -254,8 +240,8 @@ def _seconds_error(name: str, none_ok: bool) -> Callable[[Any], str | None]:
     return error
 
 
-# Each field's own check, in the order LaunchOptions makes them (relay_engine_error right after
-# relay's): the one place a launcher option is checked, for the runners and ``launch_settings``.
+# Each field's own check, in the order LaunchOptions makes them: the one place a launcher option
+# is checked, for the runners and ``launch_settings``.
 FIELD_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "engine": engine_error,
     "relay": relay_error,
@@ -306,8 +292,7 @@ def launch_settings(
     """A pydantic model of the ``LaunchOptions`` fields ``names``, for parameters that take them as
     data (YAML, JSON, a form), with LaunchOptions' types, defaults (but for ``defaults``: a value
     or a function giving it) and ``FIELD_CHECKS``; ``launch_options()`` makes the LaunchOptions.
-    ``choices``: the values a schema offers for a field (the relay's modes by default).
-    ``relay_engine_error`` is left to the parameters, which can name their settings."""
+    ``choices``: the values a schema offers for a field (the relay's modes by default)."""
     hints = typing.get_type_hints(LaunchOptions)
     found = {f.name: f for f in dataclasses.fields(LaunchOptions)}
     fields: dict[str, Any] = {}

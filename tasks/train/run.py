@@ -86,6 +86,7 @@ def train_and_track(
     import mlflow
     from mlflow import MlflowClient
 
+    config = config.model_copy(update={"launcher": config.launcher.for_session(spark)})
     training, launcher, tracking = config.training, config.launcher, config.tracking
     flow_run_id = origin.run_id if origin else None
     experiment, resume_id = _experiment_and_run_to_resume(tracking, tracking_uri, flow_run_id)

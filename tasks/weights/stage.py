@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
 from hvdflow.infra._env import temporary_env
-from hvdflow.infra.connect import is_connect_url
+from hvdflow.infra.connect import default_master, is_connect_url
 from hvdflow.infra.constants import FORWARDED_TO_RANKS
 from hvdflow.infra.progress import ByteProgress, human_bytes
 from hvdflow.infra.secrets import resolve, split_userinfo
@@ -242,7 +242,7 @@ def stage_into(
     step. Through Spark Connect (``spark_master``, else the default master, is ``sc://``), the
     offline build runs in a Spark task: the orchestrator's worker then needs no TensorFlow.
     """
-    if source == OFFLINE_SOURCE and is_connect_url(spark_master or _default_master()):
+    if source == OFFLINE_SOURCE and is_connect_url(spark_master or default_master()):
         return _stage_on_executor(config, model, input_shape, num_classes, spark_master)
     return _stage_here(config, model, source, input_shape, num_classes)
 
@@ -254,12 +254,6 @@ def _stage_here(
     store = ObjectStore(config)
     store.ensure_bucket()
     return stage_weights(model, source, store, input_shape, num_classes)
-
-
-def _default_master() -> str:
-    from hvdflow.infra.spark import default_master  # noqa: PLC0415 (lazy: it loads Spark)
-
-    return default_master()
 
 
 def _stage_on_executor(

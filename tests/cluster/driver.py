@@ -34,7 +34,7 @@ class DriverRun:
 def driver_conf(cluster: NetnsSparkCluster) -> dict[str, str]:
     """The session conf for this cluster: one-core executors, one per host."""
     return {
-        # Executors in the hosts reach the driver (and HorovodRunner's rendezvous) here.
+        # Executors in the hosts reach the driver here.
         "spark.driver.host": cluster.driver_ip,
         "spark.driver.bindAddress": cluster.driver_ip,
         "spark.executor.cores": "1",

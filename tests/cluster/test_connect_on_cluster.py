@@ -1,14 +1,13 @@
 """hvdflow through Spark Connect on two hosts, from a client that no executor can reach.
 
-A Connect server drives the harness's standalone master and its two one-core workers. The
-client runs as a thin orchestrator worker would: the client profile's environment
-(``.venv-client``: pyspark-client, no full pyspark, TensorFlow or torch), no Java on its PATH,
-in a network namespace off the cluster's bridge (``netns.Outsider``) that reaches the Connect
-server and the services at the driver's address while the hosts have no route back to it. The
-ranks' tasks find the client unreachable at once and reach it through the bucket (the relay).
-
-Current profile only: the Connect client needs protobuf 5 or newer, which the classic profile's
-TensorFlow caps below, and a client's Python must be the executors' minor version.
+A Connect server drives the harness's standalone master and its two one-core workers, whose
+executors run the profile's own Python: classic (3.11, Horovod) or current (3.13, no Horovod).
+The client runs as a thin orchestrator worker would: the thin environment for those executors
+(``.venv-client-classic`` or ``.venv-client``: pyspark-client, no full pyspark, TensorFlow or
+torch), no Java on its PATH, in a network namespace off the cluster's bridge
+(``netns.Outsider``) that reaches the Connect server and the services at the driver's address
+while the hosts have no route back to it. The ranks' tasks find the client unreachable at once
+and reach it through the bucket (the relay); Horovod's rendezvous is rank 0's task's.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -26,14 +26,18 @@ import pytest
 from tests.cluster import netns
 from tests.cluster.driver import driver_conf
 from tests.cluster.fixtures import BAD
-from tests.connect_client import ANSWER, needs_connect_client, path_without_java
+from tests.connect_client import ANSWER, path_without_java
 from tests.helpers import rank_of, rank_processes, wait_for_no_ranks
 from tests.uv import CHECKOUT
 
-pytestmark = [pytest.mark.slow, pytest.mark.current, needs_connect_client]
+pytestmark = [pytest.mark.slow, pytest.mark.current]
 
-# The thin worker's interpreter (scripts/setup.sh client; `make test-current` makes it).
-THIN_PYTHON = CHECKOUT / ".venv-client" / "bin" / "python"
+# The executors run this Python: the classic profile's has Horovod, the current's has not.
+CLASSIC = sys.version_info[:2] == (3, 11)
+# The thin worker for them (scripts/setup.sh client-classic or client; `make test` makes both).
+THIN_PYTHON = CHECKOUT / (".venv-client-classic" if CLASSIC else ".venv-client") / "bin" / "python"
+# What the executors' Python holds decides the default engine (infra/executor_python.py).
+ENGINE = "horovod" if CLASSIC else "tf_collective"
 # What a client must not inherit from the test session: its own services, its Spark settings
 # (SPARK_LOCAL_IP would name an address for the executors to call back), and Java.
 NOT_INHERITED = (
@@ -102,7 +106,7 @@ def test_the_hosts_cannot_reach_the_outsider(netns_cluster, outsider):
     """What makes the relay the only way back: a host's connection to the client fails."""
     anchor = netns_cluster.anchors[netns_cluster.hosts[0].name]
     probe = f"import socket; socket.create_connection(({outsider.ip!r}, 9), timeout=5)"
-    done = netns.run_on_host(anchor, [str(CHECKOUT / ".venv-client/bin/python"), "-c", probe])
+    done = netns.run_on_host(anchor, [str(THIN_PYTHON), "-c", probe])
     assert "Network is unreachable" in done.stderr, done.stderr
 
 
@@ -117,19 +121,32 @@ spark = SparkSession.builder.remote(os.environ["SPARK_REMOTE"]).getOrCreate()
 def where():
     import os, socket
     print(f"rank {os.environ.get('HOROVOD_RANK', os.environ.get('RANK'))} here", flush=True)
-    return {"host": socket.gethostname(), "tf_config": "TF_CONFIG" in os.environ,
-            "world": os.environ.get("WORLD_SIZE")}
+    found = {"host": socket.gethostname(), "tf_config": "TF_CONFIG" in os.environ,
+             "world": os.environ.get("WORLD_SIZE"), "engine": os.environ["HVDFLOW_ENGINE"]}
+    if found["engine"] == "horovod":  # an allreduce every rank checks
+        import horovod.tensorflow.keras as hvd
+        import tensorflow as tf
+        hvd.init()
+        total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
+        assert total == 1.0 + 2.0, f"rank {hvd.rank()} summed {total}"
+        found.update(total=total, rank=hvd.rank())
+    return found
 
-runner = HorovodRunner(np=2, options=LaunchOptions(engine="tf_collective"))
+runner = HorovodRunner(np=2)  # the default engine: the executors' (Horovod where they have it)
 horovod = runner.run(where)
 answer = {"horovod": horovod, "log": open(runner.log_path).read(),
           "mirrored": MirroredStrategyRunner(num_slots=2, use_gpu=False).run(where),
           "torch": TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(where),
           "client": socket.gethostname()}
 try:  # the same run without the relay: the task's own reason, from Spark's error
-    HorovodRunner(np=2, options=LaunchOptions(engine="tf_collective", relay="never")).run(where)
+    HorovodRunner(np=2, options=LaunchOptions(relay="never")).run(where)
 except Exception as e:
     answer["without_relay"] = str(e)
+try:  # Horovod asked of executors that lack it: refused before any rank starts
+    HorovodRunner(np=2, options=LaunchOptions(engine="horovod")).run(where)
+    answer["horovod_asked"] = "ran"
+except Exception as e:
+    answer["horovod_asked"] = f"{type(e).__name__}: {e}"
 print("ANSWER " + json.dumps(answer), flush=True)
 """
 
@@ -158,6 +175,16 @@ def test_the_three_faces_run_from_a_client_the_executors_cannot_reach(
     answer = json.loads(answers[-1].removeprefix(ANSWER))
     hosts = {host.name for host in netns_cluster.hosts}
     assert answer["horovod"]["host"] in hosts and answer["client"] not in hosts
+    assert answer["horovod"]["engine"] == ENGINE
+    if CLASSIC:  # rank 0's value back, after an allreduce both ranks checked
+        assert (answer["horovod"]["rank"], answer["horovod"]["total"]) == (0, 3.0)
+        assert answer["horovod_asked"] == "ran"
+    else:
+        asked = answer["horovod_asked"]
+        assert asked.startswith(
+            "MissingExtra: HorovodRunner np=2 with engine='horovod' needs "
+            "horovod on the executors, and the executors' Python 3.13"
+        ), asked
     assert answer["mirrored"]["tf_config"] and answer["torch"]["world"] == "2"
     # Both ranks' lines, each task through the bucket: its direct connection was unreachable.
     assert "[1,0]<stdout>:rank 0 here" in answer["log"]
@@ -210,6 +237,7 @@ def dead_within(proc: psutil.Process, timeout_s: float) -> bool:
     return False
 
 
+@pytest.mark.skipif(CLASSIC, reason="engine-agnostic: the current profile's run holds it")
 def test_a_stage_refused_while_a_killed_executor_comes_back_is_submitted_again(
     netns_cluster, cluster_services, connect_on_cluster, outsider, tmp_path
 ):
@@ -381,7 +409,9 @@ def test_the_pipeline_and_scoring_from_a_thin_worker_the_executors_cannot_reach(
         client = MlflowClient(services["MLFLOW_TRACKING_URI"])
         champion = client.get_model_version_by_alias("hvdflow-classifier", "champion")
         assert champion.version == version.group(1)
-        assert client.get_run(champion.run_id).data.metrics["training_attempts"] == 2
+        run = client.get_run(champion.run_id)
+        assert run.data.metrics["training_attempts"] == 2
+        assert run.data.params["engine"] == ENGINE  # the executors' default, not the client's
         # Every relay mailbox of both attempts removed.
         store = ObjectStore(ObjectStoreConfig.from_env(bucket="hvdflow"))
         assert [k for k in store.list_keys("") if "relay/" in k] == []

@@ -46,8 +46,6 @@ def spec_for(driver: SilentDriver, payload: bytes, heartbeat_timeout_s: float) -
         driver_host="127.0.0.1",
         driver_port=driver.server_address[1],
         token="t" * 32,
-        rendezvous_addr="127.0.0.1",
-        rendezvous_port=1,
         options_env={},
         run_id="liveness",
         start_timeout_s=300.0,

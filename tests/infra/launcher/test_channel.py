@@ -157,10 +157,9 @@ def test_a_lost_task_read_after_its_peers_report_is_still_named_as_the_cause():
 
 
 @pytest.mark.integration
-def test_driver_servers_listen_only_on_the_executor_facing_address():
+def test_the_driver_listens_only_on_the_executor_facing_address():
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         assert channel._server.server_address[0] == "127.0.0.1"
-        assert channel._rendezvous.server_address[0] == "127.0.0.1"
 
 
 def closed_by_peer(sock: socket.socket, within_s: float) -> bool:
@@ -359,15 +358,13 @@ def _next(sock: socket.socket, reader) -> dict:
 
 
 @pytest.mark.integration
-def test_every_task_sends_the_plan_and_only_the_first_starts_the_rendezvous_run(monkeypatch):
+def test_every_task_sends_the_plan_and_only_the_first_is_the_runs(monkeypatch):
     """Each task waits for its own answer instead of a Spark barrier, so each sends the plan;
-    the rendezvous server's run starts once, before any answer (a second start would clear
-    the keys the first ranks wrote). A plan unlike the first is not answered."""
+    liveness learns the run's hosts once, before any answer. A plan unlike the first is not
+    answered."""
     with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         started = []
-        monkeypatch.setattr(
-            channel._rendezvous, "start_run", lambda plan, allowed: started.append(plan)
-        )
+        monkeypatch.setattr(channel.liveness, "plan", started.append)
         hosts = ["127.0.0.1", "127.0.0.1"]
         tasks = [_task(channel, partition) for partition in (0, 1, 2)]
         readers = [task.makefile("rb") for task in tasks]
@@ -387,7 +384,7 @@ def test_every_task_sends_the_plan_and_only_the_first_starts_the_rendezvous_run(
 def test_the_exchange_answers_every_task_with_every_part_in_partition_order_once_all_came():
     """The engines' one exchange among the tasks, made by the driver (Spark's allGather looks
     once a second): nothing is answered before the last part, then each task gets them all."""
-    with DriverChannel("127.0.0.1", on_line=lambda line: None, rendezvous=False) as channel:
+    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
         tasks = [_task(channel, partition) for partition in (0, 1, 2)]
         readers = [task.makefile("rb") for task in tasks]
         try:

@@ -3,6 +3,7 @@ over real sockets (a silent driver, a silent task) with short timeouts."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -16,7 +17,7 @@ from hvdflow import HorovodRunner, LaunchOptions
 from hvdflow.infra.launcher import _decisions, _wire
 from hvdflow.infra.launcher._decisions import Tracker, is_overdue, overdue
 from hvdflow.infra.launcher._driver import DriverChannel
-from hvdflow.infra.launcher._task import DriverLink, run_task
+from hvdflow.infra.launcher._task import GATHER_TIMEOUT_S, DriverLink, run_task
 from hvdflow.infra.launcher.errors import RankFailed
 from hvdflow.infra.launcher.options import heartbeat_timeout_error
 from tests.infra.launcher.fake_driver import SilentDriver, spec_for
@@ -239,7 +240,8 @@ def test_a_task_that_hears_nothing_from_the_driver_kills_its_rank(monkeypatch):
     try:
         started = time.monotonic()
         with pytest.raises(RankFailed) as err:
-            run_task(spec_for(driver, payload, 5.0), 0, ["127.0.0.1"])
+            # One task: the engine's exchange is its own, and the rank starts.
+            run_task(spec_for(driver, payload, 5.0), 0, ["127.0.0.1"], all_gather=lambda m: [m])
         took = time.monotonic() - started
         message = str(err.value)
         assert message.startswith(
@@ -254,6 +256,29 @@ def test_a_task_that_hears_nothing_from_the_driver_kills_its_rank(monkeypatch):
         )
         failed = driver.messages(_wire.FAILED)
         assert [m["reason"] for m in failed] == [message.split(". Last lines")[0]]
+    finally:
+        driver.shutdown()
+        driver.server_close()
+
+
+@pytest.mark.integration
+def test_a_task_waiting_for_the_exchange_gives_up_a_silent_driver(monkeypatch):
+    """Every engine's one exchange (Horovod's rendezvous address, TF_CONFIG's endpoints) goes
+    through the driver: one gone silent meanwhile ends the task after heartbeat_timeout_s, not
+    after GATHER_TIMEOUT_S."""
+    monkeypatch.setattr(_wire, "HEARTBEAT_INTERVAL_S", 0.2)
+    driver = SilentDriver()
+    try:
+        started = time.monotonic()
+        with pytest.raises(
+            RankFailed,
+            match=r"^heard nothing from the driver for 2 s before it "
+            r"gathered every task's part \(heartbeat_timeout_s\)",
+        ):
+            spec = dataclasses.replace(spec_for(driver, b"", 2.0), engine="tf_collective")
+            run_task(spec, 0, ["127.0.0.1", "127.0.0.1"])
+        assert time.monotonic() - started < GATHER_TIMEOUT_S / 10
+        assert len(driver.messages(_wire.GATHER)) == 1  # it did ask
     finally:
         driver.shutdown()
         driver.server_close()

@@ -79,11 +79,9 @@ def test_the_plan_is_horovods_own_allocation(hosts):
 
 
 def env_of(slot: RankSlot, options_env: dict, gpu: str | None) -> dict:
-    """rank_env on loopback with a fixed rendezvous and run id."""
+    """rank_env on loopback with a fixed run id."""
     return rank_env(
         slot,
-        rendezvous_addr="127.0.0.1",
-        rendezvous_port=4321,
         gloo_iface="lo",
         options_env=options_env,
         run_id="abc",
@@ -102,8 +100,6 @@ def test_rank_env_holds_the_full_horovod_environment(monkeypatch):
         "HOROVOD_CROSS_RANK": "0",
         "HOROVOD_CROSS_SIZE": "1",
         "HOROVOD_HOSTNAME": "127.0.0.1",
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321",
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": "lo",

@@ -50,14 +50,8 @@ def fail_on_rank_1() -> None:
 def test_the_relay_setting_is_checked_when_the_options_are_made():
     with pytest.raises(ValueError, match=r"relay='sometimes': expected one of auto, always, never"):
         LaunchOptions(relay="sometimes")
-    with pytest.raises(ValueError, match=r"Horovod's rendezvous server runs on the driver"):
-        LaunchOptions(relay="always")  # the horovod engine, the default
-    # The pipeline's parameters say the same, up front, naming their own settings.
-    from hvdflow.tasks.config import LauncherParams
-
-    with pytest.raises(ValueError, match=r"launcher\.relay='always' with launcher\.engine="):
-        LauncherParams(relay="always", engine="horovod")
-    assert LauncherParams(relay="always", engine="tf_collective").relay == "always"
+    # Fine with Horovod: its rendezvous is on rank 0's task, not on the driver.
+    assert LaunchOptions(relay="always").engine == "horovod"
 
 
 @pytest.mark.integration
@@ -96,7 +90,7 @@ def test_a_task_refused_by_the_driver_falls_back_to_the_relay(relay_store):
     the task comes through the object store instead, and the run ends as it would have."""
     lines = []
     relay = _relay.relay_spec("fallback", always=False)
-    with DriverChannel("127.0.0.1", lines.append, rendezvous=False, relay=relay) as channel:
+    with DriverChannel("127.0.0.1", lines.append, relay=relay) as channel:
         channel._server.shutdown()
         channel._server.server_close()
         spec = TaskSpec(
@@ -104,8 +98,6 @@ def test_a_task_refused_by_the_driver_falls_back_to_the_relay(relay_store):
             driver_host="127.0.0.1",
             driver_port=channel.port,
             token=channel.token,
-            rendezvous_addr="127.0.0.1",
-            rendezvous_port=0,
             options_env={},
             run_id="fallback",
             start_timeout_s=60.0,

@@ -1,11 +1,12 @@
-"""The Gloo rendezvous store answers only the run's ranks: the decision, the server, a run."""
+"""The Gloo rendezvous store answers only the run's ranks: the decision, the server rank 0's
+task starts, the address every task learns, a run."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -15,16 +16,15 @@ import pytest
 # The Gloo rendezvous server is Horovod's: the classic profile's (hvdflow[horovod]).
 pytest.importorskip("horovod", reason="the horovod engine is not installed (current profile)")
 
-from hvdflow.infra.launcher import (
-    _driver,  # noqa: E402
-    _wire,  # noqa: E402
-)
+from hvdflow.infra import constants as c  # noqa: E402
+from hvdflow.infra.launcher import _engines, _rendezvous  # noqa: E402
 from hvdflow.infra.launcher._driver import DriverChannel  # noqa: E402
 from hvdflow.infra.launcher._rendezvous import (  # noqa: E402
     ACCEPT,
     LONG_POLL_S,
     NOT_PLANNED_HINT,
     Decision,
+    TaskRendezvous,
     allowed_clients,
     decide,
     normalize_address,
@@ -46,19 +46,15 @@ NOT_PLANNED = Decision(
 
 
 @pytest.mark.unit
-def test_allowed_clients_are_the_plans_hosts_and_the_drivers_own_addresses():
-    addresses = {
-        "worker-a": ["10.0.0.1", "fe80::1"],
-        "10.0.0.2": ["10.0.0.2"],
-        "driver": ["::ffff:10.0.0.9"],
-    }
-    allowed = allowed_clients(["worker-a", "10.0.0.2", "worker-a"], "driver", addresses.get)
-    assert allowed == frozenset({"10.0.0.1", "fe80::1", "10.0.0.2", "10.0.0.9"})
+def test_allowed_clients_are_the_plans_hosts_and_no_other():
+    addresses = {"worker-a": ["10.0.0.1", "fe80::1"], "10.0.0.2": ["::ffff:10.0.0.2"]}
+    allowed = allowed_clients(["worker-a", "10.0.0.2", "worker-a"], addresses.get)
+    assert allowed == frozenset({"10.0.0.1", "fe80::1", "10.0.0.2"})
 
 
 @pytest.mark.unit
 def test_a_host_that_does_not_resolve_adds_no_address():
-    assert allowed_clients(["gone"], "127.0.0.1", {"gone": [], "127.0.0.1": ["127.0.0.1"]}.get) == {
+    assert allowed_clients(["gone", "127.0.0.1"], {"gone": [], "127.0.0.1": ["127.0.0.1"]}.get) == {
         "127.0.0.1"
     }
 
@@ -110,7 +106,7 @@ def test_who_may_do_what(method, path, client, expected):
 @pytest.mark.unit
 def test_before_the_plan_nobody_is_answered():
     assert decide("GET", "/global/0", "127.0.0.1", frozenset()) == Decision(
-        403, "127.0.0.1 asked before the run's plan arrived", False
+        403, "127.0.0.1 asked before the run's plan was known", False
     )
 
 
@@ -155,45 +151,70 @@ def request(port, method, path, body=None, source=None):
         conn.close()
 
 
-def send_plan(channel: DriverChannel, hosts: list[str]) -> socket.socket:
-    """Act as partition 0: present the token and the plan, wait for the driver's answer."""
-    sock = socket.create_connection(("127.0.0.1", channel.port), timeout=5)
-    conn = _wire.Connection(sock)
-    conn.send({"type": _wire.HELLO, "token": channel.token, "partition": 0})
-    conn.send({"type": _wire.PLAN, "hosts": hosts})
-    assert conn.receive() == {"type": _wire.PLAN_OK}
-    return sock
+@contextlib.contextmanager
+def rendezvous(hosts: list[str]):
+    """The server rank 0's task starts for ranks on ``hosts``; its port."""
+    server = TaskRendezvous("127.0.0.1", hosts, _engines.host_alloc_plan(hosts))
+    try:
+        yield server.port
+    finally:
+        server.close()
+
+
+@pytest.mark.integration
+def test_the_tasks_learn_rank_0s_rendezvous_through_their_one_exchange():
+    """Partition 0 (rank 0) starts the server and offers its address; the other task offers
+    nothing and gets it: every rank's environment names rank 0's host, nothing the driver's."""
+    hosts = ["127.0.0.1", "127.0.0.1"]
+    plan = _engines.plan_ranks(hosts)
+    offered: list[str] = []
+
+    def ranks_of(partition: int) -> list:
+        return [(plan[partition], f"rank {partition}", {}, None)]
+
+    def exchange(part: str) -> list[str]:
+        offered.append(part)
+        return [offered[0], ""]
+
+    first, second = ranks_of(0), ranks_of(1)
+    (held,) = _engines._serve_rendezvous(first, exchange, 0, 2, "run", hosts)
+    try:
+        assert _engines._serve_rendezvous(second, exchange, 1, 2, "run", hosts) == []
+        assert offered == [f"127.0.0.1:{held.port}", ""]
+        for _slot, _who, env, _link in (*first, *second):
+            assert env[c.HOROVOD_GLOO_RENDEZVOUS_ADDR] == "127.0.0.1"
+            assert env[c.HOROVOD_GLOO_RENDEZVOUS_PORT] == str(held.port)
+        assert request(held.port, "PUT", "/global/0", b"rank0") == (200, b"")
+    finally:
+        held.close()
+    with pytest.raises(OSError):
+        request(held.port, "GET", "/global/0")  # closed with the ranks' end
 
 
 @pytest.mark.integration
 def test_the_server_answers_only_the_plans_hosts_and_keeps_keys_write_once(caplog):
-    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
-        port = channel.rendezvous_port
-        assert request(port, "GET", "/global/0") == (403, b"")  # no plan yet
-        with send_plan(channel, ["127.0.0.1", "127.0.0.1"]):
-            assert request(port, "PUT", "/global/0", b"rank0") == (200, b"")
-            assert request(port, "PUT", "/global/0", b"evil") == (409, b"")
-            assert request(port, "PUT", "/global/0", b"rank0") == (200, b"")  # a retry
-            assert request(port, "GET", "/global/0") == (200, b"rank0")
-            assert request(port, "GET", "/global/1") == (404, b"")
-            assert request(port, "HEAD", "/") == (405, b"")
+    with rendezvous(["127.0.0.1", "127.0.0.1"]) as port:
+        assert request(port, "PUT", "/global/0", b"rank0") == (200, b"")
+        assert request(port, "PUT", "/global/0", b"evil") == (409, b"")
+        assert request(port, "PUT", "/global/0", b"rank0") == (200, b"")  # a retry
+        assert request(port, "GET", "/global/0") == (200, b"rank0")
+        assert request(port, "GET", "/global/1") == (404, b"")
+        assert request(port, "HEAD", "/") == (405, b"")
 
-            for method, body in (("GET", None), ("PUT", b"evil"), ("DELETE", None)):
-                assert request(port, method, "/global/0", body, source=STRANGER) == (403, b"")
-            assert request(port, "GET", "/global/0") == (200, b"rank0")
+        for method, body in (("GET", None), ("PUT", b"evil"), ("DELETE", None)):
+            assert request(port, method, "/global/0", body, source=STRANGER) == (403, b"")
+        assert request(port, "GET", "/global/0") == (200, b"rank0")
 
-            # Rank 0 finishing twice does not finish the scope for rank 1.
-            assert request(port, "DELETE", "/global/0") == (200, b"")
-            assert request(port, "DELETE", "/global/0") == (200, b"")
-            assert request(port, "GET", "/global/0") == (200, b"rank0")
-            assert request(port, "DELETE", "/global/5") == (400, b"")
-            assert request(port, "DELETE", "/global/1") == (200, b"")
-            assert request(port, "GET", "/global/0") == (404, b"")  # both done: cleared
+        # Rank 0 finishing twice does not finish the scope for rank 1.
+        assert request(port, "DELETE", "/global/0") == (200, b"")
+        assert request(port, "DELETE", "/global/0") == (200, b"")
+        assert request(port, "GET", "/global/0") == (200, b"rank0")
+        assert request(port, "DELETE", "/global/5") == (400, b"")
+        assert request(port, "DELETE", "/global/1") == (200, b"")
+        assert request(port, "GET", "/global/0") == (404, b"")  # both done: cleared
     refused = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     prefix = "rendezvous server refused "
     assert refused == [
-        f"{prefix}GET '/global/0' from 127.0.0.1 (HTTP 403): 127.0.0.1 asked before the run's "
-        "plan arrived",
         f"{prefix}PUT '/global/0' from 127.0.0.1 (HTTP 409): global/0 already holds another "
         "value: rendezvous keys are write-once",
         f"{prefix}HEAD '/' from 127.0.0.1 (HTTP 405): HEAD is not a rendezvous request",
@@ -207,39 +228,36 @@ def test_the_server_answers_only_the_plans_hosts_and_keeps_keys_write_once(caplo
 
 @pytest.mark.integration
 def test_a_put_over_the_size_cap_is_refused_without_reading_it():
-    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
-        with send_plan(channel, ["127.0.0.1"]):
-            conn = http.client.HTTPConnection("127.0.0.1", channel.rendezvous_port, timeout=5)
-            conn.putrequest("PUT", "/global/0")
-            conn.putheader("Content-Length", str(2**31))
-            conn.endheaders()
-            assert conn.getresponse().status == 413
-            conn.close()
+    with rendezvous(["127.0.0.1"]) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.putrequest("PUT", "/global/0")
+        conn.putheader("Content-Length", str(2**31))
+        conn.endheaders()
+        assert conn.getresponse().status == 413
+        conn.close()
 
 
 @pytest.mark.integration
 def test_a_get_for_a_key_not_written_yet_is_answered_by_its_put_not_by_polling():
     """Gloo's store polls a missing key every 10 ms; held instead, a waiting rank costs one
     request and hears of the key the moment it is written."""
-    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
-        port = channel.rendezvous_port
-        with send_plan(channel, ["127.0.0.1", "127.0.0.1"]):
-            answered: list = []
-            waiting = threading.Thread(
-                target=lambda: answered.append((request(port, "GET", "/global/1"), time.time()))
-            )
-            waiting.start()
-            time.sleep(LONG_POLL_S / 4)
-            assert request(port, "PUT", "/global/1", b"rank1") == (200, b"")
-            written = time.time()
-            waiting.join(5)
-            (((status, body), at),) = answered
-            assert (status, body) == (200, b"rank1")
-            assert at - written < LONG_POLL_S / 2  # woken by the PUT, not by the hold's end
+    with rendezvous(["127.0.0.1", "127.0.0.1"]) as port:
+        answered: list = []
+        waiting = threading.Thread(
+            target=lambda: answered.append((request(port, "GET", "/global/1"), time.time()))
+        )
+        waiting.start()
+        time.sleep(LONG_POLL_S / 4)
+        assert request(port, "PUT", "/global/1", b"rank1") == (200, b"")
+        written = time.time()
+        waiting.join(5)
+        (((status, body), at),) = answered
+        assert (status, body) == (200, b"rank1")
+        assert at - written < LONG_POLL_S / 2  # woken by the PUT, not by the hold's end
 
-            started = time.monotonic()
-            assert request(port, "GET", "/global/0") == (404, b"")  # never written: 404 after
-            assert time.monotonic() - started >= LONG_POLL_S * 0.9  # the hold, once
+        started = time.monotonic()
+        assert request(port, "GET", "/global/0") == (404, b"")  # never written: 404 after
+        assert time.monotonic() - started >= LONG_POLL_S * 0.9  # the hold, once
 
 
 @pytest.mark.integration
@@ -248,8 +266,11 @@ def test_the_driver_queues_as_many_connections_as_the_kernel_allows():
     5 (socketserver's default) drops the later SYNs, which TCP resends only after 1 s."""
     if shutil.which("ss") is None:
         skip_here_fail_in_ci("needs `ss` (iproute2: scripts/test-tools.sh)", "this test")
-    with DriverChannel("127.0.0.1", on_line=lambda line: None) as channel:
-        for port in (channel.port, channel.rendezvous_port):
+    with (
+        DriverChannel("127.0.0.1", on_line=lambda line: None) as channel,
+        rendezvous(["127.0.0.1"]) as rendezvous_port,
+    ):
+        for port in (channel.port, rendezvous_port):
             listening = subprocess.run(
                 ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
             ).stdout.split()
@@ -264,14 +285,14 @@ def test_the_driver_queues_as_many_connections_as_the_kernel_allows():
 def test_a_stranger_writing_rendezvous_keys_all_run_long_cannot_change_the_ranks_peers(
     monkeypatch, caplog
 ):
-    channels: list[DriverChannel] = []
+    channels: list[TaskRendezvous] = []
 
-    class Recorded(DriverChannel):
+    class Recorded(TaskRendezvous):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             channels.append(self)
 
-    monkeypatch.setattr(_driver, "DriverChannel", Recorded)
+    monkeypatch.setattr(_rendezvous, "TaskRendezvous", Recorded)
     answers: list[int] = []
     stop = threading.Event()
     paths = [
@@ -290,9 +311,7 @@ def test_a_stranger_writing_rendezvous_keys_all_run_long_cannot_change_the_ranks
                     ("DELETE", None),
                 ):
                     try:
-                        status, _ = request(
-                            channels[0].rendezvous_port, method, path, body, source=STRANGER
-                        )
+                        status, _ = request(channels[0].port, method, path, body, source=STRANGER)
                     except OSError:  # the run ended and its server with it
                         return
                     answers.append(status)
