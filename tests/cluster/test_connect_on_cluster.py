@@ -134,21 +134,23 @@ def where():
         found.update(total=total, rank=hvd.rank())
     return found
 
-runner = HorovodRunner(np=2)  # the default engine: the executors' (Horovod where they have it)
+engine = sys.argv[1]  # Horovod, the default, as a Databricks user runs it: where executors hold it
+runner = HorovodRunner(np=2, options=None if engine == "horovod" else LaunchOptions(engine=engine))
 horovod = runner.run(where)
 answer = {"horovod": horovod, "log": open(runner.log_path).read(),
           "mirrored": MirroredStrategyRunner(num_slots=2, use_gpu=False).run(where),
           "torch": TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(where),
           "client": socket.gethostname()}
 try:  # the same run without the relay: the task's own reason, from Spark's error
-    HorovodRunner(np=2, options=LaunchOptions(relay="never")).run(where)
+    HorovodRunner(np=2, options=LaunchOptions(engine=engine, relay="never")).run(where)
 except Exception as e:
     answer["without_relay"] = str(e)
-try:  # Horovod asked of executors that lack it: refused before any rank starts
-    HorovodRunner(np=2, options=LaunchOptions(engine="horovod")).run(where)
-    answer["horovod_asked"] = "ran"
-except Exception as e:
-    answer["horovod_asked"] = f"{type(e).__name__}: {e}"
+if engine != "horovod":  # HorovodRunner's own engine, of executors that lack it
+    try:
+        HorovodRunner(np=2).run(where)
+        answer["horovod_asked"] = "ran"
+    except Exception as e:
+        answer["horovod_asked"] = f"{type(e).__name__}: {e}"
 print("ANSWER " + json.dumps(answer), flush=True)
 """
 
@@ -165,7 +167,7 @@ def test_the_three_faces_run_from_a_client_the_executors_cannot_reach(
     script.write_text(FACES)
     env = relayed_client_env(tmp_path, connect_on_cluster, services, "connect-faces")
     done = subprocess.run(
-        outsider.command([str(THIN_PYTHON), str(script)]),
+        outsider.command([str(THIN_PYTHON), str(script), ENGINE]),
         capture_output=True,
         text=True,
         env=env,
@@ -180,7 +182,6 @@ def test_the_three_faces_run_from_a_client_the_executors_cannot_reach(
     assert answer["horovod"]["engine"] == ENGINE
     if CLASSIC:  # rank 0's value back, after an allreduce both ranks checked
         assert (answer["horovod"]["rank"], answer["horovod"]["total"]) == (0, 3.0)
-        assert answer["horovod_asked"] == "ran"
     else:
         asked = answer["horovod_asked"]
         assert asked.startswith(
