@@ -129,6 +129,10 @@ def normalized_batch(images, labels):
     return images, tf.cast(labels, tf.int32)
 
 
+def _normalized_rows(rows):
+    return normalized_batch(rows.image, rows.label)
+
+
 def _normalized_example(row):
     import tensorflow as tf
 
@@ -138,9 +142,9 @@ def _normalized_example(row):
     return image, tf.cast(row.label, tf.int32)
 
 
-def _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed):
-    """A ``tf.data.Dataset`` of this shard's rows as namedtuples (as Petastorm gives them), read
-    a row group at a time on a Python thread."""
+def _pyarrow_batches(url, rank, size, fields, num_epochs, shuffle, seed, batch_size):
+    """A ``tf.data.Dataset`` of this shard's rows in batches of namedtuples (as Petastorm gives
+    rows), shuffled and batched in numpy (``parquet_reader.iter_batches``) on a Python thread."""
     import tensorflow as tf
 
     description = parquet_reader.read_description(url)
@@ -151,9 +155,10 @@ def _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed):
         dtype = tf.string if field.dtype == "str" else tf.as_dtype(field.dtype)
         specs.append(tf.TensorSpec((None, *field.shape), dtype))
 
-    def row_groups():
-        for columns in parquet_reader.iter_row_groups(
+    def batches():
+        for columns in parquet_reader.iter_batches(
             url,
+            batch_size=batch_size,
             rank=rank,
             size=size,
             fields=tuple(fields),
@@ -163,8 +168,7 @@ def _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed):
         ):
             yield row(*columns)
 
-    dataset = tf.data.Dataset.from_generator(row_groups, output_signature=row(*specs))
-    return dataset.unbatch()
+    return tf.data.Dataset.from_generator(batches, output_signature=row(*specs))
 
 
 def without_autotuning(dataset):
@@ -222,15 +226,15 @@ def open_dataset(
         yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
         return
     if reader == "pyarrow":
-        dataset = _pyarrow_rows(url, rank, size, fields, num_epochs, shuffle, seed)
+        # Batched before anything else, so that every step after is one call per batch.
+        unbatched = parquet_reader.SHUFFLE_ROWS
+        dataset = _pyarrow_batches(
+            url, rank, size, fields, num_epochs, shuffle, seed, batch_size or unbatched
+        )
         if normalize:
-            dataset = dataset.map(
-                as_written(_normalized_example), num_parallel_calls=tf.data.AUTOTUNE
-            )
-        if shuffle:
-            dataset = dataset.shuffle(1024, seed=seed)
-        if batch_size:
-            dataset = dataset.batch(batch_size)
+            dataset = dataset.map(as_written(_normalized_rows), num_parallel_calls=tf.data.AUTOTUNE)
+        if not batch_size:
+            dataset = dataset.unbatch()
         yield without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
         return
 

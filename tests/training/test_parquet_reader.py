@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hvdflow.training import parquet_reader
 from hvdflow.training.interval_eval import subset_rows
-from hvdflow.training.parquet_reader import SCHEMA_FILE, load_rows, shard_pieces
+from hvdflow.training.parquet_reader import SCHEMA_FILE, FieldDescription, load_rows, shard_pieces
 from hvdflow.training.reader import load_shard, open_dataset
 
 FIELDS = ("image", "label", "source")
@@ -25,6 +26,47 @@ def local(url: str) -> Path:
 def copy_split(url: str, to: Path) -> Path:
     """A copy of a split folder (the session's dataset is shared: never change it)."""
     return Path(shutil.copytree(local(url), to / "split"))
+
+
+# --- the stream's batches and raw pixels ------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_a_stream_gives_every_row_once_in_batches_shuffled_across_row_groups(monkeypatch):
+    def row_groups(url, seed, shuffle, **rows):  # five row groups of 300 rows, labels = 2 x row
+        for group in range(5):
+            ids = np.arange(group * 300, (group + 1) * 300)
+            yield ids, ids * 2
+
+    monkeypatch.setattr(parquet_reader, "iter_row_groups", row_groups)
+    ordered = list(parquet_reader.iter_batches("x", batch_size=128, shuffle=False))
+    assert [len(ids) for ids, _ in ordered] == [128] * 11 + [92]
+    assert np.concatenate([ids for ids, _ in ordered]).tolist() == list(range(1500))
+    shuffled = list(parquet_reader.iter_batches("x", batch_size=128, seed=3))
+    ids = np.concatenate([ids for ids, _ in shuffled])
+    assert sorted(ids.tolist()) == list(range(1500))
+    assert (np.concatenate([labels for _, labels in shuffled]) == ids * 2).all()
+    # The first window is 1,200 rows (4 row groups, SHUFFLE_ROWS 1,024): its batches mix them.
+    assert len({int(i) // 300 for i in shuffled[0][0]}) == 4
+    again = list(parquet_reader.iter_batches("x", batch_size=128, seed=3))
+    assert all((a[0] == b[0]).all() for a, b in zip(shuffled, again, strict=True))
+
+
+@pytest.mark.unit
+def test_raw_pixels_are_viewed_in_place_and_a_damaged_value_is_named():
+    import pyarrow as pa
+
+    field = FieldDescription("image", "uint8", (2, 3), "raw")
+    values = [bytes(range(6 * i, 6 * i + 6)) for i in range(4)]
+    chunk = pa.array(values, pa.binary())
+    pixels = parquet_reader._raw_pixels(field, pa.chunked_array([chunk]))
+    assert pixels.shape == (4, 2, 3) and pixels[3].tolist() == [[18, 19, 20], [21, 22, 23]]
+    assert np.shares_memory(pixels, np.frombuffer(chunk.buffers()[2], dtype=np.uint8))
+    assert parquet_reader._raw_pixels(field, chunk.slice(1, 2))[0, 0].tolist() == [6, 7, 8]
+    two = pa.chunked_array([chunk.slice(0, 2), chunk.slice(2)])
+    assert parquet_reader._raw_pixels(field, two).tolist() == pixels.tolist()
+    with pytest.raises(ValueError, match=r"\(6 bytes\), but a value has 3 bytes: the split is "):
+        parquet_reader._raw_pixels(field, pa.array([values[0], b"abc"], pa.binary()))
 
 
 # --- which row groups a rank reads ---------------------------------------------------------
