@@ -440,8 +440,9 @@ _EXIT_BARRIER_MS = 24 * 3600 * 1000
 class Engine:
     """One engine's row. ``start_point``: what a rank reaches once it joined (the start timeout
     waits for it); ``extra``: the optional install it needs; ``task_env``: sets a task's ranks'
-    variables after one exchange between the tasks (None: no exchange); ``in_rank``: installed
-    in the rank before ``main`` loads; ``after_main``: run in the rank once ``main`` returned."""
+    variables after one exchange between the tasks (None: no exchange), given its ``TaskPlace``;
+    ``in_rank``: installed in the rank before ``main`` loads; ``after_main``: run in the rank
+    once ``main`` returned."""
 
     name: str
     start_point: str
@@ -526,20 +527,26 @@ def _wait_for_the_other_tf_workers() -> None:
 # --- in the task -------------------------------------------------------------------------
 
 
-def _set_tf_configs(
-    ranks: list,
-    all_gather: Callable[[str], list[str]] | None,
-    partition: int,
-    task_count: int,
-    run_id: str,
-    rank_hosts: Sequence[str],
-) -> list[socket.socket]:
+# The tasks' one exchange: each task's part in, every part back in partition order.
+Exchange = Callable[[str], list[str]]
+
+
+@dataclass(frozen=True)
+class TaskPlace:
+    """Where a task stands in its run, for its engine's ``task_env``: its partition of
+    ``task_count`` tasks, the run's id, and every rank slot's host (``rank_hosts``)."""
+
+    partition: int
+    task_count: int
+    run_id: str
+    rank_hosts: tuple[str, ...]
+
+
+def _set_tf_configs(ranks: list, all_gather: Exchange, place: TaskPlace) -> list[socket.socket]:
     """TF_CONFIG for each of this task's ranks, from every task's endpoints (one exchange). The
     task holds each rank's port until the ranks end (``hold_port``): the rank binds it after
     TensorFlow's import, and a port only picked may be taken by then ("Could not start gRPC
     server")."""
-    if all_gather is None:
-        raise RuntimeError("the tf_collective engine needs the tasks' all_gather")
     held = [hold_port(slot.hostname) for slot, *_ in ranks]
     mine = [
         {"rank": slot.rank, "endpoint": f"{slot.hostname}:{sock.getsockname()[1]}"}
@@ -552,7 +559,7 @@ def _set_tf_configs(
 
 
 def _from_rank_0s_task(
-    ranks: list, all_gather: Callable[[str], list[str]], start: Callable[[str], tuple[Any, int]]
+    ranks: list, all_gather: Exchange, start: Callable[[str], tuple[Any, int]]
 ) -> tuple[list, str, int]:
     """What rank 0's task starts on its host (``start(host)``: the thing to hold until the ranks
     end, and its port), and in every task where: the host and port, through one exchange."""
@@ -566,24 +573,16 @@ def _from_rank_0s_task(
     return held, host, int(port)
 
 
-def _serve_rendezvous(
-    ranks: list,
-    all_gather: Callable[[str], list[str]] | None,
-    partition: int,
-    task_count: int,
-    run_id: str,
-    rank_hosts: Sequence[str],
-) -> list:
+def _serve_rendezvous(ranks: list, all_gather: Exchange, place: TaskPlace) -> list:
     """Horovod's Gloo rendezvous, served by rank 0's task for every rank host (``_rendezvous``),
     its address in each rank's environment: nothing listens on the driver."""
     from hvdflow.infra.launcher import _rendezvous  # noqa: PLC0415 (Horovod's, loaded here only)
 
     def serve(host: str) -> tuple[Any, int]:
-        server = _rendezvous.TaskRendezvous(host, rank_hosts, host_alloc_plan(rank_hosts))
+        hosts = place.rank_hosts
+        server = _rendezvous.TaskRendezvous(host, hosts, host_alloc_plan(hosts))
         return server, server.port
 
-    if all_gather is None:
-        raise RuntimeError("the horovod engine needs the tasks' all_gather")
     held, host, port = _from_rank_0s_task(ranks, all_gather, serve)
     for _slot, _who, env, _link in ranks:
         env[c.HOROVOD_GLOO_RENDEZVOUS_ADDR] = host
@@ -591,20 +590,11 @@ def _serve_rendezvous(
     return held
 
 
-def _set_torch_envs(
-    ranks: list,
-    all_gather: Callable[[str], list[str]] | None,
-    partition: int,
-    task_count: int,
-    run_id: str,
-    rank_hosts: Sequence[str],
-) -> list[socket.socket]:
+def _set_torch_envs(ranks: list, all_gather: Exchange, place: TaskPlace) -> list[socket.socket]:
     """torchrun's environment for each of this task's ranks: the task is a torchrun "node"
     (GROUP_RANK its partition), and every rank meets at the port rank 0's task holds until its
     ranks end (one exchange, as pyspark's): a port only picked may be taken before rank 0's
     TCPStore binds it ("EADDRINUSE"). Returns the held port, for the task to close."""
-    if all_gather is None:
-        raise RuntimeError("the torch engine needs the tasks' all_gather")
 
     def hold(host: str) -> tuple[socket.socket, int]:
         sock = hold_port(host)
@@ -616,11 +606,11 @@ def _set_torch_envs(
             slot,
             local_rank=index,
             local_world_size=len(ranks),
-            group_rank=partition,
-            group_world_size=task_count,
+            group_rank=place.partition,
+            group_world_size=place.task_count,
             master_addr=host,
             master_port=port,
-            run_id=run_id,
+            run_id=place.run_id,
         )
         # The options' own choices (extra_env) win: a thread count, or the attempt's number.
         env.update({name: value for name, value in torchrun.items() if name not in env})

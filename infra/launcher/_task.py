@@ -545,7 +545,8 @@ def run_task(
                 all_gather = functools.partial(
                     links[0].all_gather, partition=partition, tasks=len(task_hosts)
                 )
-            held = task_env(ranks, all_gather, partition, len(task_hosts), spec.run_id, hosts)
+            place = _engines.TaskPlace(partition, len(task_hosts), spec.run_id, tuple(hosts))
+            held = task_env(ranks, all_gather, place)
         if len(ranks) == 1:
             slot, who, env, link = ranks[0]
             return _supervise(slot.rank, who, env, spec, link, task_context)

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -177,9 +178,10 @@ def test_the_tasks_learn_rank_0s_rendezvous_through_their_one_exchange():
         return [offered[0], ""]
 
     first, second = ranks_of(0), ranks_of(1)
-    (held,) = _engines._serve_rendezvous(first, exchange, 0, 2, "run", hosts)
+    place = _engines.TaskPlace(0, 2, "run", tuple(hosts))
+    (held,) = _engines._serve_rendezvous(first, exchange, place)
     try:
-        assert _engines._serve_rendezvous(second, exchange, 1, 2, "run", hosts) == []
+        assert _engines._serve_rendezvous(second, exchange, replace(place, partition=1)) == []
         assert offered == [f"127.0.0.1:{held.port}", ""]
         for _slot, _who, env, _link in (*first, *second):
             assert env[c.HOROVOD_GLOO_RENDEZVOUS_ADDR] == "127.0.0.1"
