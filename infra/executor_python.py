@@ -8,12 +8,12 @@ the executors' environment in practice, and is asked directly.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import platform
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from hvdflow.infra import constants as c
 from hvdflow.infra import extras
@@ -35,16 +35,13 @@ class ExecutorPythonMismatch(RuntimeError):
     """The client's Python is not the executors' minor version: pyspark cannot run a function."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ExecutorPython:
     """The executors' answer: their Python's version and path, and the ``ASKED`` modules held."""
 
     python: str
     executable: str
     modules: frozenset[str]
-
-    def where(self) -> str:
-        return f"the executors' Python {self.python} ({self.executable})"
 
 
 def here() -> ExecutorPython:
@@ -56,11 +53,8 @@ def here() -> ExecutorPython:
 def _answer(batches) -> Iterator:
     import pyarrow as pa  # noqa: PLC0415 (on the executor)
 
-    for _ in batches:
-        pass
-    mine = here()
-    row = {"python": mine.python, "executable": mine.executable, "modules": ",".join(mine.modules)}
-    yield pa.RecordBatch.from_pylist([row])
+    mine = dataclasses.asdict(here())
+    yield pa.RecordBatch.from_pylist([{**mine, "modules": ",".join(mine["modules"])}])
 
 
 _ANSWERS: dict[str, ExecutorPython] = {}  # by Connect session id
@@ -89,7 +83,7 @@ def mismatch_line(executors: str, client: str) -> str:
     use = THIN_CLIENTS.get(executors, f"an environment with Python {executors}")
     return (
         f"this Spark Connect client runs Python {client} and the executors Python {executors}: "
-        f"pyspark runs a client's functions only on its own minor version; run the client from "
+        "pyspark runs a client's functions only on its own minor version; use a client on "
         f"Python {executors} (from a checkout: scripts/setup.sh {use})"
     )
 
@@ -102,7 +96,8 @@ def require_engine(spark, extra: extras.Extra | None, feature: str, instead: str
     held = executor_python(spark)
     if extra is not None and extra.module not in held.modules:
         raise extras.MissingExtra(
-            f"{feature} needs {extra.module} on the executors, and {held.where()} lacks it: "
+            f"{feature} needs {extra.module} on the executors, and the executors' Python "
+            f"{held.python} ({held.executable}) lacks it: "
             f"there, {extra.install}; or use {instead}"
         )
     return None
@@ -110,5 +105,4 @@ def require_engine(spark, extra: extras.Extra | None, feature: str, instead: str
 
 def default_engine(spark) -> str:
     """Horovod where the executors hold it, else TensorFlow's collectives."""
-    held = executor_python(spark).modules if spark is not None else here().modules
-    return c.HOROVOD if extras.HOROVOD.module in held else c.TF_COLLECTIVE
+    return c.HOROVOD if extras.HOROVOD.module in executor_python(spark).modules else c.TF_COLLECTIVE

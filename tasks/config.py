@@ -383,8 +383,7 @@ class LauncherParams(PipelineLaunchSettings):
         return self
 
     def for_session(self, spark) -> LauncherParams:
-        """These settings for ``spark``: over Spark Connect an engine left to its default is
-        the executors' (Horovod where they hold it), which a thin client cannot see in itself."""
+        """These settings for ``spark``: over Spark Connect, a default engine is the executors'."""
         if spark is None or "engine" in self.model_fields_set or not is_connect(spark):
             return self
         return self.model_copy(update={"engine": executor_python.default_engine(spark)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -9,7 +10,13 @@ import tensorflow as tf
 
 from hvdflow.infra.launcher import log_to_driver, report_progress
 from hvdflow.training.checkpoints import CheckpointState, epoch_folder
-from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line, format_metrics
+from hvdflow.training.epoch_log import (
+    INPUT_WAIT_WARN,
+    epoch_done_line,
+    epoch_started_line,
+    format_metrics,
+    input_wait_warning,
+)
 from hvdflow.training.metrics_sender import EpochMetricsSender
 from hvdflow.training.quality import divergence
 
@@ -57,6 +64,48 @@ class EpochTimer(tf.keras.callbacks.Callback):
         self.epoch_times.append(time.perf_counter() - self._started)
         if logs is not None:
             logs["epoch_time_s"] = self.epoch_times[-1]
+
+
+class InputWait(tf.keras.callbacks.Callback):
+    """The share of each epoch's step time spent waiting for the batch, as ``input_wait_share``
+    in its logs (the epoch line, MLflow): 1 minus MLPerf Storage's accelerator utilisation, the
+    run's first step (the reader's start) left out as there. ``watch(dataset)`` notes when each
+    batch is ready, in a stage ahead of a prefetch: a step waited from its start until then."""
+
+    def __init__(self, rank: int = 0):
+        super().__init__()
+        self.rank, self._warned, self._first, self._ready = rank, False, True, collections.deque()
+        self._began = self._waited = self._stepped = 0.0
+
+    def watch(self, dataset):
+        def ready():
+            self._ready.append(time.perf_counter())
+
+        def noted(*batch):
+            with tf.control_dependencies([tf.py_function(ready, [], [])]):
+                return tf.nest.map_structure(tf.identity, batch)
+
+        return dataset.map(tf.autograph.experimental.do_not_convert(noted)).prefetch(1)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._waited = self._stepped = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        ready = self._ready.popleft() if self._ready else self._began  # each batch once, in order
+        if not self._first:
+            self._waited += max(0.0, ready - self._began)
+            self._stepped += time.perf_counter() - self._began
+        self._first = False
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self._stepped:
+            logs["input_wait_share"] = share = self._waited / self._stepped
+            if share > INPUT_WAIT_WARN and not self._warned:
+                self._warned = True
+                log_to_driver(input_wait_warning(share, epoch + 1, self.rank))
 
 
 class LearningRateLog(tf.keras.callbacks.Callback):

@@ -19,6 +19,21 @@ _EVALUATION = re.compile(
 )
 
 
+# A rank waiting for its batches this share of its step time or more is told once what to change
+# (MLPerf Storage passes a loader that keeps an accelerator 90% busy: a wait of 10%).
+INPUT_WAIT_WARN = 0.2
+
+
+def input_wait_warning(share: float, epoch: int, rank: int) -> str:
+    """What a rank whose steps waited ``share`` of their time for input in ``epoch`` is told."""
+    return (
+        f"rank {rank} waited for its input {share:.0%} of its step time in epoch {epoch} "
+        f"(input_wait_share; over {INPUT_WAIT_WARN:.0%}): the reader is the limit; hold the shard "
+        "in memory (training.in_memory_max_mb), store raw pixels (data.image_encoding='raw') or "
+        "give each rank more cores"
+    )
+
+
 def epoch_started_line(epoch: int, epochs: int | None) -> str:
     """``Epoch y/z``, Keras' own progress header; ``epoch`` counts from 1."""
     return f"Epoch {epoch}/{epochs}"

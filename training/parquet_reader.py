@@ -35,8 +35,7 @@ CODECS = ("png", "raw", "scalar")
 # Row groups read ahead of the one being decoded, and the threads that read them (pyarrow
 # releases the GIL while it reads).
 READ_AHEAD = 2
-# Rows a stream shuffles together (``iter_batches``): what tf.data's shuffle buffer held, in
-# decoded images, before row groups were shuffled in numpy (224x224x3 float32: 600 MB).
+# Rows a stream shuffles together (``iter_batches``), as tf.data's shuffle buffer did per image.
 SHUFFLE_ROWS = 1024
 _HOW_TO_FIX = "re-run preprocessing to write it (or read this split with reader='petastorm')"
 
@@ -174,10 +173,8 @@ class SplitFiles:
             raise
 
     def parquet(self, name: str):
-        """One part file, opened to read row groups: a local one memory-mapped (its pages are
-        read in place, not copied into a buffer first), each row group's column chunks fetched
-        at once (``pre_buffer``: one request per range, not per page). Both together read raw
-        224x224x3 pixels at 5.7x the images per core-second here."""
+        """One part file: a local one memory-mapped (its pages read in place, not copied first),
+        each row group's column chunks fetched at once (``pre_buffer``)."""
         import pyarrow as pa
         import pyarrow.fs as pafs
         import pyarrow.parquet as pq
@@ -320,16 +317,13 @@ def _decode_stored(value: bytes, field: FieldDescription, color_mode: str, cv2) 
 
 
 def _raw_pixels(field: FieldDescription, column) -> np.ndarray:
-    """A column of raw values as one array, viewed in place in Arrow's data buffer: the values
-    of a binary column lie back to back there, so no row is copied (``to_pylist`` made a Python
-    bytes object of each and joined them: two copies, which cost streamed 224x224x3 reads most
-    of their time)."""
+    """A column of raw values as one array, viewed in place in Arrow's data buffer, where a
+    binary column's values lie back to back: no row is copied."""
     import pyarrow as pa  # noqa: PLC0415 (loaded by now: the column is pyarrow's)
 
+    array = column
     if isinstance(column, pa.ChunkedArray):  # combine_chunks copies even a single chunk
         array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    else:
-        array = column
     expected = int(np.prod(field.shape)) * np.dtype(field.dtype).itemsize
     offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
     _validity, offsets, data = array.buffers()
@@ -414,8 +408,8 @@ def iter_row_groups(
 
 
 def _gathered(pieces: list[tuple[np.ndarray, ...]], starts: np.ndarray, rows: np.ndarray):
-    """Rows ``rows`` (indices into the pieces laid end to end) of each column, copied once:
-    grouped by piece, each group taken straight into its place in the batch."""
+    """Rows ``rows`` (of the pieces laid end to end) of each column, grouped by piece, each row
+    copied once, straight into its place in the batch."""
     owner = np.searchsorted(starts, rows, side="right") - 1
     by_piece = np.argsort(owner, kind="stable")
     rows, owner = rows[by_piece], owner[by_piece]
@@ -433,10 +427,8 @@ def _gathered(pieces: list[tuple[np.ndarray, ...]], starts: np.ndarray, rows: np
 
 
 def iter_batches(url: str, *, batch_size: int, seed: int = 0, shuffle: bool = True, **rows):
-    """``iter_row_groups(url, seed=seed, shuffle=shuffle, **rows)`` cut into batches of
-    ``batch_size`` rows (the last one may be short), each window of at least SHUFFLE_ROWS rows
-    shuffled first (``shuffle``): a row group becomes batches with one copy, where tf.data's
-    unbatch, shuffle buffer and batch handled every row on its own."""
+    """``iter_row_groups(url, seed=seed, shuffle=shuffle, **rows)`` in batches of ``batch_size``
+    rows (the last may be short), each window of SHUFFLE_ROWS rows or more shuffled first."""
     rng = np.random.default_rng(seed)
     held: list[tuple[np.ndarray, ...]] = []
     count = 0

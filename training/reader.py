@@ -142,9 +142,10 @@ def _normalized_example(row):
     return image, tf.cast(row.label, tf.int32)
 
 
-def _pyarrow_batches(url, rank, size, fields, num_epochs, shuffle, seed, batch_size):
+def _pyarrow_batches(url: str, fields, **batching):
     """A ``tf.data.Dataset`` of this shard's rows in batches of namedtuples (as Petastorm gives
-    rows), shuffled and batched in numpy (``parquet_reader.iter_batches``) on a Python thread."""
+    rows), shuffled and batched in numpy (``parquet_reader.iter_batches(url, **batching)``) on a
+    Python thread."""
     import tensorflow as tf
 
     description = parquet_reader.read_description(url)
@@ -156,16 +157,7 @@ def _pyarrow_batches(url, rank, size, fields, num_epochs, shuffle, seed, batch_s
         specs.append(tf.TensorSpec((None, *field.shape), dtype))
 
     def batches():
-        for columns in parquet_reader.iter_batches(
-            url,
-            batch_size=batch_size,
-            rank=rank,
-            size=size,
-            fields=tuple(fields),
-            num_epochs=num_epochs,
-            shuffle=shuffle,
-            seed=seed,
-        ):
+        for columns in parquet_reader.iter_batches(url, fields=tuple(fields), **batching):
             yield row(*columns)
 
     return tf.data.Dataset.from_generator(batches, output_signature=row(*specs))
@@ -227,10 +219,9 @@ def open_dataset(
         return
     if reader == "pyarrow":
         # Batched before anything else, so that every step after is one call per batch.
-        unbatched = parquet_reader.SHUFFLE_ROWS
-        dataset = _pyarrow_batches(
-            url, rank, size, fields, num_epochs, shuffle, seed, batch_size or unbatched
-        )
+        batching = {"rank": rank, "size": size, "num_epochs": num_epochs, "shuffle": shuffle}
+        batches = batch_size or parquet_reader.SHUFFLE_ROWS
+        dataset = _pyarrow_batches(url, fields, batch_size=batches, seed=seed, **batching)
         if normalize:
             dataset = dataset.map(as_written(_normalized_rows), num_parallel_calls=tf.data.AUTOTUNE)
         if not batch_size:

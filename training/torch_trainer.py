@@ -22,7 +22,12 @@ import numpy as np
 
 from hvdflow.infra.launcher import log_to_driver, report_progress
 from hvdflow.training.checkpoints import CheckpointState, CheckpointStore, epoch_folder
-from hvdflow.training.epoch_log import epoch_done_line, epoch_started_line
+from hvdflow.training.epoch_log import (
+    INPUT_WAIT_WARN,
+    epoch_done_line,
+    epoch_started_line,
+    input_wait_warning,
+)
 from hvdflow.training.finish import (
     class_labels,
     finish_training,
@@ -81,6 +86,7 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
     metrics = _metrics_sender(spec) if rank == 0 else None
     stopped = None
     started = time.perf_counter()
+    warned = False
     for epoch in range(first, spec.epochs):
         if rank == 0:
             log_to_driver(epoch_started_line(epoch + 1, spec.epochs))
@@ -94,6 +100,9 @@ def train_classifier_torch(spec: TrainSpec) -> RankResult:
         took = time.perf_counter() - began
         logs["lr"] = plan.at_step((epoch + 1) * steps - 1)
         logs["epoch_time_s"] = took
+        if rank == 0 and logs.get("input_wait_share", 0.0) > INPUT_WAIT_WARN and not warned:
+            warned = True
+            log_to_driver(input_wait_warning(logs["input_wait_share"], epoch + 1, rank))
         for key, value in logs.items():
             history.setdefault(key, []).append(value)
         epoch_times.append(took)
@@ -196,11 +205,13 @@ def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: 
     order = np.random.default_rng((seed, epoch)).permutation(len(y))
     # A shard a little smaller than the average still gives every rank the same steps.
     order = np.resize(order, steps * batch)
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, waited, stepped = 0.0, 0, 0.0, 0.0
     for step in range(steps):
+        began = time.perf_counter()
         rows = torch.from_numpy(order[step * batch : (step + 1) * batch])
         images = x[rows].to(device, non_blocking=True)
         labels = y[rows].to(device, non_blocking=True)
+        waited += time.perf_counter() - began
         for group in optimizer.param_groups:
             group["lr"] = plan.at_step(epoch * steps + step)
         report_progress(epoch * steps + step + 1, epoch * steps + step)
@@ -212,7 +223,9 @@ def _train_epoch(network, optimizer, plan, x, y, epoch: int, steps: int, batch: 
         report_progress(epoch * steps + step + 1, epoch * steps + step + 1)
         loss_sum += float(loss.detach()) * len(labels)
         correct += int((logits.detach().argmax(1) == labels).sum())
-    return {"loss": loss_sum, "accuracy": float(correct), "count": float(steps * batch)}
+        stepped += time.perf_counter() - began
+    sums = {"loss": loss_sum, "accuracy": float(correct), "count": float(steps * batch)}
+    return {**sums, "input_s": waited, "step_s": stepped}
 
 
 def _evaluate(network, x, y, batch: int = 1024) -> dict[str, float]:
@@ -248,6 +261,8 @@ def _summed_over_ranks(sums: dict[str, float], distributed: bool, device) -> dic
         "loss": total["loss"] / total["count"],
         "accuracy": total["accuracy"] / total["count"],
     }
+    if total.get("step_s"):  # every rank's wait for its batches, over their step time
+        logs["input_wait_share"] = total["input_s"] / total["step_s"]
     if "val_count" in total and total["val_count"]:
         logs["val_loss"] = total["val_loss"] / total["val_count"]
         logs["val_accuracy"] = total["val_accuracy"] / total["val_count"]

@@ -38,7 +38,7 @@ def train_classifier(spec: TrainSpec) -> RankResult:
     ``checkpoint_url``: rank 0 checkpoints every epoch, and a run that finds one resumes after it.
     """
     # Lazy: the driver imports this module to send the function and must not load TensorFlow.
-    from hvdflow.training.callbacks import DivergenceGuard, EpochTimer  # noqa: PLC0415 (lazy: it loads TensorFlow)
+    from hvdflow.training.callbacks import DivergenceGuard, EpochTimer, InputWait  # noqa: PLC0415 (lazy: it loads TensorFlow)
 
     data = spec.data
     # First, before any TensorFlow op: the ranks on a host split its cores.
@@ -56,9 +56,11 @@ def train_classifier(spec: TrainSpec) -> RankResult:
     callbacks = _callbacks(
         spec, engine, plan, timer, guard, checkpoints, checkpoint, resumed, profile
     )
+    waits = InputWait(engine.rank)  # with the epoch's time, before anything reads the logs
+    callbacks.insert(callbacks.index(timer) + 1, waits)
     if spec.eval_every > 0 and data.val_rows:
         callbacks.append(_interval_evaluation(spec, engine, steps, batch, callbacks))
-    history, train_s, example = _fit(spec, engine, model, steps, batch, callbacks, resumed)
+    history, train_s, example = _fit(spec, engine, model, steps, batch, callbacks, resumed, waits)
     if checkpoints is not None:
         checkpoints.close()
     profiled = log_profile(profile, spec) if profile and not spec.profile_dir else None
@@ -179,8 +181,9 @@ def _interval_evaluation(spec: TrainSpec, engine, steps: int, batch: int, callba
     )
 
 
-def _fit(spec: TrainSpec, engine, model, steps: int, batch: int, callbacks, resumed):
-    """``model.fit`` on this rank's shards; the history, its seconds and an input example."""
+def _fit(spec: TrainSpec, engine, model, steps: int, batch: int, callbacks, resumed, waits):
+    """``model.fit`` on this rank's shards, ``waits`` watching the training batches arrive;
+    the history, its seconds and an input example."""
     data, rank, size = spec.data, engine.rank, engine.size
     val_steps = steps_per_epoch(data.val_rows, size, batch) if data.val_rows else None
     shard_mb = shard_megabytes(data.train_rows + data.val_rows, size, data.input_shape)
@@ -204,7 +207,7 @@ def _fit(spec: TrainSpec, engine, model, steps: int, batch: int, callbacks, resu
     ):
         started = time.perf_counter()
         history = model.fit(
-            engine.distribute(train),
+            engine.distribute(waits.watch(train)),
             steps_per_epoch=steps,
             epochs=spec.epochs,
             initial_epoch=min(resumed.epoch if resumed else 0, spec.epochs),

@@ -90,6 +90,9 @@ def test_a_rank_killed_mid_training_resumes_from_the_last_checkpoint(digits_data
     result, runner = _run(spec, 2)
     assert result.resumed_from_epoch == 2  # epochs 1 and 2 were checkpointed before the kill
     assert len(result.history["val_accuracy"]) == 4 and len(result.epoch_times) == 4
+    # Every epoch's wait for its batches, a share of its step time: from memory, a small one.
+    assert len(result.history["input_wait_share"]) == 4
+    assert all(0 <= share < 0.5 for share in result.history["input_wait_share"])
     log = open(runner.log_path).read()
     assert "resuming after epoch 2 from the checkpoint at" in log
     # Each epoch finished once over the two runs: 1 and 2 in the first, 3 and 4 in the second.

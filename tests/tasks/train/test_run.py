@@ -49,7 +49,7 @@ def test_a_run_logs_params_metrics_artifacts_and_registers_a_champion(
     assert rates[0] == pytest.approx(0.01 * 2**0.5, rel=0.05)  # warmed up by epoch 1's end
     assert rates[1:] == [pytest.approx(0.01 * 2**0.5)] * 2
 
-    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"):
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s", "input_wait_share"):
         history = client.get_metric_history(result.run_id, key)
         assert sorted(m.step for m in history) == [0, 1, 2], key  # one point per epoch
     assert len(client.get_metric_history(result.run_id, "epoch_time_log_s")) == 3
@@ -233,7 +233,7 @@ def test_the_tf_engine_with_mixed_precision_registers_a_champion_a_consumer_load
     params = client.get_run(result.run_id).data.params
     assert params["engine"] == "tf_collective" and params["mixed_precision"] == "True"
     assert params["horovod_fp16_compression"] == "False"
-    for key in ("loss", "val_accuracy", "epoch_time_s"):
+    for key in ("loss", "val_accuracy", "epoch_time_s", "input_wait_share"):
         steps = sorted(m.step for m in client.get_metric_history(result.run_id, key))
         assert steps == [0, 1], key
     assert result.aliases == ["candidate", "champion"]
