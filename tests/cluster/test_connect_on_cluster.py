@@ -331,33 +331,7 @@ def kill_rank(rank: int) -> bool:
     return False
 
 
-@pytest.fixture
-def slots_limit_left_as_found(cluster_services):
-    """Prefect's ``spark-slots`` limit is sized by the first run that finds none (here, the two
-    hosts a Connect server sees): removed again if this test made it, so that the session's
-    later runs on three hosts (tests/cluster/test_elastic.py) size it themselves."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    from hvdflow.flows.prefect.spark_slots import SPARK_SLOTS
-    from hvdflow.infra._env import temporary_env
-
-    def exists() -> bool:
-        with temporary_env(cluster_services[1]), get_client(sync_client=True) as client:
-            try:
-                return bool(client.read_global_concurrency_limit_by_name(SPARK_SLOTS))
-            except ObjectNotFound:
-                return False
-
-    before = exists()
-    yield
-    if not before and exists():
-        with temporary_env(cluster_services[1]), get_client(sync_client=True) as client:
-            client.delete_global_concurrency_limit_by_name(SPARK_SLOTS)
-
-
 @pytest.mark.timeout(1500)
-@pytest.mark.usefixtures("slots_limit_left_as_found")
 def test_the_pipeline_and_scoring_from_a_thin_worker_the_executors_cannot_reach(
     netns_cluster, cluster_services, connect_on_cluster, outsider, tmp_path
 ):

@@ -17,7 +17,10 @@ is named with its host is ``test_launcher_faults.py``.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -89,6 +92,19 @@ def elastic_timeline(out: str, stopped_at: float) -> dict[str, float]:
     }
 
 
+def grow_spark_slots(env: dict, limit: int) -> None:
+    """Prefect's ``spark-slots`` limit raised to ``limit`` with Prefect's CLI, as the training's
+    error tells an operator whose cluster grew (an earlier run on two hosts sized it, or none)."""
+    from hvdflow.flows.prefect.spark_slots import SPARK_SLOTS
+
+    env = {**os.environ, **env}
+    for verb in ("update", "create"):
+        command = [sys.executable, "-m", "prefect", "gcl", verb, SPARK_SLOTS, "--limit", str(limit)]
+        if subprocess.run(command, env=env, capture_output=True, timeout=120).returncode == 0:
+            return
+    raise AssertionError(f"could not set {SPARK_SLOTS} to {limit}")
+
+
 @pytest.mark.timeout(1200)
 def test_a_host_lost_for_good_costs_an_attempt_that_resumes_on_the_ranks_left(
     netns_cluster, cluster_services, tmp_path
@@ -100,6 +116,7 @@ def test_a_host_lost_for_good_costs_an_attempt_that_resumes_on_the_ranks_left(
     (lost,) = netns_cluster.spare_hosts
     try:
         netns_cluster.start_worker(lost)
+        grow_spark_slots(cluster_services[1], 3)  # the cluster grew: as its operator would
         code, out, stopped_at = run_losing_a_host(netns_cluster, cluster_services, tmp_path, lost)
         assert code == 0, out[-6000:]
         assert "elastic training: 2 of np=3 task slots are left" in out, out[-3000:]
