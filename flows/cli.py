@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import sys
+from dataclasses import asdict
+from pathlib import Path
 
 from hvdflow.flows import cli_parser
 from hvdflow.flows.cli_support import (
@@ -267,6 +269,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_input(args: argparse.Namespace) -> int:
+    from hvdflow.bench import feed  # noqa: PLC0415 (lazy: it loads pyarrow)
+
+    try:
+        device = feed.accelerator(args.preset, args.step_ms, args.batch_size)
+        url = feed.split_url(args.dataset)
+    except ValueError as e:
+        raise InvalidParameters(str(e)) from None
+    run = feed.FeedRun(
+        url, args.feed, device, args.np, args.epochs, args.reader, args.cpus_per_rank
+    )
+    feeds = feed.run_ranks(run)
+    print("\n" + feed.summary(feeds, device))
+    if args.out:
+        rows = [{**asdict(f), "au": f.au, "images_per_s": f.images_per_s} for f in feeds]
+        Path(args.out).write_text(json.dumps({"device": asdict(device), "epochs": rows}, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hvdflow`` parser (``hvdflow.flows.cli_parser``), each command given its function."""
     return cli_parser.build_parser(
@@ -280,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
             "deploy": _cmd_deploy,
             "score": _cmd_score,
             "bench": _cmd_bench,
+            "bench-input": _cmd_bench_input,
         }
     )
 

@@ -31,7 +31,14 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # In the order `hvdflow --help` lists them.
-    for add in (_add_smoke, _add_services, _add_pipeline_commands, _add_score, _add_bench):
+    for add in (
+        _add_smoke,
+        _add_services,
+        _add_pipeline_commands,
+        _add_score,
+        _add_bench,
+        _add_bench_input,
+    ):
         add(commands, handlers)
     return parser
 
@@ -251,3 +258,38 @@ def _add_bench(commands: Commands, handlers: Mapping[str, Handler]) -> None:
     bench.add_argument("--input-format", choices=["folders", "mnist_idx", "digits"])
     bench.add_argument("--params", help="benchmark parameters as nested JSON; flags win")
     bench.set_defaults(func=handlers["bench"])
+
+
+def _add_bench_input(commands: Commands, handlers: Mapping[str, Handler]) -> None:
+    feed = commands.add_parser(
+        "bench-input",
+        help="can the reader feed an accelerator? MLPerf Storage's AU with an emulated device",
+        description="Ranks read a preprocessed dataset as training does and sleep for a "
+        "device's step time per batch; prints each rank's accelerator utilisation (AU: compute "
+        "time over wall time, the first step left out), images/s, the reader's CPU-ms per image "
+        "and how many such devices one core and this host keep at 90%% AU.",
+    )
+    feed.add_argument("dataset", help="a preprocessed dataset (its version folder or a split)")
+    feed.add_argument(
+        "--preset",
+        default="vgg16-h200-bf16",
+        help="the emulated device (default vgg16-h200-bf16; also vgg16-h200-fp32, "
+        "inceptionv3-h200-bf16, resnet50-h100, resnet50-a100)",
+    )
+    feed.add_argument("--step-ms", type=float, help="milliseconds per batch instead of a preset")
+    feed.add_argument("--batch-size", type=int, help="images per batch (the preset's: scaled)")
+    feed.add_argument("--np", type=int, default=1, help="ranks, processes of this host")
+    feed.add_argument("--epochs", type=int, default=3)
+    feed.add_argument(
+        "--feed",
+        default="tf.data",
+        choices=["tf.data", "numpy", "in-memory"],
+        help="tf.data: streamed as a Keras rank reads it; numpy: streamed as a PyTorch loop "
+        "would; in-memory: the shard loaded once",
+    )
+    feed.add_argument("--reader", choices=["pyarrow", "petastorm"], help="for tf.data")
+    feed.add_argument(
+        "--cpus-per-rank", type=int, default=0, help="pin each rank to this many cores (0: no)"
+    )
+    feed.add_argument("--out", help="write every rank's epochs as JSON here")
+    feed.set_defaults(func=handlers["bench-input"])

@@ -1,7 +1,7 @@
 """hvdflow's own trainers on this machine's GPUs, without Spark: images/s per GPU and scaling.
 
     bash scripts/gpu-check.sh [--tiny] [--out FILE.json] [--frameworks torch,tensorflow]
-                              [--models mnist_cnn,vgg16] [--ranks N]
+                              [--models mnist_cnn,vgg16] [--ranks N] [--input]
 
 Made for a GPU machine lent for minutes: no Spark, no Java, no network, no dataset, nothing
 installed beyond what such a machine has (Python, PyTorch or TensorFlow, numpy, pyarrow);
@@ -15,6 +15,12 @@ launcher start them (``MASTER_ADDR``/``RANK``/``LOCAL_RANK``, or ``TF_CONFIG``).
 trainer alone, no engine: the baseline that N ranks must beat. Each rank keeps its own batch
 (no global batch), as the paper's Horovod runs did, so scaling efficiency is images/s at N over
 N times images/s at 1. Images/s is steady: the epochs after the first.
+
+``--input`` also feeds VGG16 from a Parquet split of raw 224x224x3 pixels (written here with
+pyarrow) through hvdflow's stream (``hvdflow.bench.feed``, numpy batches read ahead, as a PyTorch
+rank would take them), and prints the accelerator utilisation twice, MLPerf Storage's way: real
+(the device's own steps, the copy to it included) and emulated (sleeping for the step time the
+device took with the batch already on it), so a lent GPU records both side by side.
 
 Models: the paper's MNIST CNN at 28x28x1 and VGG16 at 224x224x3 (101 classes, Caltech101's);
 ``--tiny`` shrinks them to seconds on a CPU (CI's smoke test). A framework that is not installed
@@ -38,6 +44,7 @@ import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
+from hvdflow.bench import feed
 from hvdflow.infra.constants import TF_COLLECTIVE
 from hvdflow.training.frameworks import framework as framework_row
 from hvdflow.training.spec import DataSpec, OptimizerSpec, TrainSpec
@@ -209,6 +216,87 @@ def _rank_main(spec_path: str, result_path: str | None) -> None:
             json.dump(result.to_dict(), f)
 
 
+def write_raw_split(folder: str, rows: int, shape: tuple[int, ...], classes: int) -> str:
+    """A split of random raw-pixel images as preprocessing writes one (part file, description),
+    made with pyarrow alone; its URL."""
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from hvdflow.training import parquet_reader as pr  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (rows, *shape), dtype=np.uint8)
+    labels = pa.array(rng.integers(0, classes, rows), pa.int32())
+    table = pa.table(
+        {"image": pa.array([i.tobytes() for i in images], pa.binary()), "label": labels}
+    )
+    pq.write_table(table, os.path.join(folder, "part-00000.parquet"), row_group_size=64)
+    fields = (
+        pr.FieldDescription("image", "uint8", shape, "raw"),
+        pr.FieldDescription("label", "int32", (), "scalar"),
+    )
+    description = pr.SplitDescription(fields, {"part-00000.parquet": -(-rows // 64)})
+    with open(os.path.join(folder, pr.SCHEMA_FILE), "wb") as f:
+        f.write(description.to_json())
+    return folder
+
+
+def input_check(work: Workload, gpus: int, rows: int) -> dict:
+    """``work``'s model fed from a raw split: the device's step alone, then MLPerf Storage's AU
+    of the real steps and of sleeping for that step, both fed by the same stream."""
+    import torch  # noqa: PLC0415
+
+    from hvdflow.training.torch_models import build_torch_model  # noqa: PLC0415
+
+    on = torch.device("cuda" if gpus else "cpu")
+    network = build_torch_model(work.model, work.shape, work.classes, seed=0).to(on)
+    optimizer = torch.optim.SGD(network.parameters(), lr=work.learning_rate)
+
+    def step(batch):
+        images, labels = batch
+        # uint8 over the bus and normalised on the device: a quarter of float32's bytes.
+        x = torch.from_numpy(images).to(on, non_blocking=True).permute(0, 3, 1, 2).float() / 255
+        y = torch.from_numpy(labels.astype("int64")).to(on, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(network(x), y).backward()
+        optimizer.step()
+        if gpus:
+            torch.cuda.synchronize()
+
+    with tempfile.TemporaryDirectory(prefix="hvdflow-gpu-input-") as scratch:
+        url = write_raw_split(scratch, rows, work.shape, work.classes)
+        ready = next(feed.batches(url, "numpy", work.batch, 0, 1, None))
+        on_device = tuple(torch.from_numpy(a) for a in ready)
+        step(ready)  # warm-up: kernels chosen, memory allocated
+        started = time.perf_counter()
+        for _ in range(5):
+            step(tuple(t.numpy() for t in on_device))
+        device = feed.Accelerator(
+            f"{work.model} here", (time.perf_counter() - started) / 5, work.batch, "measured"
+        )
+        run = {"epochs": work.epochs, "steps": max(1, rows // work.batch)}
+        real = feed.totals(
+            feed.emulate(
+                feed.batches(url, "numpy", work.batch, 0, 1, None), device, step=step, **run
+            )
+        )
+        emulated = feed.totals(
+            feed.emulate(feed.batches(url, "numpy", work.batch, 0, 1, None), device, **run)
+        )
+    return {
+        "model": work.model,
+        "input": "x".join(map(str, work.shape)),
+        "batch": work.batch,
+        "device": "GPU" if gpus else "CPU",
+        "step_ms": device.step_s * 1e3,
+        "au_real": real.au,
+        "au_emulated": emulated.au,
+        "images_per_s_real": real.images_per_s,
+        "reader_cpu_ms_per_image": emulated.cpu_s_per_image * 1e3,
+    }
+
+
 def machine() -> dict:
     seen = {
         "python": platform.python_version(),
@@ -262,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mnist_cnn,vgg16")
     parser.add_argument("--ranks", type=int, help="N (default: the GPUs seen; 2 without GPUs)")
     parser.add_argument("--out", help="write the figures and the machine seen here (JSON)")
+    parser.add_argument(
+        "--input", action="store_true", help="also VGG16 fed from a raw split: real and emulated AU"
+    )
     parser.add_argument("--rank", help=argparse.SUPPRESS)  # a rank process: its spec's path
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -295,9 +386,22 @@ def main(argv: list[str] | None = None) -> int:
     if gpus == 1 and not args.ranks:
         skipped.append(f"scaling over GPUs needs 2 or more; this machine has {gpus}")
     print(table(rows, skipped))
+    inputs = []
+    if args.input and seen.get("torch") is not None:
+        work = works["vgg16"]
+        work = Workload(**{**work.__dict__, "batch": 8 if args.tiny else 128})
+        inputs.append(input_check(work, gpus, 64 if args.tiny else 2_048))
+        for r in inputs:
+            print(
+                f"\ninput: {r['model']} {r['input']} batch {r['batch']} on the {r['device']}, "
+                f"{r['step_ms']:.1f} ms a step: AU {r['au_real']:.1%} real, "
+                f"{r['au_emulated']:.1%} emulated; {r['images_per_s_real']:,.0f} images/s; "
+                f"reader {r['reader_cpu_ms_per_image']:.3f} CPU-ms/image"
+            )
     if args.out:
+        figures = {"machine": seen, "tiny": args.tiny, "rows": rows, "notes": skipped}
         with open(args.out, "w") as f:
-            json.dump({"machine": seen, "tiny": args.tiny, "rows": rows, "notes": skipped}, f)
+            json.dump(figures | {"input": inputs}, f)
     return 0 if rows else 1
 
 

@@ -1,67 +1,120 @@
-"""Petastorm's reader against the pyarrow reader, side by side in one run.
+"""The readers side by side in one run: what each costs per image, and whether one core of it
+keeps an emulated accelerator busy (MLPerf Storage's AU, ``hvdflow.bench.feed``).
 
-    .venv/bin/python -m studies.reader_throughput [--rounds 3] [--photos 600] [--no-store]
+    .venv/bin/python -m studies.reader_throughput [--rounds 2] [--photos 2400] [--no-store]
+                                                  [--preset vgg16-h200-bf16]
 
-Digits at 28x28x1 and Caltech101-like photos at 224x224x3 (also as raw pixels), each on local
-disk and in an embedded SeaweedFS bucket; streamed (``open_dataset``) and loaded whole
-(``load_shard``), readers alternating. Shows images/s and images per CPU-second of the process,
-best of the rounds. Where Petastorm is not installed (the current profile), pyarrow runs alone.
+Digits at 28x28x1 and Caltech101-like photos at 224x224x3 (PNG and raw pixels), on local disk
+and in an embedded SeaweedFS bucket. Ways of reading, where installed: ours into tf.data
+(float32, as a Keras rank trains) and as numpy batches read ahead (uint8, as a PyTorch loop
+would take them), Petastorm's reader into tf.data, a plain PyTorch ``DataLoader`` over the same
+Parquet files (the baseline a user would write: pyarrow, PIL, one worker) and ``load_shard``
+(the shard's bytes decoded at once: the cost of the bytes). "Pull": read as fast as it goes, best
+of the rounds, images per CPU-second of the process and its workers. "AU": the process pinned to
+one core, 3 epochs against the emulated accelerator.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
+import resource
 import shutil
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
+import numpy as np
+
+from hvdflow.bench import feed
 from hvdflow.infra import extras
+from hvdflow.training import parquet_reader
 from hvdflow.training.reader import load_shard, open_dataset
 from studies.preprocess_throughput import make_caltech_like
 
-READERS = ("petastorm", "pyarrow") if extras.installed(extras.PETASTORM) else ("pyarrow",)
+PETASTORM = extras.installed(extras.PETASTORM)
+TORCH = extras.installed(extras.TORCH)
 
 
-def timed(read) -> tuple[int, float, float]:
-    """(images, wall seconds, CPU seconds of this process) of ``read()``, which returns the
-    images it read."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    images = read()
-    return images, time.perf_counter() - wall, time.process_time() - cpu
+def ways(raw: bool) -> list[str]:
+    found = ["tf.data", "numpy"]
+    found += ["petastorm"] if PETASTORM and not raw else []
+    return found + (["dataloader"] if TORCH else []) + ["load_shard"]
 
 
-def stream(url: str, reader: str, batch_size: int) -> int:
-    with open_dataset(url, batch_size=batch_size, num_epochs=1, reader=reader) as dataset:
+def cpu_seconds() -> float:
+    """This process's CPU time and that of its children waited for (DataLoader's workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def dataloader(url: str, batch: int, persistent: bool = False):
+    """The loader a user writes: row groups read with pyarrow, each image decoded by PIL (or
+    viewed, for raw pixels), DataLoader's collate, one worker."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415
+
+    files = parquet_reader.SplitFiles(url)
+    description = parquet_reader.read_description(url, files)
+    image = description.field("image")
+
+    class ParquetImages(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for name in description.row_groups:
+                parquet = pq.ParquetFile(files.fs.open_input_file(f"{files.root}/{name}"))
+                for group in range(parquet.num_row_groups):
+                    table = parquet.read_row_group(group, columns=["image", "label"])
+                    for value, label in zip(
+                        *(table.column(c).to_pylist() for c in ("image", "label")), strict=True
+                    ):
+                        if image.codec == "raw":
+                            pixels = np.frombuffer(value, np.uint8).reshape(image.shape).copy()
+                        else:
+                            pixels = np.array(Image.open(io.BytesIO(value)))
+                        yield pixels, label
+
+    return torch.utils.data.DataLoader(
+        ParquetImages(), batch_size=batch, num_workers=1, persistent_workers=persistent
+    )
+
+
+def pull(url: str, way: str, batch: int) -> int:
+    """One pass over the split the way named; the images read."""
+    if way == "load_shard":
+        return len(load_shard(url, reader="pyarrow")[0])
+    if way == "dataloader":
+        return sum(len(labels) for _, labels in dataloader(url, batch))
+    if way == "numpy":
+        batches = parquet_reader.iter_batches(url, batch_size=batch, num_epochs=1)
+        return sum(len(labels) for _, labels in feed.read_ahead(batches))
+    reader = "petastorm" if way == "petastorm" else "pyarrow"
+    with open_dataset(url, batch_size=batch, num_epochs=1, reader=reader) as dataset:
         return sum(int(labels.shape[0]) for _, labels in dataset)
 
 
-def load(url: str, reader: str) -> int:
-    return len(load_shard(url, reader=reader)[0])
+def forever(loader):
+    while True:
+        yield from loader
 
 
-def readers_for(name: str) -> tuple[str, ...]:
-    """Petastorm's reader cannot read raw pixels (``data.image_encoding``): pyarrow's alone."""
-    return ("pyarrow",) if name.endswith(" raw") else READERS
-
-
-def preprocess(
-    spark, root: Path, out: Path, image_size, color_mode, input_format: str, encoding="png"
-):
-    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images  # noqa: PLC0415 (lazy: it loads Spark)
-
-    config = PreprocessConfig(
-        input=str(root),
-        input_format=input_format,
-        output=str(out),
-        image_size=image_size,
-        color_mode=color_mode,
-        image_encoding=encoding,
-    )
-    return preprocess_images(spark, config)
+def au_on_one_core(url: str, way: str, device: feed.Accelerator, rows: int) -> float:
+    """MLPerf Storage's AU over 3 epochs, this process (and any worker) on one core."""
+    if way == "dataloader":
+        stream = forever(dataloader(url, device.batch, persistent=True))
+    else:
+        named = {"petastorm": ("tf.data", "petastorm")}.get(way, (way, "pyarrow"))
+        stream = feed.batches(url, named[0], device.batch, 0, 1, named[1])
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        feeds = feed.emulate(stream, device, epochs=3, steps=max(1, rows // device.batch))
+    finally:
+        stream.close()
+        os.sched_setaffinity(0, before)
+    return feed.totals(feeds).au
 
 
 def start_store(stack: contextlib.ExitStack, data_dir: Path) -> str:
@@ -79,86 +132,96 @@ def start_store(stack: contextlib.ExitStack, data_dir: Path) -> str:
     return "s3://bench/readers"
 
 
+def make_datasets(stack, workdir: Path, photos: int, store: bool) -> dict:
+    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
+    from hvdflow.tasks.preprocess import PreprocessConfig, preprocess_images  # noqa: PLC0415
+
+    make_caltech_like(workdir / "photos", photos, classes=10)
+    spark = get_spark("local[2]", "hvdflow-bench", {"spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    outputs = {"disk": str(workdir)} | (
+        {"store": start_store(stack, workdir / "s")} if store else {}
+    )
+    kinds = {  # name: input, its format, size, colour, encoding
+        "28x28x1 png": ("digits", "digits", (28, 28), "L", "png"),
+        "224x224x3 png": ("photos", "folders", (224, 224), "RGB", "png"),
+        "224x224x3 raw": ("photos", "folders", (224, 224), "RGB", "raw"),
+    }
+    datasets = {}
+    for where, out in outputs.items():
+        for name, (folder, form, size, colour, encoding) in kinds.items():
+            config = PreprocessConfig(
+                input=str(workdir / folder), input_format=form, output=f"{out}/{encoding}{size[0]}",
+                image_size=size, color_mode=colour, image_encoding=encoding,
+            )  # fmt: skip
+            datasets[f"{name} {where}"] = preprocess_images(spark, config)
+    spark.stop()
+    return datasets
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--photos", type=int, default=600, help="224x224x3 images to make")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--photos", type=int, default=2400, help="224x224x3 images to make")
+    parser.add_argument("--preset", default="vgg16-h200-bf16", choices=list(feed.PRESETS))
     parser.add_argument("--no-store", dest="store", action="store_false", help="local disk only")
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-
-    from hvdflow.infra.spark import get_spark  # noqa: PLC0415 (lazy: it loads Spark)
-
+    device = feed.accelerator(args.preset)
     workdir = Path(tempfile.mkdtemp(prefix="hvdflow-bench-reader-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        make_caltech_like(workdir / "photos", args.photos, classes=10)
-        spark = get_spark("local[2]", "hvdflow-bench", {"spark.ui.showConsoleProgress": "false"})
-        spark.sparkContext.setLogLevel("ERROR")
-        outputs = {"disk": str(workdir)}
-        if args.store:
-            outputs["store"] = start_store(stack, workdir / "seaweed")
-        datasets = {}
-        for where, out in outputs.items():
-            datasets[f"28x28x1 {where}"] = preprocess(
-                spark, workdir / "digits", f"{out}/d-out", (28, 28), "L", "digits"
-            )
-            datasets[f"224x224x3 {where}"] = preprocess(
-                spark, workdir / "photos", f"{out}/p-out", (224, 224), "RGB", "folders"
-            )
-            datasets[f"224x224x3 {where} raw"] = preprocess(
-                spark, workdir / "photos", f"{out}/r-out", (224, 224), "RGB", "folders", "raw"
-            )
-        spark.stop()
-        ways = {
-            "stream": lambda url, reader: stream(url, reader, args.batch_size),
-            "load_shard": load,
-        }
+        datasets = make_datasets(stack, workdir, args.photos, args.store)
+        best: dict[tuple[str, str], float] = {}
         for name, manifest in datasets.items():  # warm-up: imports, TensorFlow, tracing
-            for reader in readers_for(name):
-                for way in ways.values():
-                    way(manifest.train_url, reader)
-
-        best: dict[tuple[str, str, str], tuple[float, float]] = {}
+            for way in ways("raw" in name):
+                pull(manifest.train_url, way, device.batch)
         for round_ in range(args.rounds):
-            order = READERS if round_ % 2 == 0 else READERS[::-1]
             for name, manifest in datasets.items():
-                for way_name, way in ways.items():
-                    for reader in (r for r in order if r in readers_for(name)):
-                        images, wall, cpu = timed(partial(way, manifest.train_url, reader))
-                        key = (name, way_name, reader)
-                        rate, per_cpu = images / wall, images / max(cpu, 1e-9)
-                        old = best.get(key, (0.0, 0.0))
-                        best[key] = (max(old[0], rate), max(old[1], per_cpu))
-                        print(
-                            f"  round {round_ + 1} {name:>19} {way_name:>10} {reader:>9}: "
-                            f"{images} images, {rate:8.1f}/s, {per_cpu:8.1f}/CPU-s",
-                            flush=True,
-                        )
-
-        load_avg = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-        print(f"\nreaders, best of {args.rounds} rounds (one rank of one; load {load_avg}):")
-        header = f"  {'dataset':<20} {'read':<11}"
-        for reader in READERS:
-            header += f" {reader + ' img/s':>16} {reader + ' /CPU-s':>17}"
-        print(header + (f" {'ratio /CPU-s':>13}" if len(READERS) > 1 else ""))
+                order = ways("raw" in name)
+                for way in order if round_ % 2 == 0 else order[::-1]:
+                    cpu = cpu_seconds()
+                    images = pull(manifest.train_url, way, device.batch)
+                    rate = images / max(cpu_seconds() - cpu, 1e-9)
+                    best[(name, way)] = max(best.get((name, way), 0.0), rate)
+                    print(
+                        f"  round {round_ + 1} {name:>20} {way:>10}: {rate:9,.0f}/CPU-s", flush=True
+                    )
+        print(
+            f"\nimages per CPU-second (pull, best of {args.rounds}) and AU on one core "
+            f"({device.name}, {device.step_s * 1e3:.1f} ms per {device.batch}; "
+            f"load {os.getloadavg()[0]:.2f}):"
+        )
+        every = ways(raw=False)
+        print(
+            "| dataset | "
+            + " | ".join(every)
+            + " | "
+            + " | ".join(f"AU {w}" for w in every[:-1])
+            + " |"
+        )
+        print("|---" * (2 * len(every)) + "|")
         for name, manifest in datasets.items():
-            for way_name in ways:
-                line = f"  {name:<20} {way_name:<11}"
-                for reader in READERS:
-                    if reader not in readers_for(name):
-                        line += f" {'-':>16} {'-':>17}"
-                        continue
-                    rate, per_cpu = best[(name, way_name, reader)]
-                    line += f" {rate:16.1f} {per_cpu:17.1f}"
-                if readers_for(name) == READERS and len(READERS) > 1:
-                    ours, theirs = (best[(name, way_name, r)][1] for r in ("pyarrow", "petastorm"))
-                    line += f" {ours / theirs:13.2f}"
-                print(line)
-            print(f"  ({name}: {manifest.train_rows} training images)")
-        if len(READERS) > 1:
-            print("  ratio: pyarrow's images per CPU-second over Petastorm's")
+            here = ways("raw" in name)
+            pulls = [f"{best[(name, w)]:,.0f}" if w in here else "-" for w in every]
+            rows = manifest.train_rows
+            aus = [
+                f"{au_on_one_core(manifest.train_url, w, device, rows):.1%}" if w in here else "-"
+                for w in every[:-1]
+            ]
+            print(f"| {name} ({rows}) | " + " | ".join(pulls + aus) + " |", flush=True)
+        pairs = [
+            ("tf.data", "petastorm"),
+            ("numpy", "dataloader"),
+            ("tf.data", "load_shard"),
+            ("numpy", "load_shard"),
+        ]
+        for name in datasets:
+            here = ways("raw" in name)
+            said = [
+                f"{a} / {b} {best[(name, a)] / best[(name, b)]:.2f}x" for a, b in pairs if b in here
+            ]
+            print(f"  {name}, per CPU-second: " + ", ".join(said))
     return 0
 
 

@@ -49,14 +49,25 @@ def test_the_torch_trainer_runs_where_only_torch_numpy_and_pyarrow_are_installed
 
     # VGG16 alone, as for Keras below: the torch trainer's CNN at 1 and 2 ranks is trained in
     # tests/training and tests/flows (the check's other rows are the same code at other sizes).
+    # --input: VGG16 fed from a raw split through hvdflow's stream, real and emulated AU.
     figures, printed = _check(
-        tmp_path, str(venv / "bin" / "python"), "--frameworks", "torch", "--models", "vgg16"
+        tmp_path,
+        str(venv / "bin" / "python"),
+        "--frameworks",
+        "torch",
+        "--models",
+        "vgg16",
+        "--input",
     )
 
     assert _conditions(figures) == [("torch", "vgg16", 1), ("torch", "vgg16", 2)]
     assert all(r["images_per_s"] > 0 and len(r["epoch_times_s"]) == 2 for r in figures["rows"])
     assert figures["machine"]["gpus"] == 0 and figures["machine"]["tensorflow"] is None
     assert "| torch | vgg16 | 32x32x3 | 2 | CPU |" in printed
+    [fed] = figures["input"]
+    assert fed["model"] == "vgg16" and fed["batch"] == 8 and fed["step_ms"] > 0
+    assert 0 < fed["au_real"] <= 1 and 0 < fed["au_emulated"] <= 1, fed
+    assert "AU" in printed and "real" in printed and "emulated" in printed
 
 
 def test_the_keras_trainer_runs_at_one_rank_and_on_the_tf_collective_engine(tmp_path):
