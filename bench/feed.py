@@ -177,7 +177,7 @@ def batches(url: str, feed: str, batch: int, rank: int, size: int, reader: str |
         return
     if reader == "petastorm" and any(f.codec == "raw" for f in _fields(url)):
         raise ValueError(
-            f"{url} stores raw pixels: Petastorm's reader decodes PNG only; use pyarrow's"
+            f"{url} stores raw pixels: Petastorm's reader decodes PNG and JPEG only; use pyarrow's"
         )
     from hvdflow.training.reader import open_dataset  # noqa: PLC0415 (lazy: it loads TensorFlow)
 

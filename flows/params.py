@@ -41,7 +41,7 @@ def reader_for(data: DataParams, training: TrainingParams) -> TrainingParams:
     if "reader" in training.model_fields_set:
         raise ValueError(
             "training.reader='petastorm' cannot read data.image_encoding='raw' (Petastorm "
-            "decodes PNG only): use training.reader='pyarrow', or image_encoding='png'"
+            "decodes PNG and JPEG only): use training.reader='pyarrow', or image_encoding='png'"
         )
     return training.model_copy(update={"reader": "pyarrow"})
 

@@ -4,7 +4,7 @@ keeps an emulated accelerator busy (MLPerf Storage's AU, ``hvdflow.bench.feed``)
     .venv/bin/python -m studies.reader_throughput [--rounds 2] [--photos 2400] [--no-store]
                                                   [--preset vgg16-h200-bf16]
 
-Digits at 28x28x1 and Caltech101-like photos at 224x224x3 (PNG and raw pixels), on local disk
+Digits at 28x28x1 and Caltech101-like photos at 224x224x3 (PNG, JPEG, raw pixels), on local disk
 and in an embedded SeaweedFS bucket. Ways of reading, where installed: ours into tf.data
 (float32, as a Keras rank trains) and as numpy batches read ahead (uint8, as a PyTorch loop
 would take them), Petastorm's reader into tf.data, a plain PyTorch ``DataLoader`` over the same
@@ -145,6 +145,7 @@ def make_datasets(stack, workdir: Path, photos: int, store: bool) -> dict:
     kinds = {  # name: input, its format, size, colour, encoding
         "28x28x1 png": ("digits", "digits", (28, 28), "L", "png"),
         "224x224x3 png": ("photos", "folders", (224, 224), "RGB", "png"),
+        "224x224x3 jpeg": ("photos", "folders", (224, 224), "RGB", "jpeg"),
         "224x224x3 raw": ("photos", "folders", (224, 224), "RGB", "raw"),
     }
     datasets = {}

@@ -31,7 +31,7 @@ from hvdflow.serving.images import UnreadableImage, decode
 SCHEMA_FILE = "_hvdflow_schema.json"
 FORMAT = "hvdflow-split"
 FORMAT_VERSION = 1
-CODECS = ("png", "raw", "scalar")
+CODECS = ("png", "jpeg", "raw", "scalar")
 # Row groups read ahead of the one being decoded, and the threads that read them (pyarrow
 # releases the GIL while it reads).
 READ_AHEAD = 2
@@ -42,8 +42,8 @@ _HOW_TO_FIX = "re-run preprocessing to write it (or read this split with reader=
 
 @dataclass(frozen=True)
 class FieldDescription:
-    """One column: its name, numpy dtype name, shape of one value and codec (``png``: a
-    PNG-compressed uint8 image; ``raw``: its pixels as they are, C order; ``scalar``: the
+    """One column: its name, numpy dtype name, shape of one value and codec (``png``, ``jpeg``:
+    a compressed uint8 image; ``raw``: its pixels as they are, C order; ``scalar``: the
     Parquet value as it is)."""
 
     name: str
@@ -254,7 +254,7 @@ class ShardReader:
             return tuple(_decoded(f, table.column(f.name)) for f in self.fields)
         except UnreadableImage as e:
             raise RuntimeError(
-                f"{_join(self.files.url, name)}, row group {index}: an image is not the PNG "
+                f"{_join(self.files.url, name)}, row group {index}: an image is not the image "
                 f"{SCHEMA_FILE} describes ({e.reason}): re-run preprocessing"
             ) from None
 
@@ -295,6 +295,25 @@ def _png_size(data: bytes) -> tuple[int, int] | None:
     return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big")
 
 
+# JPEG's start-of-frame markers (baseline, progressive, ...): not DHT (C4), JPG (C8) or DAC (CC).
+_SOF = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """A JPEG's (height, width) from its start-of-frame segment, or None if not a JPEG."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    at = 2
+    while at + 9 <= len(data) and data[at] == 0xFF:
+        marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker in _SOF:
+            return int.from_bytes(data[at + 5 : at + 7], "big"), int.from_bytes(
+                data[at + 7 : at + 9], "big"
+            )
+        at += 2 + length
+    return None
+
+
 def _opencv():
     """OpenCV where installed (it decodes a small PNG about 8x faster than Pillow), else None."""
     try:
@@ -305,11 +324,12 @@ def _opencv():
 
 
 def _decode_stored(value: bytes, field: FieldDescription, color_mode: str, cv2) -> np.ndarray:
-    """A stored image to its field's pixels: a PNG of exactly the field's shape by OpenCV, as
-    Petastorm's codec does; anything else through ``serving.images.decode``, which checks the
-    size first, so a decompression bomb in a writable prefix is refused undecoded."""
+    """A stored image to its field's pixels: a PNG or JPEG of exactly the field's shape by
+    OpenCV, as Petastorm's codec does; anything else through ``serving.images.decode``, which
+    checks the size first, so a decompression bomb in a writable prefix is refused undecoded."""
     size = field.shape[:2]
-    if cv2 is not None and _png_size(value) == tuple(size):
+    stored = _png_size(value) if field.codec == "png" else _jpeg_size(value)
+    if cv2 is not None and stored == tuple(size):
         pixels = cv2.imdecode(np.frombuffer(value, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
         if pixels is not None and pixels.shape == tuple(field.shape) and pixels.dtype == np.uint8:
             return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB) if color_mode == "RGB" else pixels
@@ -347,7 +367,7 @@ def _raw_pixels(field: FieldDescription, column) -> np.ndarray:
 def _decoded(field: FieldDescription, column) -> np.ndarray:
     if field.codec == "raw":
         return _raw_pixels(field, column)
-    if field.codec == "png":
+    if field.codec in ("png", "jpeg"):
         color_mode = "L" if len(field.shape) == 2 else "RGB"
         cv2 = _opencv()
         images = [_decode_stored(value, field, color_mode, cv2) for value in column.to_pylist()]
@@ -428,24 +448,35 @@ def _gathered(pieces: list[tuple[np.ndarray, ...]], starts: np.ndarray, rows: np
 
 def iter_batches(url: str, *, batch_size: int, seed: int = 0, shuffle: bool = True, **rows):
     """``iter_row_groups(url, seed=seed, shuffle=shuffle, **rows)`` in batches of ``batch_size``
-    rows (the last may be short), each window of SHUFFLE_ROWS rows or more shuffled first."""
+    rows (the last may be short). Shuffled, each batch is drawn from a pool of SHUFFLE_ROWS rows
+    or more that every row group tops up, as tf.data's shuffle buffer draws images: batches come
+    as steadily as row groups do, where cutting whole windows made a rank wait for each one."""
     rng = np.random.default_rng(seed)
-    held: list[tuple[np.ndarray, ...]] = []
-    count = 0
+    held: list[tuple[np.ndarray, ...]] = []  # row groups with rows not yet given
+    starts: list[int] = []  # each held row group's first row, counted over the stream
+    left: list[int] = []  # and how many of its rows are still to give
+    pool = np.empty(0, dtype=np.int64)  # the rows not yet given
+    floor = max(SHUFFLE_ROWS, batch_size) if shuffle else batch_size
+    seen = 0
 
-    def cut(final: bool):
-        starts = np.cumsum([0] + [len(columns[0]) for columns in held])
-        order = rng.permutation(count) if shuffle else np.arange(count)
-        whole = count if final else count - count % batch_size
-        for start in range(0, whole, batch_size):
-            yield _gathered(held, starts, order[start : start + batch_size])
-        rest = order[whole:]
-        return ([_gathered(held, starts, np.sort(rest))] if len(rest) else []), len(rest)
+    def draw(count: int):
+        nonlocal pool, held, starts, left
+        picked = rng.choice(len(pool), count, replace=False) if shuffle else np.arange(count)
+        rows, pool = pool[picked], np.delete(pool, picked)
+        batch = _gathered(held, np.asarray(starts), rows)
+        given = np.bincount(np.searchsorted(starts, rows, side="right") - 1, minlength=len(held))
+        keep = [i for i in range(len(held)) if left[i] > given[i]]  # a row group fully given goes
+        held, starts = [held[i] for i in keep], [starts[i] for i in keep]
+        left = [left[i] - int(given[i]) for i in keep]
+        return batch
 
     for columns in iter_row_groups(url, seed=seed, shuffle=shuffle, **rows):
         held.append(columns)
-        count += len(columns[0])
-        if count >= max(SHUFFLE_ROWS, batch_size):
-            held, count = yield from cut(final=False)
-    if count:
-        yield from cut(final=True)
+        starts.append(seen)
+        left.append(len(columns[0]))
+        pool = np.concatenate([pool, np.arange(seen, seen + len(columns[0]))])
+        seen += len(columns[0])
+        while len(pool) >= floor:
+            yield draw(batch_size)
+    while len(pool):
+        yield draw(min(batch_size, len(pool)))

@@ -42,8 +42,8 @@ def finish(config, fingerprint, version, attempt, label_index, report):
     attempt_url = version.join(attempt)
     files, done = report.files, report.rows
     fields = image_fields(config.image_size, config.color_mode, config.image_encoding)
-    # Petastorm's reader decodes PNG only: a raw dataset gets no Petastorm metadata.
-    with_petastorm = extras.installed(extras.PETASTORM) and config.image_encoding == "png"
+    # Petastorm's reader decodes compressed images only: a raw dataset gets no Petastorm metadata.
+    with_petastorm = extras.installed(extras.PETASTORM) and config.image_encoding != "raw"
     row_groups = {}
     for split in SPLITS:
         split_url = join(attempt_url, split)
@@ -51,7 +51,7 @@ def finish(config, fingerprint, version, attempt, label_index, report):
             files[split][write_empty_split(split_url, arrow_schema(), version.access)] = 0
         row_groups[split] = sum(files[split].values())
         if with_petastorm:
-            unischema = image_schema(config.image_size, config.color_mode)
+            unischema = image_schema(config.image_size, config.color_mode, config.image_encoding)
             row_groups[split] = write_petastorm_metadata(split_url, unischema, files[split])
         write_split_description(split_url, fields, files[split], version.access)
     attempt_dir = Location(attempt_url, version.access)
@@ -126,8 +126,8 @@ def missing_files(attempt: Location, present: dict | set | None = None) -> list[
             continue
         data = attempt.read_bytes(description) or b""
         described = SplitDescription.from_json(data, attempt.join(description))
-        png = all(f.codec != "raw" for f in described.fields)
-        if with_petastorm and png and f"{split}/_common_metadata" not in present:
+        compressed = all(f.codec != "raw" for f in described.fields)
+        if with_petastorm and compressed and f"{split}/_common_metadata" not in present:
             missing.append(f"{split}/_common_metadata")
         parts = described.row_groups
         missing += [f"{split}/{part}" for part in sorted(parts) if f"{split}/{part}" not in present]

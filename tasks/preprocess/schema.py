@@ -22,7 +22,7 @@ def image_shape(image_size: tuple[int, int], color_mode: str) -> tuple[int, ...]
 def image_fields(
     image_size: tuple[int, int], color_mode: str, encoding: str = "png"
 ) -> tuple[FieldDescription, ...]:
-    """image (uint8, PNG-compressed or raw: ``encoding``), label index, source path, split."""
+    """image (uint8, PNG or JPEG compressed, or raw: ``encoding``), label index, source, split."""
     return (
         FieldDescription("image", "uint8", image_shape(image_size, color_mode), encoding),
         FieldDescription("label", "int32", (), "scalar"),
@@ -31,7 +31,7 @@ def image_fields(
     )
 
 
-def image_schema(image_size: tuple[int, int], color_mode: str) -> Unischema:
+def image_schema(image_size: tuple[int, int], color_mode: str, encoding: str = "png") -> Unischema:
     """The Petastorm Unischema of ``image_fields`` (the one place Petastorm and Spark load)."""
     from petastorm.codecs import CompressedImageCodec, ScalarCodec  # noqa: PLC0415
     from petastorm.unischema import Unischema, UnischemaField  # noqa: PLC0415
@@ -40,14 +40,14 @@ def image_schema(image_size: tuple[int, int], color_mode: str) -> Unischema:
     scalar_types = {"int32": IntegerType, "str": StringType}
 
     def codec(field: FieldDescription):
-        if field.codec == "png":
-            return CompressedImageCodec("png")
+        if field.codec in ("png", "jpeg"):
+            return CompressedImageCodec(field.codec)
         return ScalarCodec(scalar_types[field.dtype]())
 
     return Unischema(
         "HvdflowImages",
         [
             UnischemaField(f.name, np.dtype(f.dtype).type, f.shape, codec(f), False)
-            for f in image_fields(image_size, color_mode)
+            for f in image_fields(image_size, color_mode, encoding)
         ],
     )

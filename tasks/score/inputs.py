@@ -91,10 +91,11 @@ def list_dataset(root: str, access: S3Access | None = None) -> ScoreInput:
     stored_shape = None
     manifest = _read_manifest(root, access)
     if manifest is not None:
-        if manifest.get("params", {}).get("image_encoding", "png") != "png":
+        if manifest.get("params", {}).get("image_encoding", "png") == "raw":
             raise ValueError(
                 f"{root!r} stores raw pixels (data.image_encoding='raw'): scoring decodes "
-                "encoded image files; preprocess the images to score with image_encoding='png'"
+                "encoded image files; preprocess the images to score with image_encoding='png' "
+                "or 'jpeg'"
             )
         root = manifest["path"]
         stored_shape = tuple(manifest["image_shape"])

@@ -53,6 +53,23 @@ def test_a_stream_gives_every_row_once_in_batches_shuffled_across_row_groups(mon
 
 
 @pytest.mark.unit
+def test_a_shuffled_stream_gives_batches_as_row_groups_come_not_in_bursts(monkeypatch):
+    read = []
+
+    def row_groups(url, seed, shuffle, **rows):  # 40 row groups of 64 rows, counted as read
+        for group in range(40):
+            read.append(group)
+            yield (np.arange(group * 64, (group + 1) * 64),)
+
+    monkeypatch.setattr(parquet_reader, "iter_row_groups", row_groups)
+    when = [len(read) for _ in parquet_reader.iter_batches("x", batch_size=128, seed=1)]
+    # The pool fills to SHUFFLE_ROWS (16 row groups) once; then a batch every 2 row groups, as
+    # many rows as come in, where windows of 1,024 rows came 8 batches at a time.
+    assert when[0] == 16 and all(b - a <= 2 for a, b in zip(when, when[1:-8], strict=False))
+    assert len(when) == 40 * 64 // 128
+
+
+@pytest.mark.unit
 def test_raw_pixels_are_viewed_in_place_and_a_damaged_value_is_named():
     import pyarrow as pa
 
@@ -147,8 +164,8 @@ def test_a_missing_description_names_the_file_and_the_fix(tmp_path):
         (b'{"format": "hvdflow-split", "version": 1, "fields": [{"name": "label"}]}', "malformed"),
         (
             b'{"format": "hvdflow-split", "version": 1, "row_groups": {"part-00000.parquet": 1},'
-            b' "fields": [{"name": "label", "dtype": "int32", "shape": [], "codec": "jpeg"}]}',
-            "codec 'jpeg'",
+            b' "fields": [{"name": "label", "dtype": "int32", "shape": [], "codec": "webp"}]}',
+            "codec 'webp'",
         ),
     ],
 )
