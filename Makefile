@@ -3,7 +3,7 @@
 # Petastorm, PyTorch's CPU build) or current (Python 3.13, the newest TensorFlow with tf-keras,
 # numpy 2, pyarrow 18+; engine tf_collective): `make run PROFILE=current`. Each profile installs
 # its lock, requirements/<profile>.txt, with uv; `make lock` compiles the locks again.
-.PHONY: setup setup-all run lint test test-classic test-current test-fast lock
+.PHONY: setup setup-all run lint test test-classic test-current test-fast lock image
 
 PROFILE ?= classic
 VENV_classic := .venv
@@ -63,3 +63,9 @@ test-fast: setup
 # Compile every profile's lock again from pyproject.toml (UPGRADE=1: the newest that resolves).
 lock:
 	bash scripts/lock.sh
+
+# The container image of a profile, hvdflow:$(PROFILE) (container/Dockerfile): every role runs
+# from it. Debian's Docker engine and debootstrap are installed first where they are missing.
+image: setup
+	bash scripts/setup.sh docker
+	bash scripts/image.sh $(PROFILE)

@@ -56,11 +56,26 @@ case "$PROFILE" in
     VENV=.venv-client-classic
     PYTHON=${PYTHON:-python3.11}
     ;;
+  docker)
+    # Not an environment: Debian's Docker engine and debootstrap, for the container image
+    # (scripts/image.sh) and its tests, installed with apt where they are missing.
+    missing=()
+    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    if [ ${#missing[@]} -gt 0 ]; then
+      [ "$(id -u)" = 0 ] || { log "installing ${missing[*]} needs root: sudo apt-get install ${missing[*]}"; exit 1; }
+      log "installing ${missing[*]} with apt (once)"
+      apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    log "ready: $(dockerd --version), $(debootstrap --version 2>/dev/null | head -1 || echo debootstrap)"
+    exit 0
+    ;;
   torch)
     log "PROFILE=torch: PyTorch is in the classic profile now (make run; make test)"
     exit 2
     ;;
-  *) log "PROFILE=$PROFILE: expected classic, current, airflow, client or client-classic"; exit 2 ;;
+  *) log "PROFILE=$PROFILE: expected classic, current, airflow, client, client-classic or docker"; exit 2 ;;
 esac
 LOCK="requirements/$PROFILE.txt"
 HOROVOD_VERSION=0.28.1

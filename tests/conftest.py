@@ -75,6 +75,7 @@ MODULE_UNITS = (
     "tests/training/test_scaling.py",
     "tests/infra/services/test_mlflow_server.py",
     "tests/test_package.py",
+    "tests/container/test_image.py",
 )
 # `make test` runs every test once, under classic; under current it runs the tests marked
 # `current`: the integration and slow tests that mark themselves, and these unit tests, whose code
