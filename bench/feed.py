@@ -239,14 +239,24 @@ class FeedRun:
     cpus_per_rank: int = 0  # 0: unpinned
 
 
+def pin_threads(cores) -> None:
+    """Every thread of this process on ``cores``, and the threads they start: a thread's
+    binding is its own (os.sched_setaffinity(0) binds the caller alone)."""
+    for thread_id in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread_id), cores)
+        except (ProcessLookupError, PermissionError):
+            continue  # a thread that just ended
+
+
 def _rank(run: FeedRun, rank: int) -> list[dict]:
-    """One rank's epochs, pinned to its cores for the while (each rank's own cores)."""
+    """One rank's epochs, its threads pinned to its own cores for the while."""
     pinned = run.cpus_per_rank and hasattr(os, "sched_setaffinity")
     before = os.sched_getaffinity(0) if pinned else None
     if pinned:
         cores = sorted(before)
         mine = [(rank * run.cpus_per_rank + i) % len(cores) for i in range(run.cpus_per_rank)]
-        os.sched_setaffinity(0, {cores[i] for i in mine})
+        pin_threads({cores[i] for i in mine})
     try:
         shard = parquet_reader.ShardReader(run.url, rank=rank, size=run.np)
         rows = sum(shard.piece_rows(piece) for piece in shard.pieces())
@@ -261,7 +271,7 @@ def _rank(run: FeedRun, rank: int) -> list[dict]:
             stream.close()
     finally:
         if pinned:
-            os.sched_setaffinity(0, before)
+            pin_threads(before)
     return [asdict(feed) for feed in feeds]
 
 
