@@ -8,7 +8,8 @@
 # once by scripts/setup.sh against the lock's TensorFlow), uv, and hvdflow's own wheel, built
 # from this checkout. The base is HVDFLOW_IMAGE_BASE (default debian:bookworm-slim) where a
 # registry serves it, else hvdflow-base:bookworm, made once from Debian's packages (debootstrap).
-# The machine's CA bundle reaches the build as a secret (in no layer). Prints the image's tag.
+# The machine's CA bundle reaches the build as a secret (in no layer). IMAGE_PYTHON builds the
+# wheel (default .venv/bin/python). Prints the image's tag.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=${1:-classic}
@@ -67,7 +68,7 @@ mkdir "$source"
 dirs=$(python3 -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"]; print(" ".join(sorted(set(d.values()))))')
 cp -r pyproject.toml README.md $dirs "$source/"
 find "$source" -name __pycache__ -prune -exec rm -rf {} +
-.venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w "$stage/hvdflow" "$source" 2>/dev/null
+"${IMAGE_PYTHON:-.venv/bin/python}" -m pip wheel -q --no-deps --no-build-isolation -w "$stage/hvdflow" "$source" 2>/dev/null
 
 # BuildKit (for the build secret and uv's cache): a client of 23 or newer needs its buildx
 # plugin for it; Debian's docker.io client (20.10) has it built in.

@@ -52,6 +52,8 @@ SERIAL_GROUPS = {
         "tests/test_prefect_yaml.py",
         "tests/infra/services/test_prefect_server.py",
     ),
+    # hvdflow's image, built once for its tests (tests/container/conftest.py).
+    "container": ("tests/container/test_image.py", "tests/container/test_spark_in_containers.py"),
     # One standalone cluster with fake GPUs, started once for the module's tests.
     "fake-gpus": ("tests/infra/launcher/test_gpu_fidelity.py",),
     "local-services": (
@@ -75,7 +77,6 @@ MODULE_UNITS = (
     "tests/training/test_scaling.py",
     "tests/infra/services/test_mlflow_server.py",
     "tests/test_package.py",
-    "tests/container/test_image.py",
 )
 # `make test` runs every test once, under classic; under current it runs the tests marked
 # `current`: the integration and slow tests that mark themselves, and these unit tests, whose code

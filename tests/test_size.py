@@ -2,8 +2,9 @@
 modules, a shipped product without one-off studies or test harnesses, and studies/ holding only
 the scripts behind the benchmark pages' figures. Raising a limit is a decision, not a drift:
 issue 77 left 23,500 and 2,000; issue 80 added a user's command, ``hvdflow bench-input``
-(``bench/feed.py``, about 380 lines with its CLI), and the DataLoader baseline and the emulated
-accelerator to the readers' study."""
+(``bench/feed.py``, about 380 lines with its CLI) and JPEG as an encoding, and the DataLoader
+baseline and the emulated accelerator to the readers' study; issue 78 the study of the
+container image against the host."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ def test_the_launcher_is_at_most_12_modules_and_4800_lines():
     assert lines(launcher) <= 4800
 
 
-def test_the_shipped_product_is_at_most_23900_lines():
-    assert sum(lines(ROOT / folder) for folder in SHIPPED) <= 23900
+def test_the_shipped_product_is_at_most_23950_lines():
+    assert sum(lines(ROOT / folder) for folder in SHIPPED) <= 23950
 
 
-def test_studies_are_at_most_2075_lines():
-    assert lines(ROOT / "studies") <= 2075
+def test_studies_are_at_most_2175_lines():
+    assert lines(ROOT / "studies") <= 2175
 
 
 def test_the_count_reads_every_python_file_below_a_folder(tmp_path):

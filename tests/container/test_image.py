@@ -6,7 +6,6 @@ builder's environment reaches a layer. Skipped only where no engine can be start
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import subprocess
 import tarfile
@@ -14,48 +13,10 @@ import tarfile
 import pytest
 from mlflow import MlflowClient
 
+from tests.container.conftest import docker
 from tests.security.test_no_secret_in_records import occurrences
-from tests.uv import CHECKOUT
 
 pytestmark = pytest.mark.slow
-
-
-def engine_env() -> dict[str, str]:
-    """The environment with DOCKER_HOST at an engine that answers (scripts/docker.sh), or skip."""
-    found = subprocess.run(
-        ["bash", "-c", "source scripts/docker.sh && docker_engine && echo ${DOCKER_HOST:-}"],
-        cwd=CHECKOUT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    if found.returncode != 0:
-        pytest.skip(f"no Docker engine here: {found.stderr.strip()}")
-    host = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else ""
-    return os.environ | ({"DOCKER_HOST": host} if host else {})
-
-
-def docker(env, *args: str, timeout: float = 300, check: bool = True, **kw):
-    return subprocess.run(
-        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout,
-        check=check, **kw,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def planted() -> dict[str, str]:
-    token = secrets.token_hex(8)
-    return {"AWS_SECRET_ACCESS_KEY": f"awsbuild{token}", "MLFLOW_TRACKING_PASSWORD": f"ml{token}"}
-
-
-@pytest.fixture(scope="module")
-def image(planted) -> tuple[dict, str]:
-    """The classic image, built (from the engine's cache when nothing changed) with secrets in
-    the builder's environment; the engine's environment and the image's tag."""
-    env = engine_env()
-    built = subprocess.run(
-        ["bash", "scripts/image.sh", "classic"], cwd=CHECKOUT, env=env | planted,
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-4000:]
-    return env, built.stdout.strip().splitlines()[-1]
 
 
 def test_the_image_runs_as_a_user_and_no_builders_secret_is_in_a_layer(image, planted):

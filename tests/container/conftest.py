@@ -1,0 +1,51 @@
+"""The container tests' engine and image: Docker's engine that scripts/docker.sh finds or
+starts, and hvdflow's classic image built on it once for the session (from the engine's cache,
+outside the clone, when the lock and the code are unchanged)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+
+import pytest
+
+from tests.uv import CHECKOUT
+
+
+def engine_env() -> dict[str, str]:
+    """The environment with DOCKER_HOST at an engine that answers (scripts/docker.sh), or skip."""
+    found = subprocess.run(
+        ["bash", "-c", "source scripts/docker.sh && docker_engine && echo ${DOCKER_HOST:-}"],
+        cwd=CHECKOUT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if found.returncode != 0:
+        pytest.skip(f"no Docker engine here: {found.stderr.strip()}")
+    host = found.stdout.strip().splitlines()[-1] if found.stdout.strip() else ""
+    return os.environ | ({"DOCKER_HOST": host} if host else {})
+
+
+def docker(env, *args: str, timeout: float = 300, check: bool = True, **kw):
+    return subprocess.run(
+        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout,
+        check=check, **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def planted() -> dict[str, str]:
+    token = secrets.token_hex(8)
+    return {"AWS_SECRET_ACCESS_KEY": f"awsbuild{token}", "MLFLOW_TRACKING_PASSWORD": f"ml{token}"}
+
+
+@pytest.fixture(scope="session")
+def image(planted) -> tuple[dict, str]:
+    """The classic image, built (from the engine's cache when nothing changed) with secrets in
+    the builder's environment; the engine's environment and the image's tag."""
+    env = engine_env()
+    built = subprocess.run(
+        ["bash", "scripts/image.sh", "classic"], cwd=CHECKOUT, env=env | planted,
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-4000:]
+    return env, built.stdout.strip().splitlines()[-1]
