@@ -44,6 +44,8 @@ lint: setup
 test-classic:
 	bash scripts/test-tools.sh
 	bash scripts/setup.sh classic
+	@# Docker's engine for tests/container; where it cannot be installed, those tests say why.
+	-bash scripts/setup.sh docker
 	bash scripts/setup.sh airflow
 	bash scripts/setup.sh client-classic
 	.venv/bin/python -m compileall -q $(CODE)
