@@ -20,20 +20,25 @@ from hvdflow.training import parquet_reader
 from hvdflow.training.parquet_reader import FieldDescription
 
 
-@pytest.mark.integration
-@pytest.mark.current
-def test_a_raw_dataset_reads_back_the_pixels_of_its_png_twin(spark, tmp_path):
-    manifests = {}
-    for encoding in ("png", "raw"):
+def twins(spark, tmp_path, encoding: str):
+    """The bundled digits preprocessed at 28x28 twice: as PNG, and stored as ``encoding``."""
+    manifests = []
+    for stored in ("png", encoding):
         config = PreprocessConfig(
             input=str(tmp_path / "digits"),
             input_format="digits",
-            output=str(tmp_path / encoding),
+            output=str(tmp_path / stored),
             image_size=(28, 28),
-            image_encoding=encoding,
+            image_encoding=stored,
         )
-        manifests[encoding] = preprocess_images(spark, config)
-    png, raw = manifests["png"], manifests["raw"]
+        manifests.append(preprocess_images(spark, config))
+    return manifests
+
+
+@pytest.mark.integration
+@pytest.mark.current
+def test_a_raw_dataset_reads_back_the_pixels_of_its_png_twin(spark, tmp_path):
+    png, raw = twins(spark, tmp_path, "raw")
     assert png.fingerprint != raw.fingerprint  # two datasets, not one reused
     for url in ("train_url", "val_url"):
         ours = parquet_reader.load_shard(getattr(raw, url))
@@ -82,17 +87,7 @@ def test_a_raw_dataset_trains_with_the_pyarrow_reader_and_refuses_petastorms():
 @pytest.mark.integration
 @pytest.mark.current
 def test_a_jpeg_dataset_reads_alike_with_both_readers_near_its_png_twins_pixels(spark, tmp_path):
-    manifests = {}
-    for encoding in ("png", "jpeg"):
-        config = PreprocessConfig(
-            input=str(tmp_path / "digits"),
-            input_format="digits",
-            output=str(tmp_path / encoding),
-            image_size=(28, 28),
-            image_encoding=encoding,
-        )
-        manifests[encoding] = preprocess_images(spark, config)
-    png, jpeg = manifests["png"], manifests["jpeg"]
+    png, jpeg = twins(spark, tmp_path, "jpeg")
     description = parquet_reader.read_description(jpeg.train_url)
     assert description.field("image").codec == "jpeg"
     ours = parquet_reader.load_shard(jpeg.train_url)
