@@ -1,9 +1,11 @@
 """hvdflow's optional extras: which are installed, and the one-line error when one is missing.
 
-Horovod, Petastorm and tensorflow-addons belong to the classic profile (Python 3.11, TensorFlow
-2.15, pyarrow 14): none of them installs on the current stack. The pipeline, the tf_collective
-engine, the pyarrow reader, scoring and the champion need none of them; a feature that does
-asks here first and fails at once, before any Spark job or rank starts, saying what to install.
+TensorFlow is an extra under either of its names (``hvdflow[tensorflow]``, or
+``hvdflow[tensorflow-cpu]`` with 2.15), as in Horovod's own extras. Horovod, Petastorm and
+tensorflow-addons belong to the classic profile (Python 3.11, TensorFlow 2.15, pyarrow 14): none
+of them installs on the current stack. With TensorFlow, the pipeline, the tf_collective engine,
+the pyarrow reader, scoring and the champion need none of them; a feature that does asks here
+first and fails at once, before any Spark job or rank starts, saying what to install.
 Whether a package is installed is read from the import system's finders without importing it
 (Horovod's import costs seconds and loads TensorFlow).
 """
@@ -24,6 +26,11 @@ class Extra:
     install: str  # how to get it
 
 
+TENSORFLOW = Extra(
+    "tensorflow",
+    "pip install 'hvdflow[tensorflow]' (or 'hvdflow[tensorflow-cpu]', TensorFlow 2.15 without "
+    "its GPU kernels)",
+)
 HOROVOD = Extra(
     "horovod",
     "build Horovod against the installed TensorFlow (it has no wheel on PyPI), then pip "

@@ -47,12 +47,17 @@ mkdir -p "$stage"/{requirements,find-links,horovod,hvdflow}
 cp container/Dockerfile "$context/"
 cp "requirements/$PROFILE.txt" "$stage/requirements/"
 cp "$(bash scripts/uv.sh)" "$stage/uv"
-# The lock's packages with a local version (+cpu): only the machine's find-links hold them.
-links=$(python3 -m pip config get global.find-links 2>/dev/null || true)
+# The lock's packages with a local version (+cpu, +hvdflow.1): only the machine's find-links
+# and scripts/petastorm-wheel.sh's folder hold them.
+links="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
+[ "$PROFILE" != classic ] || links="$links $(bash scripts/petastorm-wheel.sh)"
 for pin in $(grep -oE '^[A-Za-z0-9_.-]+==[^ ]+\+[^ ]+' "requirements/$PROFILE.txt" || true); do
-  name=${pin%%==*} version=${pin#*==}
-  found=$(ls ${PIP_FIND_LINKS:-$links}/"${name//-/_}-$version"-*.whl 2>/dev/null | head -1 || true)
-  [ -n "$found" ] || { log "$pin: no wheel in the find-links (${PIP_FIND_LINKS:-$links})"; exit 1; }
+  name=${pin%%==*} version=${pin#*==} found=
+  for dir in $links; do
+    found=$(ls "$dir/${name//-/_}-$version"-*.whl 2>/dev/null | head -1 || true)
+    [ -z "$found" ] || break
+  done
+  [ -n "$found" ] || { log "$pin: no wheel in the find-links ($links)"; exit 1; }
   cp -l "$found" "$stage/find-links/" 2>/dev/null || cp "$found" "$stage/find-links/"
 done
 if [ "$PROFILE" = classic ]; then

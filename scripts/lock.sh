@@ -8,9 +8,9 @@
 # pyproject.toml and its .in file compile to (tests/test_locks.py runs it).
 #
 # The locks are for the machines the project runs on (Linux x86_64, glibc 2.28+), each for its
-# profile's Python. requirements/overrides.txt replaces dependency bounds that are known to be
-# stale; requirements/<profile>-overrides.txt, where there is one, the profile's own. PyTorch's CPU build is found through the machine's find-links (pip's configuration, as
-# scripts/setup.sh reads it).
+# profile's Python. PyTorch's CPU build is found through the machine's find-links (pip's
+# configuration, as scripts/setup.sh reads it), the classic profile's Petastorm in the folder
+# scripts/petastorm-wheel.sh makes it in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,9 +32,7 @@ lock() {  # profile, Python version, extras...
   shift 2
   local extras=()
   for extra in "$@"; do extras+=(--extra "$extra"); done
-  local sources=(requirements/"$profile".in) profile_overrides=()
-  [ ! -f requirements/"$profile"-overrides.txt ] \
-    || profile_overrides=(--override requirements/"$profile"-overrides.txt)
+  local sources=(requirements/"$profile".in)
   # Airflow's and the thin client's environments hold hvdflow without its dependencies.
   case "$profile" in airflow|client*) ;; *) sources=(pyproject.toml "${sources[@]}") ;; esac
   local out=requirements/"$profile".txt
@@ -45,7 +43,6 @@ lock() {  # profile, Python version, extras...
   printf '[lock] %s (Python %s)\n' "$profile" "$python" >&2
   local compile=("$UV" pip compile --quiet "${sources[@]}" "${extras[@]}" "${upgrade[@]}"
     --python-version "$python" --python-platform x86_64-manylinux_2_28
-    --override requirements/overrides.txt "${profile_overrides[@]}"
     --no-emit-find-links --no-header --annotation-style line
     --custom-compile-command "scripts/lock.sh $profile" -o "$out")
   # A check keeps the lock's pins, so what uv already has answers it: from its cache first.
@@ -82,8 +79,10 @@ profiles=("$@")
 [ ${#profiles[@]} -gt 0 ] || profiles=(classic current airflow client client-classic)
 for profile in "${profiles[@]}"; do
   case "$profile" in
-    classic) lock classic 3.11 dev profile petastorm addons torch ;;
-    current) lock current 3.13 dev connect ;;
+    classic)
+      UV_FIND_LINKS="${UV_FIND_LINKS:+$UV_FIND_LINKS,}$(bash scripts/petastorm-wheel.sh)" \
+        lock classic 3.11 tensorflow-cpu dev profile petastorm addons torch ;;
+    current) lock current 3.13 tensorflow dev connect ;;
     airflow) lock airflow 3.11 ;;
     client) lock client 3.13 ;;
     client-classic) lock client-classic 3.11 ;;

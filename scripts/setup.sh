@@ -142,8 +142,8 @@ if have != want:
 PY
 
 # Everything that decides the environment's content; a change to any of it installs again.
-want=$(cat pyproject.toml "$LOCK" requirements/*overrides.txt scripts/setup.sh scripts/python.sh scripts/uv.sh \
-         scripts/uv-env.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml "$LOCK" scripts/setup.sh scripts/python.sh scripts/uv.sh scripts/uv-env.sh \
+         scripts/petastorm-wheel.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "environment up to date ($VENV)"
   exit 0
@@ -156,23 +156,16 @@ source scripts/uv-env.sh
 python=$("$PYTHON" -c "import sys; print(sys.executable)")
 UVPIP=("$UV" pip --quiet)
 
-# What `uv pip check` finds broken in the environment VIRTUAL_ENV names, less the requirements
-# the lock overrides on purpose (requirements/overrides.txt and the profile's own, each with its
-# reason).
-broken() {
-  local overridden
-  overridden=$(cat requirements/overrides.txt requirements/"$PROFILE"-overrides.txt 2>/dev/null \
-                 | grep -v '^#' | sed -E 's/[<>=!~; ].*//' | grep . | sed 's/.*/requires `&/' || true)
-  local found
-  found=$("$UV" pip check 2>&1 | grep '^The package' || true)
-  if [ -n "$overridden" ]; then
-    found=$(printf '%s\n' "$found" | grep -F -v "$overridden" || true)
-  fi
-  printf '%s' "$found"
-}
+# What `uv pip check` finds broken in the environment VIRTUAL_ENV names.
+broken() { "$UV" pip check 2>&1 | grep '^The package' || true; }
+# The classic profile's Petastorm is a local build (scripts/petastorm-wheel.sh says why).
+if [ "$PROFILE" = classic ]; then
+  UV_FIND_LINKS="${UV_FIND_LINKS:+$UV_FIND_LINKS,}$(bash scripts/petastorm-wheel.sh)"
+  export UV_FIND_LINKS
+fi
 
 # The profile's packages are installed once per machine into a template environment outside
-# the clone, keyed by what decides them (the lock, its overrides, the interpreter, uv's
+# the clone, keyed by what decides them (the lock, the interpreter, uv's
 # scripts, TEMPLATE_VERSION); each clone's environment is a copy of it made of hardlinks:
 # seconds, and almost no disk. uv links the packages from its cache anyway; what the template
 # saves each clone is their bytecode (about 400 MB and half a minute of compiling per
@@ -181,7 +174,7 @@ broken() {
 # which would otherwise cost every machine its templates again).
 TEMPLATE_VERSION=1
 ENVS=${HVDFLOW_ENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdflow/envs}
-key=$( { cat "$LOCK" requirements/*overrides.txt scripts/uv.sh scripts/uv-env.sh
+key=$( { cat "$LOCK" scripts/uv.sh scripts/uv-env.sh scripts/petastorm-wheel.sh
          echo "$TEMPLATE_VERSION $HOROVOD_VERSION $TF_VERSION"
          "$python" -c 'import sys; print(sys.executable, sys.version)'; } | sha256sum | cut -c1-16)
 TEMPLATE="$ENVS/$PROFILE-$key"
@@ -302,8 +295,7 @@ if [ "$PROFILE" = airflow ] || [ "$PROFILE" = client ] || [ "$PROFILE" = client-
   exit 0
 fi
 
-# Every requirement holds, except the bounds the lock overrides on purpose
-# (requirements/overrides.txt, each with its reason).
+# Every requirement holds, as `pip check` reads them.
 problems=$(broken)
 [ -z "$problems" ] || { printf '%s\n' "$problems" >&2; log "$VENV does not hold together"; exit 1; }
 echo "$want" > "$STAMP"

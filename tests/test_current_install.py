@@ -74,7 +74,8 @@ def test_the_wheel_in_a_fresh_python_313_trains_with_tf_collective_and_registers
     install_env = {k: v for k, v in uv_env().items() if k != "UV_COMPILE_BYTECODE"}
     install = run_cached_first(
         [uv(), "pip", "install", "--quiet", "--python", python,
-         "-c", str(ROOT / "requirements" / "current.txt"), str(wheel)],
+         "-c", str(ROOT / "requirements" / "current.txt"),
+         f"hvdflow[tensorflow] @ {wheel.as_uri()}"],
         env=install_env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]

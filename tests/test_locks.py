@@ -25,12 +25,13 @@ def test_every_lock_is_what_pyproject_and_its_in_file_compile_to():
 
 
 def resolve(tmp_path, python: str, *requirements: str) -> dict[str, str]:
-    """What the wheel's ranges resolve to beside ``requirements`` on ``python``: name -> version."""
+    """What the wheel's ranges with its ``tensorflow`` extra resolve to beside ``requirements``
+    on ``python``: name -> version."""
     wanted = tmp_path / "wanted.txt"
     wanted.write_text("\n".join(requirements) + "\n")
     compiled = run_cached_first(
         [uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-         str(ROOT / "pyproject.toml"), str(wanted),
+         str(ROOT / "pyproject.toml"), str(wanted), "--extra", "tensorflow",
          "--python-version", python, "--python-platform", "x86_64-manylinux_2_28"],
         capture_output=True, text=True, timeout=300, env=uv_env(),
     )  # fmt: skip

@@ -117,6 +117,17 @@ def test_type_checkers_see_what_each_lazy_export_is():
     assert seen == hvdflow._EXPORTS
 
 
+@pytest.mark.unit
+@pytest.mark.current
+def test_the_profiles_environment_holds_together_as_pip_check_reads_it():
+    # The lock, hvdflow's own requirements (the profile's TensorFlow is an extra) and the
+    # classic profile's Petastorm build (scripts/petastorm-wheel.sh) agree, with no exception.
+    check = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=120
+    )
+    assert check.returncode == 0 and "No broken requirements" in check.stdout, check.stdout
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.current

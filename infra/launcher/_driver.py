@@ -574,12 +574,15 @@ class Launch:
 
     def _require_engine(self, spark) -> None:
         """What the engine needs, of the executors of ``spark`` (None: of this process)."""
+        engine = self.plan.options.engine
+        instead = (
+            "hvdflow.TorchDistributor for a PyTorch function"
+            if engine == _wire.TF_COLLECTIVE
+            else "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
+            "MultiWorkerMirroredStrategy)"
+        )
         executor_python.require_engine(
-            spark,
-            _engines.engine(self.plan.options.engine).extra,
-            f"{self._name()} with engine={self.plan.options.engine!r}",
-            "options=LaunchOptions(engine='tf_collective') (TensorFlow's "
-            "MultiWorkerMirroredStrategy)",
+            spark, _engines.engine(engine).extra, f"{self._name()} with engine={engine!r}", instead
         )
 
     def _spec(

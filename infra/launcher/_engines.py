@@ -642,6 +642,7 @@ ENGINES = {
         Engine(
             name=_wire.TF_COLLECTIVE,
             start_point="tf.distribute.MultiWorkerMirroredStrategy()",
+            extra=extras.TENSORFLOW,
             task_env=_set_tf_configs,
             in_rank=_in_tf_collective_rank,
             after_main=_wait_for_the_other_tf_workers,

@@ -1,8 +1,11 @@
 """A feature whose optional extra is missing fails at once, in one line that says what to
 install. Horovod, Petastorm and tensorflow-addons are absent for real in the current profile;
-where one is installed (the classic profile), its case skips."""
+where one is installed (the classic profile), its case skips. TensorFlow is absent for real in
+the thin client's environment."""
 
 from __future__ import annotations
+
+import subprocess
 
 import pytest
 
@@ -10,6 +13,7 @@ from hvdflow import HorovodRunner
 from hvdflow.flows.params import BenchParams
 from hvdflow.infra import extras
 from hvdflow.tasks.config import LauncherParams, TrainingParams
+from tests.uv import CHECKOUT
 
 pytestmark = pytest.mark.unit
 
@@ -46,3 +50,19 @@ def test_radam_without_tensorflow_addons_fails_saying_what_to_install():
     absent(extras.ADDONS)
     with pytest.raises(extras.MissingExtra, match=r"pip install 'hvdflow\[addons\]'"):
         TrainingParams(optimizer="radam")
+
+
+def test_tensorflows_engine_where_tensorflow_is_not_installed_fails_saying_what_to_install():
+    # The thin client's environment (scripts/setup.sh client) has hvdflow and no TensorFlow.
+    thin = CHECKOUT / ".venv-client" / "bin" / "python"
+    if not thin.exists():
+        pytest.skip("no thin client's environment here: scripts/setup.sh client")
+    run = subprocess.run(
+        [str(thin), "-c", "from hvdflow import HorovodRunner, LaunchOptions\n"
+         "HorovodRunner(np=-1, options=LaunchOptions(engine='tf_collective')).run(print)"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("hvdflow.infra.extras.MissingExtra: HorovodRunner np=-1 with engine=")
+    assert "needs tensorflow, which is not installed" in last
+    assert "pip install 'hvdflow[tensorflow]'" in last and "TorchDistributor" in last
