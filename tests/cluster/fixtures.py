@@ -76,7 +76,7 @@ def _interrupt(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def upload_raw_images(store, prefix: str) -> int:
+def upload_raw_images(store, prefix: str, per_class: int = IMAGES_PER_CLASS) -> int:
     """A class-folder tree of real digits (PNG) plus the bad objects; returns the good count."""
     from PIL import Image
 
@@ -85,7 +85,7 @@ def upload_raw_images(store, prefix: str) -> int:
     images, labels = bundled_digits()
     counts: dict[int, int] = {}
     for i, (image, label) in enumerate(zip(images, labels, strict=True)):
-        if counts.get(label, 0) == IMAGES_PER_CLASS:
+        if counts.get(label, 0) == per_class:
             continue
         counts[label] = counts.get(label, 0) + 1
         buffer = io.BytesIO()
