@@ -194,9 +194,26 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
             "--score-on-champion needs --score-input: the folder or s3://bucket/prefix of the "
             "images each new champion scores"
         )
-    _use_services()
-    from hvdflow.flows.prefect.deploy import deploy_all, deployments  # noqa: PLC0415 (lazy: it loads Spark)
+    if (args.network or args.env) and not args.image:
+        raise InvalidParameters("--network and --env are for a Docker pool: give --image too")
+    extra = dict(_name_value(item, "--env") for item in args.env)
+    from hvdflow.flows.prefect import docker_pool  # noqa: PLC0415 (lazy: it loads Prefect)
 
+    try:
+        if args.image:
+            docker_pool.check_image(args.image)  # before any service starts
+    except docker_pool.DockerPoolError as e:
+        raise InvalidParameters(str(e)) from None
+    _use_services()
+    from hvdflow.flows.prefect.deploy import WrongPoolType, deploy_all, deployments  # noqa: PLC0415 (lazy: it loads Spark)
+
+    variables = None
+    if args.image:
+        try:
+            env = docker_pool.service_env(extra)
+            variables = docker_pool.job_variables(args.image, args.network, env)
+        except docker_pool.DockerPoolError as e:
+            raise InvalidParameters(str(e)) from None
     made = deployments(
         params,
         cron=args.cron or None,
@@ -204,15 +221,32 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
         score_params=score_params,
         score_cron=args.score_cron,
         score_on_champion=args.score_on_champion,
+        job_variables=variables,
     )
-    deploy_all(args.pool, made)
-    print(f"\ndeployed to work pool {args.pool!r} (module entrypoints: no checkout needed):")
+    kind = docker_pool.DOCKER if args.image else "process"
+    try:
+        deploy_all(args.pool, made, kind)
+    except WrongPoolType as e:
+        raise InvalidParameters(str(e)) from None
+    where = f"in containers of {args.image}" if args.image else "module entrypoints"
+    print(f"\ndeployed to work pool {args.pool!r} ({where}: no checkout needed):")
     for deployment in made:
         schedule = ", ".join(str(s.schedule.cron) for s in deployment.schedules) or "on demand"
         triggered = " and on each new champion" if deployment.triggers else ""
         print(f"  {deployment.flow_name}/{deployment.name:<20} {schedule}{triggered}")
-    print(f"Start a worker where hvdflow is installed: prefect worker start --pool {args.pool}")
+    if args.image:
+        print(f"Start a worker beside a Docker engine: prefect worker start --pool {args.pool} "
+              "--type docker (hvdflow[docker] installed)")  # fmt: skip
+    else:
+        print(f"Start a worker where hvdflow is installed: prefect worker start --pool {args.pool}")
     return 0
+
+
+def _name_value(item: str, flag: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name:
+        raise InvalidParameters(f"{flag} {item!r}: expected NAME=VALUE")
+    return name, value
 
 
 def _cmd_score(args: argparse.Namespace) -> int:

@@ -126,7 +126,23 @@ def _add_pipeline_commands(commands: Commands, handlers: Mapping[str, Handler]) 
     )
     _add_schedules(deploy)
     deploy.add_argument(
-        "--pool", required=True, help="the work pool (a process pool is created if none)"
+        "--pool", required=True, help="the work pool (created if none: process, or docker)"
+    )
+    deploy.add_argument(
+        "--image",
+        help="a Docker work pool: each flow run in a container of IMAGE (make image; a "
+        "`prefect worker start --type docker` worker needs hvdflow[docker])",
+    )
+    deploy.add_argument(
+        "--network", help="with --image: the containers' Docker network ('host': the host's)"
+    )
+    deploy.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --image: a variable for the containers, beside the services' (AWS_*, "
+        "MLFLOW_*); secret ones go by reference to Prefect Secret blocks",
     )
     deploy.add_argument(
         "--score-input",

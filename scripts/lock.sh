@@ -81,7 +81,7 @@ for profile in "${profiles[@]}"; do
   case "$profile" in
     classic)
       UV_FIND_LINKS="${UV_FIND_LINKS:+$UV_FIND_LINKS,}$(bash scripts/petastorm-wheel.sh)" \
-        lock classic 3.11 tensorflow-cpu dev profile petastorm addons torch ;;
+        lock classic 3.11 tensorflow-cpu dev profile petastorm addons torch docker ;;
     current) lock current 3.13 tensorflow dev connect ;;
     airflow) lock airflow 3.11 ;;
     client) lock client 3.13 ;;

@@ -4,7 +4,8 @@ the scripts behind the benchmark pages' figures. Raising a limit is a decision, 
 issue 77 left 23,500 and 2,000; issue 80 added a user's command, ``hvdflow bench-input``
 (``bench/feed.py``, about 380 lines with its CLI) and JPEG as an encoding, and the DataLoader
 baseline and the emulated accelerator to the readers' study; issue 78 the study of the
-container image against the host."""
+container image against the host, and a user's Prefect Docker work pool (``hvdflow deploy
+--image``: flows/prefect/docker_pool.py and its flags, about 190 lines)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def test_the_launcher_is_at_most_12_modules_and_4800_lines():
     assert lines(launcher) <= 4800
 
 
-def test_the_shipped_product_is_at_most_23950_lines():
-    assert sum(lines(ROOT / folder) for folder in SHIPPED) <= 23950
+def test_the_shipped_product_is_at_most_24150_lines():
+    assert sum(lines(ROOT / folder) for folder in SHIPPED) <= 24150
 
 
 def test_studies_are_at_most_2175_lines():

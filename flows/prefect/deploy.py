@@ -50,16 +50,18 @@ def deployments(
     score_params: ScoreParams | None = None,
     score_cron: str | None = None,
     score_on_champion: bool = False,
+    job_variables: dict | None = None,
 ) -> list:
     """The three deployments; scoring's default parameters exist only with ``score_params``
-    (without them a run asked for in the UI names its input there)."""
+    (without them a run asked for in the UI names its input there). ``job_variables``: the
+    pool's (a Docker pool's: ``docker_pool.job_variables``); default, a process pool's."""
     common = {
         "entrypoint_type": EntrypointType.MODULE_PATH,
         "concurrency_limit": 1,
         # Each run in the worker's own folder, where nothing is written: without a working_dir
         # Prefect's process worker makes a temporary folder per run and removes it only when
         # the run ends under it, so a worker killed mid-run left one behind per run.
-        "job_variables": {"working_dir": "."},
+        "job_variables": job_variables or {"working_dir": "."},
     }
     made = [
         pipeline.to_deployment(
@@ -84,20 +86,32 @@ def deployments(
     return made
 
 
-def ensure_pool(name: str) -> bool:
-    """Create process work pool ``name`` unless a pool of that name exists; True if created."""
+class WrongPoolType(ValueError):
+    """The pool exists with a type whose workers cannot run these deployments' jobs."""
+
+
+def ensure_pool(name: str, kind: str = "process") -> bool:
+    """Create work pool ``name`` of type ``kind`` unless a pool of that name exists; True if
+    created; WrongPoolType for a pool of another type."""
     with get_client(sync_client=True) as client:
         try:
-            client.read_work_pool(name)
-            return False
+            pool = client.read_work_pool(name)
         except ObjectNotFound:
-            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+            client.create_work_pool(WorkPoolCreate(name=name, type=kind))
             return True
+    if pool.type != kind:
+        given = "--image" if kind == "docker" else "no --image"
+        raise WrongPoolType(
+            f"work pool {name!r} is a {pool.type} pool and {given} deploys to a {kind} pool: "
+            "give another --pool (it is created), or delete this one"
+        )
+    return False
 
 
-def deploy_all(pool: str, made: list) -> list[str]:
-    """Register ``made`` with work pool ``pool`` (created if missing); the deployment ids."""
-    ensure_pool(pool)
+def deploy_all(pool: str, made: list, kind: str = "process") -> list[str]:
+    """Register ``made`` with work pool ``pool`` of type ``kind`` (created if missing); the
+    deployment ids."""
+    ensure_pool(pool, kind)
     ids = deploy(
         *made, work_pool_name=pool, build=False, push=False, print_next_steps_message=False
     )

@@ -39,6 +39,22 @@ def test_the_deployments_load_by_module_path_and_scoring_follows_the_champion():
         deployments(PipelineParams(), cron=None, bench_cron=None, score_on_champion=True)
 
 
+@pytest.mark.unit
+def test_the_job_variables_refuse_a_loopback_service_unless_on_the_hosts_network():
+    from hvdflow.flows.prefect.docker_pool import DockerPoolError, job_variables
+
+    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"}
+    with pytest.raises(DockerPoolError) as refused:
+        job_variables("hvdflow:classic", "hvdflow-net", env)
+    message = str(refused.value)
+    assert message.startswith("MLFLOW_TRACKING_URI=http://127.0.0.1:5000 is this machine's")
+    assert "network 'hvdflow-net'" in message and "--network host" in message
+    on_host = job_variables("hvdflow:classic", "host", env)
+    assert on_host["network_mode"] == "host" and on_host["env"] == env
+    bridged = job_variables("hvdflow:classic", "hvdflow-net", {"AWS_DEFAULT_REGION": "eu"})
+    assert bridged["networks"] == ["hvdflow-net"] and "network_mode" not in bridged
+
+
 @pytest.mark.slow
 def test_a_worker_without_a_checkout_runs_the_pipeline_scoring_on_its_champion_and_the_benchmark(
     deployed_pipeline_run,
