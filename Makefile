@@ -70,4 +70,4 @@ lock:
 # from it. Debian's Docker engine and debootstrap are installed first where they are missing.
 image: setup
 	bash scripts/setup.sh docker
-	bash scripts/image.sh $(PROFILE)
+	IMAGE_PYTHON=$(VENV)/bin/python bash scripts/image.sh $(PROFILE)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hvdflow's container image of a profile (container/Dockerfile), tagged hvdflow:PROFILE:
 #
-#   bash scripts/image.sh classic        # or `make image PROFILE=classic`
+#   bash scripts/image.sh classic        # or `make image PROFILE=classic`; or current
 #
 # Stages the build context in a temporary folder: the profile's lock, the wheels the lock needs
 # that no index serves (the machine's find-links, such as PyTorch's CPU build; Horovod, built
@@ -13,9 +13,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROFILE=${1:-classic}
+# Each profile's Debian: the one whose python3 is the profile's Python, and its Java.
 case "$PROFILE" in
-  classic) SUITE=bookworm ;;
-  *) echo "image: profile '$PROFILE' has no image yet; expected classic" >&2; exit 2 ;;
+  classic) SUITE=bookworm JAVA=17 ;;
+  current) SUITE=trixie JAVA=21 ;;
+  *) echo "image: profile '$PROFILE' has no image; expected classic or current" >&2; exit 2 ;;
 esac
 TAG=${HVDFLOW_IMAGE:-hvdflow:$PROFILE}
 CA=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
@@ -80,6 +82,13 @@ find "$source" -name __pycache__ -prune -exec rm -rf {} +
 client=docker
 if ! docker buildx version >/dev/null 2>&1 && [ -x /usr/bin/docker ]; then client=/usr/bin/docker; fi
 log "building $TAG from $base"
-DOCKER_BUILDKIT=1 "$client" build --network host --secret "id=ca,src=$CA" \
-  --build-arg "BASE=$base" --build-arg "PROFILE=$PROFILE" -t "$TAG" "$context" >&2
+nocache=()
+[ "${HVDFLOW_IMAGE_NO_CACHE:-0}" != 1 ] || nocache=(--no-cache)  # every layer anew
+DOCKER_BUILDKIT=1 "$client" build "${nocache[@]}" --network host --secret "id=ca,src=$CA" \
+  --build-arg "BASE=$base" --build-arg "PROFILE=$PROFILE" --build-arg "JAVA=$JAVA" \
+  -t "$TAG" "$context" >&2
+# What older builds left: hvdflow's untagged images, and the builder's cache beyond a bound (the
+# newest records stay, so the next build of the same lock reuses its layers).
+docker image prune -f --filter label=org.opencontainers.image.title=hvdflow >/dev/null
+docker builder prune -f --keep-storage "${HVDFLOW_BUILD_CACHE:-20GB}" >/dev/null 2>&1 || true
 echo "$TAG"

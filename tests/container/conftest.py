@@ -1,6 +1,6 @@
-"""The container tests' engine and image: Docker's engine that scripts/docker.sh finds or
-starts, and hvdflow's classic image built on it once for the session (from the engine's cache,
-outside the clone, when the lock and the code are unchanged)."""
+"""The container tests' engine and images: Docker's engine that scripts/docker.sh finds or
+starts, and hvdflow's image of each profile built on it once for the session (from the engine's
+cache, outside the clone, when the lock and the code are unchanged)."""
 
 from __future__ import annotations
 
@@ -38,14 +38,25 @@ def planted() -> dict[str, str]:
     return {"AWS_SECRET_ACCESS_KEY": f"awsbuild{token}", "MLFLOW_TRACKING_PASSWORD": f"ml{token}"}
 
 
-@pytest.fixture(scope="session")
-def image(planted) -> tuple[dict, str]:
-    """The classic image, built (from the engine's cache when nothing changed) with secrets in
+def build(profile: str, planted: dict[str, str]) -> tuple[dict, str]:
+    """The profile's image, built (from the engine's cache when nothing changed) with secrets in
     the builder's environment; the engine's environment and the image's tag."""
     env = engine_env()
     built = subprocess.run(
-        ["bash", "scripts/image.sh", "classic"], cwd=CHECKOUT, env=env | planted,
+        ["bash", "scripts/image.sh", profile], cwd=CHECKOUT, env=env | planted,
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-4000:]
     return env, built.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def image(planted) -> tuple[dict, str]:
+    """The classic image: the engine's environment and the image's tag."""
+    return build("classic", planted)
+
+
+@pytest.fixture(scope="session")
+def current_image(planted) -> tuple[dict, str]:
+    """The current profile's image (Python 3.13 on Debian trixie)."""
+    return build("current", planted)

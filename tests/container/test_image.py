@@ -1,6 +1,8 @@
-"""hvdflow's image (container/Dockerfile, scripts/image.sh) on a real Docker engine: built once
-per lock into the engine's data root outside the clone, it runs the pipeline against the
-session's object store, MLflow and Prefect, as a non-root user, and none of the secrets in its
+"""hvdflow's images (container/Dockerfile, scripts/image.sh) on a real Docker engine: built once
+per lock into the engine's data root outside the clone, each runs as a non-root user on its
+profile's Python and holds together as `pip check` reads it; the current profile's runs the
+pipeline against the session's object store, MLflow and Prefect (the classic one runs it in
+test_spark_in_containers.py and test_docker_pool.py), and none of the secrets in the classic
 builder's environment reaches a layer. Skipped only where no engine can be started."""
 
 from __future__ import annotations
@@ -17,9 +19,20 @@ from tests.container.conftest import docker
 pytestmark = pytest.mark.slow
 
 
-def test_the_image_runs_as_a_user_and_no_builders_secret_is_in_a_layer(image, planted):
+@pytest.mark.parametrize(("profile", "python"), [("classic", "3.11"), ("current", "3.13")])
+def test_each_profiles_image_runs_as_a_user_on_its_python_and_passes_pip_check(
+    profile, python, request
+):
+    env, tag = request.getfixturevalue("image" if profile == "classic" else "current_image")
+    asked = "id -u; python -c 'import sys; print(sys.version[:4])'; python -m pip check"
+    ran = docker(env, "run", "--rm", tag, "sh", "-c", asked, check=False)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.split()[:2] == ["1000", python]
+    assert "No broken requirements found." in ran.stdout
+
+
+def test_no_builders_secret_is_in_a_layer_of_the_image(image, planted):
     env, tag = image
-    assert docker(env, "run", "--rm", tag, "id", "-u").stdout.strip() == "1000"
     # `docker save` streams the layers as plain tar: a file's bytes lie together in it, so a
     # search of the stream reads every file of every layer, and the config (environment,
     # history). hvdflow's own metadata is the control: found, the search reads the files.
@@ -35,9 +48,9 @@ def test_the_image_runs_as_a_user_and_no_builders_secret_is_in_a_layer(image, pl
 
 
 def test_the_pipeline_in_a_container_ends_with_a_registered_version(
-    image, seaweed, mlflow_server, prefect_server
+    current_image, seaweed, mlflow_server, prefect_server
 ):
-    env, tag = image
+    env, tag = current_image
     services = seaweed.env() | {
         "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri,
         "PREFECT_API_URL": prefect_server.api_url,
