@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -126,6 +127,29 @@ def start_cli(
         cwd=str(PROJECT_ROOT),
         start_new_session=True,  # its own group: stopping it stops its JVM too
     )
+
+
+def output_acted_on(
+    driver: subprocess.Popen, act: Callable[[str], None], timeout_s: float = 600
+) -> str:
+    """``driver``'s output (its stdout, a line at a time) once it ended, each line handed to
+    ``act`` as it came (the moment to strike a fault); the driver's process group is stopped
+    whatever happened."""
+    output: list[str] = []
+
+    def watch() -> None:
+        for line in driver.stdout:
+            output.append(line)
+            act(line)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        driver.wait(timeout=timeout_s)
+        watcher.join(10)
+    finally:
+        processes.stop_groups([driver], grace_s=5)
+    return "".join(output)
 
 
 def logged_at(line: str) -> float | None:

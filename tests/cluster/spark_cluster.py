@@ -53,6 +53,8 @@ class NetnsSparkCluster:
     spare_hosts: tuple[Host, ...] = ()  # up, on the network, with no worker until started
     anchors: dict[str, int] = field(default_factory=dict)  # host name -> anchor pid
     netns_inodes: dict[str, int] = field(default_factory=dict)  # netns -> inode
+    # Workers that are not the hosts' (the soak's worker in a container), by address.
+    extra_worker_ips: set[str] = field(default_factory=set)
     _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     def host(self, which: Host | str) -> Host:
@@ -277,7 +279,7 @@ def _wait_for_workers(cluster: NetnsSparkCluster, hosts: Sequence[Host], timeout
                 "timeout_s):\n" + cluster.diagnostics()
             )
         time.sleep(0.5)
-    known = {h.ip for h in cluster.hosts + cluster.spare_hosts}
+    known = {h.ip for h in cluster.hosts + cluster.spare_hosts} | cluster.extra_worker_ips
     if not alive <= known:
         raise RuntimeError(
             f"workers registered from {sorted(alive)}, expected the hosts' addresses"

@@ -21,13 +21,11 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from tests.cluster import processes
-from tests.cluster.driver import logged_at, start_cli
+from tests.cluster.driver import logged_at, output_acted_on, start_cli
 from tests.helpers import wait_for_no_ranks
 
 pytestmark = pytest.mark.slow
@@ -48,26 +46,16 @@ def run_losing_a_host(cluster, services, workdir, lost) -> tuple[int, str, float
     argv += ["--input", "s3://hvdflow/raw/digits/", "--output", "s3://hvdflow/datasets"]
     argv += ["--params", json.dumps({"launcher": launcher, "training": {"batch_size": 8}})]
     driver = start_cli(cluster, argv, workdir=workdir, home=home)
-    output: list[str] = []
     killed: list[int] = []
     stopped_at: list[float] = []
 
-    def watch() -> None:
-        for line in driver.stdout:
-            output.append(line)
-            # Epoch 2 begins once epoch 1's checkpoint is written: stop the host in epoch 2.
-            if not killed and line.rstrip().endswith(f"<log>:Epoch 2/{EPOCHS}"):
-                stopped_at.append(time.time())
-                killed.extend(cluster.stop_host_for_good(lost))
+    def act(line: str) -> None:
+        # Epoch 2 begins once epoch 1's checkpoint is written: stop the host in epoch 2.
+        if not killed and line.rstrip().endswith(f"<log>:Epoch 2/{EPOCHS}"):
+            stopped_at.append(time.time())
+            killed.extend(cluster.stop_host_for_good(lost))
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        driver.wait(timeout=600)
-        watcher.join(10)
-    finally:
-        processes.stop_groups([driver], grace_s=5)
-    out = "".join(output)
+    out = output_acted_on(driver, act)
     assert killed, "the host was never stopped: epoch 2 did not begin?\n" + out[-3000:]
     return driver.returncode, out, stopped_at[0]
 

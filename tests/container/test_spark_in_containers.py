@@ -17,12 +17,12 @@ import secrets
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 from mlflow import MlflowClient
 
+from tests.cluster.driver import output_acted_on
 from tests.cluster.fixtures import upload_raw_images
 from tests.container.conftest import docker
 from tests.uv import CHECKOUT
@@ -81,26 +81,18 @@ def run_killing_a_worker(env, argv, container: str) -> tuple[int, str]:
     driver = subprocess.Popen(
         [sys.executable, "-m", "hvdflow.flows.cli", *argv], cwd=CHECKOUT, env=env,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own group: stopping it stops its JVM too
     )  # fmt: skip
-    output: list[str] = []
+    killed: list[float] = []
 
-    def watch() -> None:
-        for line in driver.stdout:
-            output.append(line)
-            if "KILLED\n" not in output and line.rstrip().endswith(f"<log>:Epoch 3/{EPOCHS}"):
-                docker(env, "kill", container)
-                output.append("KILLED\n")
-                docker(env, "start", container)
+    def act(line: str) -> None:
+        if not killed and line.rstrip().endswith(f"<log>:Epoch 3/{EPOCHS}"):
+            docker(env, "kill", container)
+            killed.append(time.time())
+            docker(env, "start", container)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        driver.wait(timeout=600)
-        watcher.join(10)
-    finally:
-        driver.kill()
-    out = "".join(output)
-    assert "KILLED\n" in output, "the worker was never killed: did epoch 3 begin?\n" + out[-3000:]
+    out = output_acted_on(driver, act)
+    assert killed, "the worker was never killed: did epoch 3 begin?\n" + out[-3000:]
     return driver.returncode, out
 
 

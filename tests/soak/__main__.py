@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from tests.soak import report
-from tests.soak.plan import AIRFLOW, FACE_OF_KIND, FAULT_KINDS, PREFECT, make_plan
+from tests.soak.plan import AIRFLOW, FACE_OF_KIND, FAULT_KINDS, OPT_IN, PREFECT, make_plan
 
 EPOCHS = 8
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             phases.write_part(part, args.json)
         return 0
-    kinds = args.kinds or list(FAULT_KINDS)
+    kinds = args.kinds or [k for k in FAULT_KINDS if k not in OPT_IN]
     airflow = args.airflow
     if airflow is None:
         strike_airflow = sum(FACE_OF_KIND.get(k) == AIRFLOW for k in kinds) * args.each

@@ -220,6 +220,17 @@ def current_dataset(store) -> dict | None:
     return max(records, key=lambda r: r["created_at"], default=None)
 
 
+def container_kill(stack, detail: dict) -> dict:
+    name = stack.container_worker
+    if name is None:
+        return {"struck": f"{NOT_STRUCK}no worker container was running"}
+    stack.docker("kill", name)
+    killed_at = time.time()
+    stack.docker("start", name)  # as a restart policy or an orchestrator would
+    stack.wait_for_container_worker()
+    return {"struck": f"{name} docker-killed, back in {time.time() - killed_at:.1f} s"}
+
+
 STRIKES = {
     "rank_kill": rank_kill,
     "executor_kill": executor_kill,
@@ -232,6 +243,7 @@ STRIKES = {
     "scheduler_kill": scheduler_kill,
     "api_server_kill": api_server_kill,
     "disk_full": disk_full,
+    "container_kill": container_kill,
     "weights_altered": weights_altered,
     "row_group_corrupt": row_group_corrupt,
     "broken_images": broken_images,
@@ -240,6 +252,15 @@ STRIKES = {
 
 def prepare(stack, fault: str | None, index: int) -> dict:
     """What a run's fault needs before it is asked for."""
+    if fault != "container_kill":
+        stack.remove_container_worker()  # it served the run before only
+    if fault == "container_kill":
+        # Three slots, one of them in the container: np=3 puts a rank there for sure.
+        (spare,) = stack.cluster.spare_hosts
+        if spare.ip in {w["host"] for w in stack.cluster.alive_workers()}:
+            host_lost(stack, {})  # the next host_lost run brings it back as a new machine
+        stack.start_container_worker()
+        return {"np": 3}
     if fault == "host_lost":
         (spare,) = stack.cluster.spare_hosts
         if spare.ip not in {w["host"] for w in stack.cluster.alive_workers()}:

@@ -45,6 +45,7 @@ def run_soak(
         soak.log.stop()
         stack.stop_worker()
         stack.stop_connect()
+        stack.remove_container_worker()
         stack.remove_worker_folders()
         airflow_left = [f"Airflow's {left}" for left in stack.stop_airflow()]
         soak.final_leftovers = airflow_left + _final_leftovers(soak)

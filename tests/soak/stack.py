@@ -28,6 +28,7 @@ from hvdflow.infra.services._process import (
 from hvdflow.infra.services.local import LocalServices
 from hvdflow.infra.services.seaweed import recorded_unix_sockets
 from tests.cluster.driver import driver_conf, driver_env
+from tests.uv import CHECKOUT
 
 BIN = Path(sys.executable).parent
 POOL = "hvdflow"
@@ -82,6 +83,9 @@ class SoakStack:
     # command lines hold: its driver's address.
     connect: object | None = None
     connect_driver: str | None = None
+    # The Spark worker in a container of hvdflow's image (container_kill), while one runs.
+    container_worker: str | None = None
+    _docker_env: dict | None = None
 
     def __post_init__(self) -> None:
         self.home = self.workdir / "home"
@@ -282,6 +286,64 @@ class SoakStack:
 
         executors = {p.pid for p in in_hosts(self, EXECUTOR_MAIN) if _names(p, self.connect_driver)}
         return executors | set(group_members(self.connect.pid)) | {self.connect.pid}
+
+    # --- a worker in a container (container_kill) ----------------------------------------------
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """``docker args`` on the engine scripts/docker.sh finds or starts."""
+        if self._docker_env is None:
+            found = subprocess.run(
+                ["bash", "-c", "source scripts/docker.sh && docker_engine && echo $DOCKER_HOST"],
+                cwd=CHECKOUT, capture_output=True, text=True, timeout=120, check=True,
+            )  # fmt: skip
+            self._docker_env = os.environ | {"DOCKER_HOST": found.stdout.split()[-1]}
+        return subprocess.run(
+            ["docker", *args], env=self._docker_env, capture_output=True, text=True,
+            timeout=300, check=check,
+        )  # fmt: skip
+
+    def start_container_worker(self) -> None:
+        """A third Spark worker, in a container of the classic image (built from this checkout,
+        from the engine's cache when unchanged) on the host's network: on the driver's address,
+        the one the hosts reach, under a host name of its own. The executors' Python is the
+        image's: the driver names its own (sys.executable), so that path runs the image's."""
+        if self.container_worker is not None:
+            return
+        self.docker("version")  # the engine, first
+        built = subprocess.run(
+            ["bash", "scripts/image.sh", "classic"], cwd=CHECKOUT, env=self._docker_env,
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        if built.returncode != 0:
+            raise RuntimeError(f"the image did not build: {built.stderr[-2000:]}")
+        tag = built.stdout.split()[-1]
+        python = self.workdir / "image-python"
+        python.write_text('#!/bin/sh\nexec /opt/hvdflow/bin/python "$@"\n')
+        python.chmod(0o755)
+        name, ip = f"hvdc{self.cluster.tag}-ctr", self.cluster.driver_ip
+        self.cluster.extra_worker_ips.add(ip)
+        self.docker(
+            "run", "-d", "--name", name, "--hostname", name, "--add-host", f"{name}:{ip}",
+            "--network", "host", "-e", f"SPARK_LOCAL_IP={ip}",
+            "-v", f"{python}:{sys.executable}:ro", tag, "spark-class",
+            "org.apache.spark.deploy.worker.Worker", "--host", ip, "--cores", "1",
+            "--memory", self.cluster.memory, "--webui-port", "0", self.cluster.master_url,
+        )  # fmt: skip
+        self.container_worker = name
+        self.wait_for_container_worker()
+
+    def wait_for_container_worker(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.cluster.driver_ip not in {w["host"] for w in self.cluster.alive_workers()}:
+            if time.monotonic() > deadline:
+                log = self.docker("logs", "--tail", "20", self.container_worker, check=False)
+                raise RuntimeError(f"the container's worker did not register:\n{log.stderr}")
+            time.sleep(0.5)
+
+    def remove_container_worker(self) -> None:
+        if self.container_worker is not None:
+            self.docker("rm", "-f", self.container_worker, check=False)
+            self.container_worker = None
+            self.cluster.extra_worker_ips.discard(self.cluster.driver_ip)
 
     # --- data ---------------------------------------------------------------------------------
     def store(self):

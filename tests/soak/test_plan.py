@@ -8,7 +8,15 @@ from dataclasses import replace
 import pytest
 
 from tests.soak import phases, report
-from tests.soak.plan import AIRFLOW, CLASSIC, CURRENT, FACE_OF_KIND, FAULT_KINDS, make_plan
+from tests.soak.plan import (
+    AIRFLOW,
+    CLASSIC,
+    CURRENT,
+    FACE_OF_KIND,
+    FAULT_KINDS,
+    OPT_IN,
+    make_plan,
+)
 from tests.soak.runner import IdleCheck, RunRecord
 
 pytestmark = pytest.mark.unit
@@ -19,7 +27,7 @@ def test_a_plan_over_both_profiles_puts_one_copy_of_every_kind_in_each():
     assert [p.index for p in plan] == list(range(len(plan)))
     faults = Counter((p.profile, p.fault) for p in plan if p.fault)
     assert faults == Counter(
-        {(profile, k): 1 for profile in (CLASSIC, CURRENT) for k in FAULT_KINDS}
+        {(profile, k): 1 for profile in (CLASSIC, CURRENT) for k in FAULT_KINDS if k not in OPT_IN}
     )
     # Each profile's stack starts empty: its first run is the clean one that builds the dataset.
     for profile in (CLASSIC, CURRENT):
@@ -120,3 +128,15 @@ def test_each_run_trains_from_a_seed_of_its_own():
     plan = make_plan(4, 2, ["rank_kill"], epochs=4, each=1)
     seeds = [run_params(p, {}, 4)["training"]["seed"] for p in plan]
     assert len(set(seeds)) == len(plan)
+
+
+def test_the_container_kill_runs_only_when_asked_for_in_the_classic_profile_alone():
+    assert "container_kill" in OPT_IN
+    default = make_plan(30, 9, epochs=4, airflow=8, current=15)
+    assert all(p.fault != "container_kill" for p in default)
+    plan = make_plan(8, 3, ["container_kill", "rank_kill"], epochs=4, current=3)
+    kills = [p for p in plan if p.fault == "container_kill"]
+    assert len(kills) == 2 and {p.profile for p in kills} == {CLASSIC}
+    # The container's worker serves its run alone: no run overlaps it, nor it the one before.
+    for p in kills:
+        assert not p.overlap and not (p.index + 1 < len(plan) and plan[p.index + 1].overlap)
