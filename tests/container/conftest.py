@@ -4,9 +4,11 @@ cache, outside the clone, when the lock and the code are unchanged)."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +34,27 @@ def docker(env, *args: str, timeout: float = 300, check: bool = True, **kw):
     )  # fmt: skip
 
 
+# The engine's own folder (scripts/docker.sh): what outlives a session beside its images.
+ENGINE_ROOT = Path(
+    os.environ.get("HVDFLOW_DOCKER_ROOT")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdflow" / "docker"
+)
+
+
 @pytest.fixture(scope="session")
 def planted() -> dict[str, str]:
-    token = secrets.token_hex(8)
-    return {"AWS_SECRET_ACCESS_KEY": f"awsbuild{token}", "MLFLOW_TRACKING_PASSWORD": f"ml{token}"}
+    """Secrets in the builder's environment, drawn once per engine and kept beside its images:
+    every layer, whichever session built it, was built with these in the environment, so a
+    search of any layer for them means something (a layer cached from a build with other
+    secrets would be searched for strings it never saw)."""
+    kept = ENGINE_ROOT / "planted-secrets.json"
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_hex(8)
+        kept.write_text(json.dumps(
+            {"AWS_SECRET_ACCESS_KEY": f"awsbuild{token}", "MLFLOW_TRACKING_PASSWORD": f"ml{token}"}
+        ))  # fmt: skip
+    return json.loads(kept.read_text())
 
 
 def build(profile: str, planted: dict[str, str]) -> tuple[dict, str]:
