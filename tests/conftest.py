@@ -53,7 +53,11 @@ SERIAL_GROUPS = {
         "tests/infra/services/test_prefect_server.py",
     ),
     # hvdflow's image, built once for its tests (tests/container/conftest.py).
-    "container": ("tests/container/test_image.py", "tests/container/test_spark_in_containers.py"),
+    "container": (
+        "tests/container/test_image.py::test_each_",
+        "tests/container/test_image.py::test_no_",
+        "tests/container/test_spark_in_containers.py",
+    ),
     # One standalone cluster with fake GPUs, started once for the module's tests.
     "fake-gpus": ("tests/infra/launcher/test_gpu_fidelity.py",),
     "local-services": (
@@ -62,7 +66,8 @@ SERIAL_GROUPS = {
         "tests/flows/test_pipeline.py::test_a_served_deployment",
         "tests/infra/services/test_local.py",
         "tests/infra/services/test_service.py",
-        "tests/test_current_install.py",
+        # `hvdflow run` in a container on the host's network: its embedded services too.
+        "tests/container/test_image.py::test_the_current_image_",
     ),
 }
 # Modules whose tests share a module-scoped fixture (a champion trained by the pipeline, a model

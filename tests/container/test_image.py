@@ -1,19 +1,20 @@
 """hvdflow's images (container/Dockerfile, scripts/image.sh) on a real Docker engine: built once
 per lock into the engine's data root outside the clone, each runs as a non-root user on its
 profile's Python and holds together as `pip check` reads it; the current profile's runs the
-pipeline against the session's object store, MLflow and Prefect (the classic one runs it in
-test_spark_in_containers.py and test_docker_pool.py), and none of the secrets in the classic
-builder's environment reaches a layer. Skipped only where no engine can be started."""
+README's `hvdflow run` on its embedded services, as a new user of that profile starts (the
+classic one runs the pipeline in test_spark_in_containers.py and test_docker_pool.py), and none
+of the secrets in the classic builder's environment reaches a layer. Skipped only where no
+engine can be started."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from pathlib import Path
 
 import pytest
-from mlflow import MlflowClient
 
 from tests.container.conftest import ENGINE_ROOT, docker
 
@@ -78,30 +79,53 @@ def test_no_builders_secret_is_in_a_layer_of_the_image(image, planted):
     assert found == {"control"}, f"in the image's layers: {sorted(found - {'control'})}"
 
 
-def test_the_pipeline_in_a_container_ends_with_a_registered_version(
-    current_image, seaweed, mlflow_server, prefect_server
+# Read back inside the container by its own Python, from the run's MLflow server.
+CHAMPION = """
+import json, sys, tempfile, mlflow
+import importlib.metadata as m
+mlflow.set_tracking_uri(sys.argv[1])  # the registry too, for models:/ URIs
+client = mlflow.MlflowClient()
+version = client.get_model_version_by_alias("hvdflow-classifier", "champion")
+params = client.get_run(version.run_id).data.params
+with tempfile.TemporaryDirectory() as dst:  # without dst_path MLflow's copy stays in /tmp
+    path = mlflow.artifacts.download_artifacts(
+        f"models:/hvdflow-classifier/{version.version}", dst_path=dst)
+    print(json.dumps({"engine": params["engine"], "np": params["np"],
+                      "requirements": open(f"{path}/requirements.txt").read().split(),
+                      "tensorflow": m.version("tensorflow"),
+                      "installed": sorted(d.metadata["Name"].lower().replace("_", "-")
+                                          for d in m.distributions())}))
+"""
+CLASSIC_ONLY = {"horovod", "petastorm", "tensorflow-addons"}
+
+
+def test_the_current_image_runs_the_pipeline_on_its_embedded_services_to_a_tf_collective_champion(
+    current_image,
 ):
+    """The README's main command in a container of the current profile's image, as a new user
+    runs it there: `hvdflow run --np 2` on the embedded defaults (SeaweedFS, MLflow and Prefect
+    started inside from the installed wheel, no checkout, no variable set), trained with the
+    profile's engine and registered as the champion, whose logged requirements name the image's
+    TensorFlow and not hvdflow. The services share the host's network: this test runs beside
+    the others that take their conventional ports (the "local-services" group)."""
     env, tag = current_image
-    services = seaweed.env() | {
-        "MLFLOW_TRACKING_URI": mlflow_server.tracking_uri,
-        "PREFECT_API_URL": prefect_server.api_url,
-        "HVDFLOW_SPARK_MASTER": "local[2]",
-    }
-    variables = [arg for key, value in services.items() for arg in ("-e", f"{key}={value}")]
     name = f"hvdflow-test-{secrets.token_hex(4)}"
-    model = "tests-container"
-    tracking = {"tracking": {"registered_model_name": model, "experiment": model}}
-    run = ["hvdflow", "run", "--np", "2", "--epochs", "1", "--params", json.dumps(tracking)]
     try:
-        done = docker(
-            env, "run", "--rm", "--name", name, "--network", "host", *variables, tag, *run,
-            timeout=900, check=False,
-        )  # fmt: skip
+        docker(env, "run", "-d", "--name", name, "--network", "host", tag, "sleep", "infinity")
+        run = docker(env, "exec", name, "hvdflow", "run", "--np", "2", timeout=900, check=False)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert re.search(r"aliases: candidate, champion", run.stdout), run.stdout[-2000:]
+        tracking = re.search(r"MLflow run +(http://[\d.:]+)/", run.stdout).group(1)
+        read = docker(env, "exec", name, "python", "-c", CHAMPION, tracking, check=False)
+        assert read.returncode == 0, read.stderr[-3000:]
+        found = json.loads(read.stdout.strip().splitlines()[-1])
+        down = docker(env, "exec", name, "hvdflow", "down", check=False)
+        assert down.returncode == 0, down.stdout + down.stderr
     finally:
         docker(env, "rm", "-f", name, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    version = MlflowClient(mlflow_server.tracking_uri).get_model_version_by_alias(
-        model, "candidate"
-    )
-    assert f"models:/{model}/{version.version}" in done.stdout
     assert docker(env, "ps", "-aq", "--filter", f"name={name}").stdout.strip() == ""
+    assert (found["engine"], found["np"]) == ("tf_collective", "2")
+    assert {"tensorflow", "tf-keras", "hvdflow"} <= set(found["installed"])
+    assert CLASSIC_ONLY.isdisjoint(found["installed"])
+    assert f"tensorflow=={found['tensorflow']}" in found["requirements"]
+    assert not any("hvdflow" in line for line in found["requirements"])
