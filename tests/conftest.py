@@ -52,7 +52,8 @@ SERIAL_GROUPS = {
         "tests/test_prefect_yaml.py",
         "tests/infra/services/test_prefect_server.py",
     ),
-    # hvdflow's image, built once for its tests (tests/container/conftest.py).
+    # hvdflow's images, built once for these tests (tests/container/conftest.py); the current
+    # image's `hvdflow run` is in "local-services", whose worker finds the build cached.
     "container": (
         "tests/container/test_image.py::test_each_",
         "tests/container/test_image.py::test_no_",

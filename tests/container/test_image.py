@@ -106,8 +106,8 @@ def test_the_current_image_runs_the_pipeline_on_its_embedded_services_to_a_tf_co
     runs it there: `hvdflow run --np 2` on the embedded defaults (SeaweedFS, MLflow and Prefect
     started inside from the installed wheel, no checkout, no variable set), trained with the
     profile's engine and registered as the champion, whose logged requirements name the image's
-    TensorFlow and not hvdflow. The services share the host's network: this test runs beside
-    the others that take their conventional ports (the "local-services" group)."""
+    TensorFlow and not hvdflow. The services share the host's network, so this test takes turns
+    with the others that take their conventional ports (the "local-services" group)."""
     env, tag = current_image
     name = f"hvdflow-test-{secrets.token_hex(4)}"
     try:
